@@ -1,0 +1,39 @@
+# Every target bootstraps .venv on a fresh machine; nothing needs installing by hand.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# torch is pinned for the test setup only (a CPU build); the library itself leaves it open.
+TORCH_PIN := torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench smoke-torchtitan smoke-megatron clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(STAMP): $(PY) pyproject.toml
+	$(PIP) install -q $(TORCH_PIN)
+	$(PIP) install -q -e ".[hf,dev,torchtitan,megatron]" $(TORCH_PIN)
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m zephon.demo
+
+test: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q tests
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+bench: $(STAMP)
+	$(PY) benchmarks/throughput.py
+	$(PY) benchmarks/state_size.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,68 @@
+"""SampleBatch: the records of one microbatch and the metadata they carry."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from zephon.records import Record
+
+
+class SampleBatch:
+    """A microbatch of records from one lane.
+
+    ``lane`` and ``index`` say where it came from: it is the ``index``-th microbatch of lane
+    ``lane``, and global microbatch ``index * lanes + lane`` of the run.
+    """
+
+    __slots__ = ("index", "lane", "records")
+
+    def __init__(self, records: Sequence[Record], lane: int = 0, index: int = 0):
+        self.records = list(records)
+        self.lane = lane
+        self.index = index
+
+    @property
+    def ids(self) -> list[str]:
+        return [r.meta["id"] for r in self.records]
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __repr__(self) -> str:
+        return f"SampleBatch(lane={self.lane}, index={self.index}, records={len(self.records)})"
+
+    def to_training(
+        self,
+        *,
+        return_labels: bool = False,
+        ignore_index: int = -100,
+        eos_mask_loss: bool = False,
+        eos_token_id: int | None = None,
+        return_loss_mask: bool = False,
+        return_num_valid_tokens: bool = False,
+        position_mode: str = "preserve",
+        return_cu_seqlens: bool = False,
+        return_padding_mask: bool = False,
+        rename_fields: Mapping[str, str] | None = None,
+        exclude_fields: Sequence[str] | None = None,
+        flatten: bool = False,
+    ) -> dict[str, Any]:
+        """Tensors for a training step; see :func:`zephon.training.to_training`."""
+        from zephon.training import TrainingOptions, to_training
+
+        options = TrainingOptions(
+            return_labels=return_labels,
+            ignore_index=ignore_index,
+            eos_mask_loss=eos_mask_loss,
+            eos_token_id=eos_token_id,
+            return_loss_mask=return_loss_mask,
+            return_num_valid_tokens=return_num_valid_tokens,
+            position_mode=position_mode,
+            return_cu_seqlens=return_cu_seqlens,
+            return_padding_mask=return_padding_mask,
+            rename_fields=dict(rename_fields or {}),
+            exclude_fields=tuple(exclude_fields or ()),
+            flatten=flatten,
+        )
+        return to_training(self.records, options)

@@ -1,0 +1,1 @@
+"""Execution internals: per-lane streams, mixing, and the per-rank iterator."""

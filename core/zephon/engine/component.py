@@ -1,0 +1,156 @@
+"""One dataset's document stream inside one lane.
+
+The stream reads the lane's units of the dataset in the work source's order, the rows of each
+unit in their seeded order, and (when the pipeline tokenizes) encodes ``batch_size`` texts per
+backend call ahead of the mixer. Its state is only the position of the next document the mixer
+has not taken, ``(k, row, piece)``: the k-th unit of this lane, the row inside the unit's order,
+the piece of a split document. Documents read ahead are not state: a restore reads the unit
+again from that position, so restoring costs at most one unit read, never a replay.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from zephon.errors import DataError
+from zephon.io.formats import read_unit
+from zephon.ops.pack import Doc
+from zephon.ops.tokenize import DocumentTokenizer
+from zephon.records import Record
+from zephon.work.source import StaticMixtureWorkSource
+
+Position = tuple[int, int, int]
+
+
+class _LoadedUnit:
+    __slots__ = ("columns", "display", "file_index", "k", "keys", "order")
+
+    def __init__(self, k: int, columns: dict[str, list[Any]], keys: list[int],
+                 order: np.ndarray, file_index: int, display: str):
+        self.k, self.columns, self.keys, self.order = k, columns, keys, order
+        self.file_index, self.display = file_index, display
+
+
+class ComponentStream:
+    """Documents of dataset ``index`` for ``lane`` of ``lanes``; see the module docstring."""
+
+    def __init__(self, source: StaticMixtureWorkSource, index: int, lane: int, lanes: int,
+                 tokenizer: DocumentTokenizer | None, text_field: str | None,
+                 chunk: int = 256):
+        self.source = source
+        self.index = index
+        self.dataset = source.datasets[index]
+        self.name = self.dataset.name
+        self.lane, self.lanes = lane, lanes
+        self.tokenizer = tokenizer
+        self.field = text_field
+        self.chunk = chunk
+        self.position: Position = (0, 0, 0)
+        self.empty = 0
+        self.epoch = 0
+        self._read: Position = (0, 0, 0)
+        self._ahead: deque[tuple[Doc | Record | None, Position, int]] = deque()
+        self._unit: _LoadedUnit | None = None
+        self._exhausted = False
+
+    # -- state -----------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        return {"position": self.position, "empty": self.empty, "epoch": self.epoch}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.position = tuple(state["position"])
+        self.empty = state["empty"]
+        self.epoch = state["epoch"]
+        self._read = self.position
+        self._ahead.clear()
+        self._exhausted = False
+
+    # -- reading ---------------------------------------------------------------------------
+    def next(self) -> Doc | Record | None:
+        """The next document, or None when this lane's share of the dataset is read."""
+        while True:
+            if not self._ahead and not self._fill():
+                return None
+            item, after, epoch = self._ahead.popleft()
+            self.position = after
+            self.epoch = epoch
+            if item is None:
+                self.empty += 1
+                continue
+            return item
+
+    def _load(self, k: int) -> _LoadedUnit | None:
+        if self._unit is not None and self._unit.k == k:
+            return self._unit
+        found = self.source.unit_at(self.index, self.lane, k, self.lanes)
+        if found is None:
+            return None
+        epoch, unit_index, (file_index, spec) = found
+        data_file = self.dataset.files()[file_index]
+        display = self.dataset.display_name(data_file)
+        columns = [self.field] if self.field is not None else None
+        with self.dataset.local_file(data_file) as local:
+            table, keys = read_unit(local, data_file.fmt, data_file.compression, spec, columns,
+                                    display)
+        order = self.source.row_order(self.index, epoch, unit_index, len(keys))
+        self._unit = _LoadedUnit(k, table, keys, order, file_index, display)
+        self._unit_epoch = epoch
+        return self._unit
+
+    def _fill(self) -> bool:
+        if self._exhausted:
+            return False
+        k, row, skip = self._read
+        texts: list[Any] = []
+        where: list[tuple[int, int, int, str, int]] = []  # k, row, skip, doc_id, epoch
+        rows_out: list[Record] = []
+        while len(where) < self.chunk:
+            unit = self._load(k)
+            if unit is None:
+                self._exhausted = True
+                break
+            n = len(unit.keys)
+            while row < n and len(where) < self.chunk:
+                r = int(unit.order[row])
+                doc_id = f"{self.name}:{unit.file_index}:{unit.keys[r]}"
+                if self.field is None:
+                    payload = {c: v[r] for c, v in unit.columns.items()}
+                    rows_out.append(Record(payload, {"id": doc_id, "dataset": self.name}))
+                else:
+                    texts.append(self._text(unit, r))
+                where.append((k, row, skip, doc_id, self._unit_epoch))
+                row += 1
+                skip = 0
+            if row >= n:
+                k, row = k + 1, 0
+        self._read = (k, row, 0)
+        if not where:
+            return False
+        if self.field is None:
+            for (wk, wrow, _, _, epoch), record in zip(where, rows_out, strict=True):
+                self._ahead.append((record, (wk, wrow + 1, 0), epoch))
+            return True
+        pieces = self.tokenizer.encode(texts)
+        for (wk, wrow, wskip, doc_id, epoch), parts in zip(where, pieces, strict=True):
+            if not parts:
+                self._ahead.append((None, (wk, wrow + 1, 0), epoch))
+                continue
+            offset = sum(len(p) for p in parts[:wskip])
+            for p in range(wskip, len(parts)):
+                after = (wk, wrow, p + 1) if p + 1 < len(parts) else (wk, wrow + 1, 0)
+                doc = Doc(parts[p], doc_id, self.name, offset)
+                offset += len(parts[p])
+                self._ahead.append((doc, after, epoch))
+        return True
+
+    def _text(self, unit: _LoadedUnit, r: int) -> str:
+        value = unit.columns[self.field][r]
+        if value is None:
+            return ""
+        if not isinstance(value, str):
+            raise DataError(f"{unit.display}: field {self.field!r} of row {unit.keys[r]} is "
+                            f"{type(value).__name__}, expected text")
+        return value

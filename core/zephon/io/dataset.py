@@ -1,0 +1,151 @@
+"""Datasets: a name plus a set of data files, local or on the Hugging Face Hub.
+
+``Dataset.from_path(name, path)`` accepts a file, a directory (searched recursively), a glob,
+or an ``hf://`` path (see :mod:`zephon.io.hub`). Local files are listed once, sorted by path,
+and fingerprinted by path, size and modification time: a checkpoint taken over one version of
+the files refuses to load over another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zephon.errors import ConfigError, DataError
+from zephon.io.formats import FORMATS, PlanHints, UnitSpec, compression_of, detect_format
+from zephon.io.options import StoreOptions
+
+
+@dataclass(frozen=True, slots=True)
+class DataFile:
+    """One file of a dataset.
+
+    ``path`` is a local path for local datasets and the path inside the repository for Hub
+    datasets; ``version`` is what identifies its content (mtime for local files, the blob id for
+    Hub files).
+    """
+
+    path: str
+    size: int
+    fmt: str
+    compression: str | None
+    version: str
+
+
+class Dataset:
+    """A named collection of data files in one format family."""
+
+    def __init__(self, name: str, path: str, fmt: str | None = None):
+        if not name or not isinstance(name, str):
+            raise ConfigError(f"Dataset name must be a non-empty string, got {name!r}")
+        if fmt is not None and fmt not in FORMATS:
+            raise ConfigError(f"Dataset {name!r}: fmt={fmt!r} is not one of {FORMATS}")
+        self.name = name
+        self.path = str(path)
+        self.fmt = fmt
+        self._files: tuple[DataFile, ...] | None = None
+
+    @classmethod
+    def from_path(cls, name: str, path: str | os.PathLike[str], fmt: str | None = None,
+                  **kwargs: Any) -> Dataset:
+        """A dataset from a local file, directory or glob, or an ``hf://`` path."""
+        text = os.fspath(path)
+        if text.startswith("hf://"):
+            from zephon.io.hub.dataset import HubDataset
+
+            return HubDataset(name, text, fmt=fmt, **kwargs)
+        if kwargs:
+            raise ConfigError(f"Dataset.from_path: unknown option(s) {sorted(kwargs)} "
+                              "for a local dataset")
+        return cls(name, text, fmt)
+
+    def __repr__(self) -> str:
+        return f"Dataset({self.name!r}, {self.path!r})"
+
+    # -- files -----------------------------------------------------------------------------
+    def files(self) -> tuple[DataFile, ...]:
+        """The dataset's data files, listed once."""
+        if self._files is None:
+            self._files = tuple(self._list_files())
+        return self._files
+
+    def _list_files(self) -> list[DataFile]:
+        candidates = _expand_local(self.path)
+        if not candidates:
+            raise DataError(f"Dataset {self.name!r}: no files match {self.path!r}")
+        files = []
+        for candidate in candidates:
+            detected = detect_format(candidate)
+            if self.fmt is not None:
+                fmt, compression = self.fmt, compression_of(candidate)
+            elif detected is None:
+                continue
+            else:
+                fmt, compression = detected
+            stat = Path(candidate).stat()
+            files.append(DataFile(candidate, stat.st_size, fmt, compression,
+                                  str(stat.st_mtime_ns)))
+        if not files:
+            raise DataError(
+                f"Dataset {self.name!r}: no .parquet, .jsonl(.gz/.zst) or .arrow files under "
+                f"{self.path!r} (pass fmt=... to read other suffixes)")
+        return files
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What identifies this dataset's content: a digest of its files, sizes and versions."""
+        listing = json.dumps([[f.path, f.size, f.version, f.fmt] for f in self.files()])
+        return {
+            "path": self.path,
+            "num_files": len(self.files()),
+            "files": hashlib.sha256(listing.encode()).hexdigest()[:16],
+        }
+
+    def plan(self, hints: PlanHints, min_units: int) -> list[tuple[int, UnitSpec]]:
+        """All units of the dataset as (file index, unit), in file order."""
+        from zephon.io.formats import plan_file
+
+        files = self.files()
+        per_file = max(1, -(-min_units // len(files)))
+        units: list[tuple[int, UnitSpec]] = []
+        for index, data_file in enumerate(files):
+            with self.local_file(data_file) as local:
+                for unit in plan_file(local, data_file.fmt, data_file.compression, hints,
+                                      per_file):
+                    units.append((index, unit))
+        return units
+
+    def display_name(self, data_file: DataFile) -> str:
+        return data_file.path
+
+    @contextlib.contextmanager
+    def local_file(self, data_file: DataFile) -> Iterator[str]:
+        """A local path to read ``data_file`` from, valid inside the ``with`` block."""
+        yield data_file.path
+
+    def bind(self, io_options: StoreOptions) -> None:
+        """Attach the pipeline's storage options (used by remote datasets)."""
+
+
+def _expand_local(path: str) -> list[str]:
+    if any(ch in path for ch in "*?["):
+        matches = glob.glob(path, recursive=True)
+        out: list[str] = []
+        for match in matches:
+            out.extend(_expand_local(match) if os.path.isdir(match) else [match])
+        return sorted(set(out))
+    if os.path.isdir(path):
+        found = []
+        for root, dirs, names in os.walk(path):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            found.extend(os.path.join(root, n) for n in names if not n.startswith("."))
+        return sorted(found)
+    if os.path.exists(path):
+        return [path]
+    raise DataError(f"dataset path {path!r} does not exist")

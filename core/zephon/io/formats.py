@@ -1,0 +1,265 @@
+"""File formats: planning work units inside a file and reading them.
+
+A *unit* is the smallest piece of a file that is read on its own: a Parquet row group (split
+into row ranges only when a dataset has too few groups for its lanes), a byte range of an
+uncompressed JSONL file (a unit owns the lines that *start* inside its range, so ranges need no
+alignment), a row range of an Arrow IPC file, or a whole compressed JSONL file (gzip and zstd
+streams cannot be entered in the middle).
+
+Readers return the requested columns as Python lists. Only the projected columns are read from
+Parquet and Arrow; JSONL lines are parsed one by one so an error can name its line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from zephon.errors import DataError
+
+FORMATS = ("parquet", "jsonl", "arrow")
+
+_SUFFIXES: dict[str, tuple[str, str | None]] = {
+    ".parquet": ("parquet", None),
+    ".jsonl": ("jsonl", None),
+    ".json": ("jsonl", None),
+    ".ndjson": ("jsonl", None),
+    ".jsonl.gz": ("jsonl", "gzip"),
+    ".json.gz": ("jsonl", "gzip"),
+    ".jsonl.zst": ("jsonl", "zstd"),
+    ".json.zst": ("jsonl", "zstd"),
+    ".arrow": ("arrow", None),
+    ".feather": ("arrow", None),
+    ".ipc": ("arrow", None),
+}
+
+
+def detect_format(name: str) -> tuple[str, str | None] | None:
+    """(format, compression) from a file name, or None when the suffix is not a data file."""
+    lower = name.lower()
+    for suffix in sorted(_SUFFIXES, key=len, reverse=True):
+        if lower.endswith(suffix):
+            return _SUFFIXES[suffix]
+    return None
+
+
+def compression_of(name: str) -> str | None:
+    lower = name.lower()
+    if lower.endswith(".gz"):
+        return "gzip"
+    if lower.endswith(".zst"):
+        return "zstd"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class UnitSpec:
+    """Where a unit lies inside its file. Meaning of ``start``/``stop`` depends on ``kind``:
+    ``row_group`` (rows inside Parquet row group ``group``), ``rows`` (rows of an Arrow file),
+    ``bytes`` (byte range of a JSONL file) or ``file`` (the whole file)."""
+
+    kind: str
+    group: int
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True, slots=True)
+class PlanHints:
+    unit_bytes: int
+    """Target size of a JSONL byte-range unit."""
+    arrow_unit_rows: int
+    """Target rows of an Arrow unit."""
+
+
+def plan_file(path: str, fmt: str, compression: str | None, hints: PlanHints,
+              min_units: int = 1) -> list[UnitSpec]:
+    """Split one file into units; ``min_units`` asks for at least that many when possible."""
+    try:
+        if fmt == "parquet":
+            return _plan_parquet(path, min_units)
+        if fmt == "arrow":
+            return _plan_arrow(path, hints.arrow_unit_rows, min_units)
+        if fmt == "jsonl":
+            if compression is not None:
+                return [UnitSpec("file", 0, 0, -1)]
+            size = Path(path).stat().st_size
+            if size == 0:
+                return []
+            n = max(math.ceil(size / hints.unit_bytes), min_units)
+            n = min(n, size)
+            step = math.ceil(size / n)
+            return [UnitSpec("bytes", 0, s, min(s + step, size)) for s in range(0, size, step)]
+    except DataError:
+        raise
+    except (OSError, pa.ArrowException) as exc:
+        raise DataError(f"cannot read {fmt} file {path}: {exc}") from exc
+    raise DataError(f"unknown format {fmt!r} for {path}; known formats: {', '.join(FORMATS)}")
+
+
+def _plan_parquet(path: str, min_units: int) -> list[UnitSpec]:
+    meta = pq.ParquetFile(path).metadata
+    groups = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    units = [UnitSpec("row_group", g, 0, n) for g, n in enumerate(groups) if n > 0]
+    if len(units) >= min_units or not units:
+        return units
+    total = sum(groups)
+    per_unit = max(1, math.ceil(total / min_units))
+    return [UnitSpec("row_group", g, s, min(s + per_unit, n))
+            for g, n in enumerate(groups) for s in range(0, n, per_unit)]
+
+
+def _open_arrow(path: str) -> pa.Table:
+    source = pa.memory_map(path, "r")
+    try:
+        return pa.ipc.open_file(source).read_all()
+    except pa.ArrowInvalid:
+        source = pa.memory_map(path, "r")
+        return pa.ipc.open_stream(source).read_all()
+
+
+def _plan_arrow(path: str, unit_rows: int, min_units: int) -> list[UnitSpec]:
+    rows = _open_arrow(path).num_rows
+    if rows == 0:
+        return []
+    per_unit = min(unit_rows, max(1, math.ceil(rows / max(min_units, 1))))
+    return [UnitSpec("rows", 0, s, min(s + per_unit, rows)) for s in range(0, rows, per_unit)]
+
+
+def read_unit(path: str, fmt: str, compression: str | None, unit: UnitSpec,
+              columns: list[str] | None, display: str) -> tuple[dict[str, list[Any]], list[int]]:
+    """Read one unit's rows, column-wise, and a stable key per row.
+
+    ``columns=None`` reads every column. Keys identify a row inside its file: the row number
+    (Parquet, Arrow, compressed JSONL: the line number) or the byte offset of the line
+    (uncompressed JSONL). ``display`` names the file in error messages.
+    """
+    try:
+        if fmt == "parquet":
+            parquet = pq.ParquetFile(path)
+            if columns is not None:
+                _check_columns(parquet.schema_arrow.names, columns, display)
+            base = sum(parquet.metadata.row_group(g).num_rows for g in range(unit.group))
+            table = parquet.read_row_group(unit.group, columns=columns)
+            table = table.slice(unit.start, unit.stop - unit.start)
+            keys = list(range(base + unit.start, base + unit.start + table.num_rows))
+            return _table_columns(table, columns, display), keys
+        if fmt == "arrow":
+            table = _open_arrow(path).slice(unit.start, unit.stop - unit.start)
+            if columns is not None:
+                _check_columns(table.column_names, columns, display)
+                table = table.select(columns)
+            keys = list(range(unit.start, unit.start + table.num_rows))
+            return _table_columns(table, columns, display), keys
+        if fmt == "jsonl":
+            return _read_jsonl(path, compression, unit, columns, display)
+    except DataError:
+        raise
+    except (OSError, pa.ArrowException) as exc:
+        raise DataError(f"cannot read {fmt} file {display}: {exc}") from exc
+    raise DataError(f"unknown format {fmt!r} for {display}")
+
+
+def _check_columns(available: list[str], wanted: list[str], display: str) -> None:
+    missing = [c for c in wanted if c not in available]
+    if missing:
+        raise DataError(
+            f"{display}: missing field {missing[0]!r}; the file has fields {sorted(available)}")
+
+
+def _table_columns(table: pa.Table, columns: list[str] | None,
+                   display: str) -> dict[str, list[Any]]:
+    names = table.column_names
+    if columns is not None:
+        _check_columns(names, columns, display)
+    return {name: table.column(name).to_pylist() for name in (columns or names)}
+
+
+def _jsonl_lines(path: str, compression: str | None, unit: UnitSpec):
+    """Yield (line_number_or_None, byte_offset, raw_line) for the lines the unit owns."""
+    if unit.kind == "file":
+        stream = pa.input_stream(path, compression=compression)
+        buffered = _LineReader(stream)
+        for number, line in enumerate(buffered, start=1):
+            yield number, None, line
+        return
+    with open(path, "rb") as fh:
+        offset = unit.start
+        if offset > 0:
+            fh.seek(offset - 1)
+            skipped = fh.readline()  # finishes the line that began before this unit
+            offset += len(skipped) - 1
+        while offset < unit.stop:
+            line = fh.readline()
+            if not line:
+                break
+            yield None, offset, line
+            offset += len(line)
+
+
+class _LineReader:
+    """Lines of a pyarrow input stream (handles gzip/zstd transparently)."""
+
+    def __init__(self, stream: pa.NativeFile, chunk: int = 1 << 20):
+        self._stream = stream
+        self._chunk = chunk
+
+    def __iter__(self):
+        rest = b""
+        with self._stream as stream:
+            while True:
+                data = stream.read(self._chunk)
+                if not data:
+                    break
+                data = rest + data
+                lines = data.split(b"\n")
+                rest = lines.pop()
+                for line in lines:
+                    yield line + b"\n"
+        if rest:
+            yield rest
+
+
+def _line_number(path: str, offset: int) -> int:
+    with open(path, "rb") as fh:
+        return fh.read(offset).count(b"\n") + 1
+
+
+def _read_jsonl(path: str, compression: str | None, unit: UnitSpec, columns: list[str] | None,
+                display: str) -> tuple[dict[str, list[Any]], list[int]]:
+    rows: list[dict[str, Any]] = []
+    keys: list[int] = []
+    for number, offset, raw in _jsonl_lines(path, compression, unit):
+        if not raw.strip():
+            continue
+        try:
+            value = json.loads(raw)
+        except ValueError as exc:
+            line = number if number is not None else _line_number(path, offset)
+            raise DataError(f"{display}:{line}: malformed JSON line ({exc})") from None
+        if not isinstance(value, dict):
+            line = number if number is not None else _line_number(path, offset)
+            raise DataError(f"{display}:{line}: expected a JSON object, got "
+                            f"{type(value).__name__}")
+        if columns is not None:
+            for name in columns:
+                if name not in value:
+                    line = number if number is not None else _line_number(path, offset)
+                    raise DataError(f"{display}:{line}: missing field {name!r}; the line has "
+                                    f"fields {sorted(value)}")
+        rows.append(value)
+        keys.append(number if number is not None else offset)
+    if columns is None:
+        names: list[str] = []
+        for row in rows:
+            for key in row:
+                if key not in names:
+                    names.append(key)
+        columns = names
+    return {name: [row.get(name) for row in rows] for name in columns}, keys

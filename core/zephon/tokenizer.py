@@ -1,0 +1,112 @@
+"""Loading tokenizers and encoding text in batches.
+
+Tokenizers are loaded lazily, once per process and id, through ``transformers``. A path that
+looks local but does not exist fails at once (no retries against the Hub). Loading never
+touches the process environment or torch's thread settings: the trainer owns those.
+
+Encoding goes through the Rust ``tokenizers`` backend in batches (it releases the GIL and
+parallelizes across documents), on a private copy of the backend with truncation and padding
+switched off so a saved tokenizer setting cannot silently cut documents.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from zephon.errors import ConfigError
+
+_LOCK = threading.Lock()
+_CACHE: dict[str, Any] = {}
+
+
+def _looks_local(tokenizer_id: str) -> bool:
+    """Hub ids are ``name`` or ``org/name``; anything else is meant as a local path."""
+    return tokenizer_id.startswith((".", "/", "~")) or tokenizer_id.count("/") > 1
+
+
+def load_tokenizer(tokenizer_id: str) -> Any:
+    """A ``transformers`` tokenizer for a local directory or Hub id, cached per process."""
+    with _LOCK:
+        if tokenizer_id in _CACHE:
+            return _CACHE[tokenizer_id]
+        expanded = os.path.expanduser(tokenizer_id)
+        if not os.path.isdir(expanded) and _looks_local(tokenizer_id):
+            raise ConfigError(f"tokenizer_id {tokenizer_id!r}: no such directory")
+        from transformers import AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(
+                expanded if os.path.isdir(expanded) else tokenizer_id)
+        except Exception as exc:  # transformers raises OSError, ValueError, HTTP errors...
+            raise ConfigError(f"cannot load tokenizer {tokenizer_id!r}: {exc}") from exc
+        _CACHE[tokenizer_id] = tokenizer
+        return tokenizer
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    bos: int | None
+    eos: int | None
+    pad: int | None
+
+
+class TextEncoder:
+    """Batch text -> int32 token arrays, without special tokens (the caller adds BOS/EOS)."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None and type(tokenizer).__module__.startswith("tokenizers"):
+            backend = tokenizer
+        self._backend = None
+        if backend is not None:
+            from tokenizers import Tokenizer
+
+            serialized = backend.to_str()
+            self._backend = Tokenizer.from_str(serialized)
+            self._backend.no_truncation()
+            self._backend.no_padding()
+            self._digest = hashlib.sha256(serialized.encode()).hexdigest()[:16]
+        else:
+            vocab = sorted(tokenizer.get_vocab().items())
+            self._digest = hashlib.sha256(repr(vocab).encode()).hexdigest()[:16]
+        self._fast_batch = getattr(self._backend, "encode_batch_fast", None)
+        self.special = SpecialTokens(
+            bos=_token_id(tokenizer, "bos"),
+            eos=_token_id(tokenizer, "eos"),
+            pad=_token_id(tokenizer, "pad"),
+        )
+
+    @property
+    def digest(self) -> str:
+        """A short hash of the tokenizer's full definition (vocabulary, merges, normalizer)."""
+        return self._digest
+
+    def encode(self, texts: list[str]) -> list[np.ndarray]:
+        if not texts:
+            return []
+        if self._backend is not None:
+            batch = self._fast_batch or self._backend.encode_batch
+            encodings = batch(texts, add_special_tokens=False)
+            return [np.array(e.ids, dtype=np.int32) for e in encodings]
+        ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        return [np.asarray(x, dtype=np.int32) for x in ids]
+
+
+def _token_id(tokenizer: Any, kind: str) -> int | None:
+    value = getattr(tokenizer, f"{kind}_token_id", None)
+    return int(value) if value is not None else None
+
+
+def resolve_encoder(tokenizer_id: str | None, tokenizer: Any | None) -> TextEncoder:
+    if (tokenizer_id is None) == (tokenizer is None):
+        raise ConfigError("give exactly one of tokenizer_id=... or tokenizer=...")
+    if tokenizer is None:
+        tokenizer = load_tokenizer(tokenizer_id)
+    return TextEncoder(tokenizer)

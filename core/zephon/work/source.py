@@ -1,0 +1,181 @@
+"""``StaticMixtureWorkSource``: which documents each lane reads, in which order.
+
+Algorithm. Every dataset is split into work units (see :mod:`zephon.io.formats`), at least
+``4 * lanes`` of them where the files allow, so lanes stay balanced within about a quarter of a
+unit. For epoch ``e`` the units of dataset ``d`` are permuted with a generator seeded by
+``(seed, d, e)``; concatenating the epochs gives an endless sequence ``U`` of units in which
+each epoch visits every unit once. Lane ``l`` of ``L`` reads ``U[l], U[l + L], U[l + 2L], ...``,
+so a lane depends on ``L`` and the seed but never on the number of ranks. Inside a unit the
+rows are read in an order permuted by ``(seed, d, e, unit)``.
+
+A dataset that is not repeated stops after its first epoch. What a lane does then is
+``on_exhausted``: ``"stop"`` ends the lane (mixture shares stay exact; what the other datasets
+still hold is not read, and the report says so), ``"drain"`` goes on with the remaining
+datasets (every document is read once; shares drift at the end). ``repeat`` names datasets
+(or ``True`` for all) that start a new epoch, reshuffled, instead; that is how a small dataset
+is upsampled. Defaults: nothing repeats, ``on_exhausted="stop"``, units and rows shuffled.
+
+Mixing is by documents unless ``token_estimation`` is given, then by tokens; see
+:mod:`zephon.engine.mixer`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import numpy as np
+
+from zephon.errors import ConfigError
+from zephon.io.dataset import Dataset
+from zephon.io.formats import PlanHints, UnitSpec
+from zephon.work.estimation import TokenEstimation
+from zephon.work.mixture import MixtureSpec
+
+log = logging.getLogger(__name__)
+
+EXHAUSTION = ("stop", "drain")
+UNITS_PER_LANE = 4
+
+
+class StaticMixtureWorkSource:
+    """Datasets, their target mixture, and the seeded order in which lanes read them."""
+
+    def __init__(
+        self,
+        datasets: Sequence[Dataset],
+        mixture: MixtureSpec | None = None,
+        seed: int = 0,
+        token_estimation: TokenEstimation | None = None,
+        *,
+        repeat: bool | Collection[str] = False,
+        on_exhausted: str = "stop",
+        shuffle_units: bool = True,
+        shuffle_rows: bool = True,
+        unit_bytes: int = 8 << 20,
+        arrow_unit_rows: int = 4096,
+    ):
+        datasets = list(datasets)
+        if not datasets:
+            raise ConfigError("StaticMixtureWorkSource needs at least one dataset")
+        for ds in datasets:
+            if not isinstance(ds, Dataset):
+                raise ConfigError(f"StaticMixtureWorkSource: {ds!r} is not a zephon Dataset "
+                                  "(use Dataset.from_path)")
+        names = [ds.name for ds in datasets]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ConfigError(f"StaticMixtureWorkSource: dataset names must be unique, "
+                              f"repeated: {duplicates}")
+        if mixture is None:
+            mixture = MixtureSpec({n: 1.0 for n in names})
+        if not isinstance(mixture, MixtureSpec):
+            raise ConfigError("StaticMixtureWorkSource: mixture must be a MixtureSpec")
+        weights = mixture.as_dict()
+        unknown = sorted(set(weights) - set(names))
+        missing = sorted(set(names) - set(weights))
+        if unknown or missing:
+            raise ConfigError(
+                "StaticMixtureWorkSource: mixture and datasets disagree"
+                + (f"; mixture names unknown datasets {unknown}" if unknown else "")
+                + (f"; datasets without a weight {missing}" if missing else "")
+                + f" (datasets: {names})")
+        if on_exhausted not in EXHAUSTION:
+            raise ConfigError(f"StaticMixtureWorkSource: on_exhausted={on_exhausted!r} is not "
+                              f"one of {EXHAUSTION}")
+        if isinstance(repeat, bool):
+            repeated = set(names) if repeat else set()
+        else:
+            repeated = set(repeat)
+            bad = sorted(repeated - set(names))
+            if bad:
+                raise ConfigError(f"StaticMixtureWorkSource: repeat names unknown datasets {bad}")
+        if not isinstance(seed, int):
+            raise ConfigError(f"StaticMixtureWorkSource: seed must be an int, got {seed!r}")
+        if unit_bytes <= 0 or arrow_unit_rows <= 0:
+            raise ConfigError("StaticMixtureWorkSource: unit_bytes and arrow_unit_rows must be "
+                              "positive")
+        active = [ds for ds in datasets if weights[ds.name] > 0]
+        self.datasets: list[Dataset] = active
+        self.weights = np.array([weights[ds.name] for ds in active], dtype=np.float64)
+        self.weights /= self.weights.sum()
+        self.mixture = mixture
+        self.seed = seed
+        self.token_estimation = token_estimation
+        self.repeated = [ds.name in repeated for ds in active]
+        self.on_exhausted = on_exhausted
+        self.shuffle_units = shuffle_units
+        self.shuffle_rows = shuffle_rows
+        self.hints = PlanHints(unit_bytes=unit_bytes, arrow_unit_rows=arrow_unit_rows)
+        self._plans: dict[int, list[list[tuple[int, UnitSpec]]]] = {}
+
+    @property
+    def by_tokens(self) -> bool:
+        return self.token_estimation is not None
+
+    def names(self) -> list[str]:
+        return [ds.name for ds in self.datasets]
+
+    # -- planning --------------------------------------------------------------------------
+    def plan(self, lanes: int) -> list[list[tuple[int, UnitSpec]]]:
+        """Units of every dataset for ``lanes`` lanes (computed once per lane count)."""
+        if lanes not in self._plans:
+            plans = []
+            for index, ds in enumerate(self.datasets):
+                units = ds.plan(self.hints, min_units=UNITS_PER_LANE * lanes)
+                if not units:
+                    raise ConfigError(f"dataset {ds.name!r} ({ds.path}) holds no rows")
+                if len(units) < lanes and not self.repeated[index]:
+                    raise ConfigError(
+                        f"dataset {ds.name!r} splits into only {len(units)} work unit(s) for "
+                        f"{lanes} lanes, so some lanes would read none of it. Use fewer lanes, "
+                        "more or uncompressed files, or repeat the dataset.")
+                plans.append(units)
+            self._plans[lanes] = plans
+        return self._plans[lanes]
+
+    def unit_at(self, dataset: int, lane: int, k: int, lanes: int
+                ) -> tuple[int, int, tuple[int, UnitSpec]] | None:
+        """The ``k``-th unit lane ``lane`` reads from ``dataset``: (epoch, index, unit)."""
+        units = self.plan(lanes)[dataset]
+        position = lane + k * lanes
+        epoch, index = divmod(position, len(units))
+        if epoch > 0 and not self.repeated[dataset]:
+            return None
+        order = self._unit_order(dataset, epoch, len(units))
+        return epoch, int(order[index]), units[int(order[index])]
+
+    def units_in_lane(self, dataset: int, lane: int, lanes: int) -> int | None:
+        """How many units a lane reads from a non-repeated dataset (None when repeated)."""
+        if self.repeated[dataset]:
+            return None
+        n = len(self.plan(lanes)[dataset])
+        return max(0, math.ceil((n - lane) / lanes))
+
+    @functools.lru_cache(maxsize=64)  # noqa: B019 - one source lives as long as its pipeline
+    def _unit_order(self, dataset: int, epoch: int, n: int) -> np.ndarray:
+        if not self.shuffle_units:
+            return np.arange(n)
+        return np.random.default_rng([self.seed, dataset, epoch, 0x11]).permutation(n)
+
+    def row_order(self, dataset: int, epoch: int, unit: int, n: int) -> np.ndarray:
+        if not self.shuffle_rows:
+            return np.arange(n)
+        return np.random.default_rng([self.seed, dataset, epoch, unit, 0x22]).permutation(n)
+
+    # -- identity --------------------------------------------------------------------------
+    def fingerprint(self) -> dict[str, Any]:
+        return {
+            "datasets": {ds.name: ds.fingerprint() for ds in self.datasets},
+            "mixture": {ds.name: round(float(w), 12) for ds, w in
+                        zip(self.datasets, self.weights, strict=True)},
+            "mix_by": "tokens" if self.by_tokens else "documents",
+            "seed": self.seed,
+            "repeat": [ds.name for ds, r in zip(self.datasets, self.repeated, strict=True) if r],
+            "on_exhausted": self.on_exhausted,
+            "shuffle": [self.shuffle_units, self.shuffle_rows],
+            "units": [self.hints.unit_bytes, self.hints.arrow_unit_rows],
+        }

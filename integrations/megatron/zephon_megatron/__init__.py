@@ -1,0 +1,1 @@
+"""Megatron adapter for Zephon."""

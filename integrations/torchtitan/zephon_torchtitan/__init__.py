@@ -1,0 +1,1 @@
+"""TorchTitan adapter for Zephon."""
