@@ -1,0 +1,54 @@
+"""Shared fixtures: the deterministic demo tokenizer and small corpora written per test."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from zephon.demo.assets import build_demo_assets, make_documents
+
+
+@pytest.fixture(scope="session")
+def demo_assets(tmp_path_factory) -> dict[str, str]:
+    """The embedded demo corpus and BPE tokenizer (built once per test session)."""
+    return build_demo_assets(tmp_path_factory.mktemp("demo"), n_docs=600, n_files=3)
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(demo_assets) -> str:
+    return demo_assets["tokenizer"]
+
+
+def write_parquet(path: Path, texts: list[str], row_group_size: int = 16,
+                  extra: dict | None = None) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    columns = {"text": texts, "idx": list(range(len(texts)))}
+    columns.update(extra or {})
+    pq.write_table(pa.table(columns), path, row_group_size=row_group_size)
+    return path
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def two_datasets(tmp_path) -> dict[str, Path]:
+    """A short-document Parquet dataset (3 files, odd row groups) and a long-document JSONL one;
+    mean document lengths differ about 5x."""
+    short = make_documents(150, seed=1, min_words=10, max_words=50)
+    long = make_documents(60, seed=2, min_words=100, max_words=200)
+    root = tmp_path / "data"
+    for i in range(3):
+        write_parquet(root / "short" / f"part-{i}.parquet", short[i * 50:(i + 1) * 50],
+                      row_group_size=7)
+    for i in range(2):
+        write_jsonl(root / "long" / f"part-{i}.jsonl",
+                    [{"text": t, "n": j} for j, t in enumerate(long[i * 30:(i + 1) * 30])])
+    return {"short": root / "short", "long": root / "long"}
