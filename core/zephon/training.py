@@ -184,6 +184,8 @@ def to_training(records: Sequence[Record], options: TrainingOptions) -> dict[str
         value = out[name]
         if options.flatten and name not in ("cu_seqlens", "max_seqlen", "num_valid_tokens"):
             value = value.reshape(-1)
-        result[options.rename_fields.get(name, name)] = torch.from_numpy(
-            np.ascontiguousarray(value))
+        value = np.ascontiguousarray(value)
+        if not value.flags.writeable:
+            value = value.copy()
+        result[options.rename_fields.get(name, name)] = torch.from_numpy(value)
     return result

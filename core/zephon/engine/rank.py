@@ -11,8 +11,9 @@ describes what the trainer received, never what was prefetched. ``prefetch=0`` r
 in the caller's thread. Either way the lanes produce the same microbatches.
 
 A round is complete when every lane has its microbatch; the run ends on all ranks at the first
-incomplete round (see :mod:`zephon.engine.agreement`), and the microbatches of that round are
-reported as left over.
+incomplete round (see :mod:`zephon.engine.agreement`). Each rank then runs its lanes to their
+end and reports every microbatch no rank handed out as left over, so the report accounts for
+all data read.
 """
 
 from __future__ import annotations
@@ -90,61 +91,61 @@ class RankStream:
                                 if round_index * self.lanes + lane >= start]
             round_index += 1
 
-    def _produce(self, lanes: dict[int, Lane], start: int, emit: Callable[[Any], bool]) -> None:
-        try:
-            for _, pending in self._schedule(start):
-                for lane in pending:
-                    batch = lanes[lane].next_microbatch()
-                    if not emit((lane, batch, lanes[lane].snapshot())):
-                        return
-                    if batch is None:
-                        emit(_END)
-                        return
-        except BaseException as exc:  # forwarded to the consumer
-            emit(("error", exc))
+    def _production(self, lanes: dict[int, Lane], start: int) -> Iterator[Any]:
+        """(lane, microbatch or None, snapshot) in hand-out order; a lane that has ended is
+        skipped afterwards, and _END follows once every owned lane has ended."""
+        ended: set[int] = set()
+        for _, pending in self._schedule(start):
+            for lane in pending:
+                if lane in ended:
+                    continue
+                batch = lanes[lane].next_microbatch()
+                if batch is None:
+                    ended.add(lane)
+                yield lane, batch, lanes[lane].snapshot()
+            if len(ended) == len(self.owned):
+                yield _END
+                return
 
     def _consume(self, lanes: dict[int, Lane], start: int,
                  stop: threading.Event) -> Iterator[SampleBatch]:
+        production = self._production(lanes, start)
         if self.prefetch > 0:
             channel: queue.Queue = queue.Queue(maxsize=self.prefetch)
 
-            def emit(item: Any) -> bool:
-                while not stop.is_set():
-                    try:
-                        channel.put(item, timeout=0.1)
-                        return True
-                    except queue.Full:
-                        continue
-                return False
+            def produce() -> None:
+                try:
+                    for item in production:
+                        while not stop.is_set():
+                            try:
+                                channel.put(item, timeout=0.1)
+                                break
+                            except queue.Full:
+                                continue
+                        if stop.is_set():
+                            return
+                except BaseException as exc:  # forwarded to the consumer
+                    channel.put(("error", exc))
 
-            thread = threading.Thread(target=self._produce, args=(lanes, start, emit),
-                                      name=f"zephon-rank{self.rank}", daemon=True)
-            thread.start()
+            threading.Thread(target=produce, name=f"zephon-rank{self.rank}",
+                             daemon=True).start()
             receive = channel.get
         else:
-            pending_items: list[Any] = []
-            generator = self._produce_sync(lanes, start, pending_items)
-
             def receive() -> Any:
-                return next(generator)
+                return next(production)
+
+        def take() -> Any:
+            item = receive()
+            if isinstance(item, tuple) and item[0] == "error":
+                raise item[1]
+            return item
 
         try:
             for _, pending in self._schedule(start):
-                items, ended = [], False
-                for _ in pending:
-                    item = receive()
-                    if item is _END:
-                        ended = True
-                        break
-                    if isinstance(item, tuple) and item[0] == "error":
-                        raise item[1]
-                    items.append(item)
-                    if item[1] is None:
-                        ended = True
-                        break
-                local_ok = not ended
+                items = [take() for _ in pending]
+                local_ok = all(item is not _END and item[1] is not None for item in items)
                 if not self.agree(local_ok):
-                    self._finish(items)
+                    self._finish(items, take)
                     return
                 for lane, batch, snapshot in items:
                     if stop.is_set():
@@ -155,20 +156,16 @@ class RankStream:
         finally:
             stop.set()
 
-    def _produce_sync(self, lanes: dict[int, Lane], start: int,
-                      _unused: list[Any]) -> Iterator[Any]:
-        for _, pending in self._schedule(start):
-            for lane in pending:
-                batch = lanes[lane].next_microbatch()
-                yield (lane, batch, lanes[lane].snapshot())
-                if batch is None:
-                    while True:
-                        yield _END
-
-    def _finish(self, items: list[tuple[int, SampleBatch | None, dict[str, Any]]]) -> None:
-        for lane, batch, snapshot in items:
+    def _finish(self, items: list[Any], take: Callable[[], Any]) -> None:
+        """End of data: drain this rank's lanes and count what no rank will hand out."""
+        while not any(item is _END for item in items):
+            items.append(take())
+        for item in items:
+            if item is _END:
+                continue
+            lane, batch, snapshot = item
+            self.consumed[lane] = snapshot  # final counts, including what a flush dropped
             if batch is None:
-                self.consumed[lane] = snapshot  # keeps the counts of what the flush dropped
                 continue
             self.leftover["microbatches"] += 1
             for record in batch.records:
@@ -178,7 +175,7 @@ class RankStream:
                 self.leftover["tokens"] += sum(s.length for s in spans)
         self.finished = True
         if self.leftover["microbatches"]:
-            log.warning("zephon: end of data; rank %d left over %d microbatch(es) of an "
-                        "incomplete round (%d rows, %d tokens) so that every rank gets the "
-                        "same number of batches", self.rank, self.leftover["microbatches"],
+            log.warning("zephon: end of data; rank %d left over %d microbatch(es) "
+                        "(%d rows, %d tokens) so that every rank gets the same number of "
+                        "batches", self.rank, self.leftover["microbatches"],
                         self.leftover["rows"], self.leftover["tokens"])

@@ -1,0 +1,132 @@
+"""Datasets and file formats: discovery, projection, units, and errors that name the file."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import write_jsonl, write_parquet
+from zephon.errors import ConfigError, DataError
+from zephon.io import Dataset
+from zephon.io.formats import PlanHints, detect_format, read_unit
+
+HINTS = PlanHints(unit_bytes=64, arrow_unit_rows=3)
+
+
+def read_all(dataset: Dataset, columns=("text",), min_units=1) -> list:
+    rows = []
+    for file_index, unit in dataset.plan(HINTS, min_units):
+        data_file = dataset.files()[file_index]
+        table, keys = read_unit(data_file.path, data_file.fmt, data_file.compression, unit,
+                                list(columns) if columns else None, data_file.path)
+        rows += list(zip(keys, table[columns[0]] if columns else table["text"], strict=True))
+    return rows
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("a.parquet", ("parquet", None)), ("a.jsonl", ("jsonl", None)),
+    ("a.jsonl.gz", ("jsonl", "gzip")), ("a.JSONL.ZST", ("jsonl", "zstd")),
+    ("a.arrow", ("arrow", None)), ("README.md", None)])
+def test_detect_format(name, expected):
+    assert detect_format(name) == expected
+
+
+def test_jsonl_byte_units_cover_every_line_once(tmp_path):
+    rows = [{"text": f"line {i} " + "x" * (i % 7), "i": i} for i in range(50)]
+    write_jsonl(tmp_path / "a.jsonl", rows)
+    dataset = Dataset.from_path("a", tmp_path / "a.jsonl")
+    units = dataset.plan(HINTS, 1)
+    assert len(units) > 10
+    texts = [t for _, t in read_all(dataset)]
+    assert texts == [r["text"] for r in rows]
+
+
+@pytest.mark.parametrize("suffix, opener", [(".jsonl.gz", gzip.open), (".jsonl.zst", None)])
+def test_compressed_jsonl(tmp_path, suffix, opener):
+    rows = [{"text": f"doc {i}"} for i in range(20)]
+    data = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    path = tmp_path / f"a{suffix}"
+    if opener is gzip.open:
+        with gzip.open(path, "wb") as fh:
+            fh.write(data)
+    else:
+        zstandard = pytest.importorskip("zstandard")
+        path.write_bytes(zstandard.ZstdCompressor().compress(data))
+    dataset = Dataset.from_path("a", path)
+    assert [t for _, t in read_all(dataset)] == [r["text"] for r in rows]
+    assert [k for k, _ in read_all(dataset)] == list(range(1, 21))  # line numbers
+
+
+def test_parquet_projection_and_units(tmp_path):
+    texts = [f"t{i}" for i in range(23)]
+    write_parquet(tmp_path / "p.parquet", texts, row_group_size=5)
+    dataset = Dataset.from_path("p", tmp_path / "p.parquet")
+    assert len(dataset.plan(HINTS, 1)) == 5
+    assert len(dataset.plan(HINTS, 12)) >= 12
+    assert read_all(dataset, min_units=12) == list(enumerate(texts))
+
+
+def test_arrow_file_and_stream(tmp_path):
+    table = pa.table({"text": [f"a{i}" for i in range(10)]})
+    with pa.ipc.new_file(str(tmp_path / "f.arrow"), table.schema) as writer:
+        writer.write_table(table)
+    with pa.ipc.new_stream(str(tmp_path / "s.arrow"), table.schema) as writer:
+        writer.write_table(table)
+    for name in ("f.arrow", "s.arrow"):
+        dataset = Dataset.from_path("a", tmp_path / name)
+        assert [t for _, t in read_all(dataset)] == table.column("text").to_pylist()
+
+
+def test_directory_glob_and_fmt_override(tmp_path):
+    write_jsonl(tmp_path / "d" / "x.jsonl", [{"text": "a"}])
+    write_jsonl(tmp_path / "d" / "sub" / "y.jsonl", [{"text": "b"}])
+    (tmp_path / "d" / "notes.txt").write_text("ignored")
+    assert len(Dataset.from_path("d", tmp_path / "d").files()) == 2
+    assert len(Dataset.from_path("d", str(tmp_path / "d" / "**" / "*.jsonl")).files()) == 2
+    (tmp_path / "odd.data").write_text('{"text": "c"}\n')
+    dataset = Dataset.from_path("o", tmp_path / "odd.data", fmt="jsonl")
+    assert [t for _, t in read_all(dataset)] == ["c"]
+
+
+def test_missing_path_and_empty_dir(tmp_path):
+    with pytest.raises(DataError, match="does not exist"):
+        Dataset.from_path("x", tmp_path / "nope").files()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match=r"no files match|no \.parquet"):
+        Dataset.from_path("x", tmp_path / "empty").files()
+    with pytest.raises(ConfigError, match="fmt"):
+        Dataset.from_path("x", tmp_path, fmt="csv")
+
+
+def test_malformed_jsonl_names_file_and_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "ok"}\n{"text": "ok"}\n{"text": oops}\n')
+    dataset = Dataset.from_path("b", path)
+    with pytest.raises(DataError, match=r"bad\.jsonl:3: malformed JSON"):
+        read_all(dataset)
+
+
+def test_missing_field_names_file_and_field(tmp_path):
+    write_jsonl(tmp_path / "m.jsonl", [{"text": "a"}, {"body": "b"}])
+    with pytest.raises(DataError, match=r"m\.jsonl:2: missing field 'text'"):
+        read_all(Dataset.from_path("m", tmp_path / "m.jsonl"))
+    write_parquet(tmp_path / "m.parquet", ["a"])
+    with pytest.raises(DataError, match=r"m\.parquet: missing field 'content'"):
+        read_all(Dataset.from_path("m", tmp_path / "m.parquet"), columns=("content",))
+
+
+def test_unreadable_parquet_names_file(tmp_path):
+    (tmp_path / "broken.parquet").write_bytes(b"PAR1 this is not parquet")
+    with pytest.raises(DataError, match=r"broken\.parquet"):
+        Dataset.from_path("b", tmp_path / "broken.parquet").plan(HINTS, 1)
+
+
+def test_fingerprint_changes_with_files(tmp_path):
+    write_parquet(tmp_path / "d" / "a.parquet", ["x"])
+    before = Dataset.from_path("d", tmp_path / "d").fingerprint()
+    pq.write_table(pa.table({"text": ["y", "z"]}), tmp_path / "d" / "a.parquet")
+    assert Dataset.from_path("d", tmp_path / "d").fingerprint() != before
