@@ -184,8 +184,10 @@ def to_training(records: Sequence[Record], options: TrainingOptions) -> dict[str
         value = out[name]
         if options.flatten and name not in ("cu_seqlens", "max_seqlen", "num_valid_tokens"):
             value = value.reshape(-1)
-        value = np.ascontiguousarray(value)
-        if not value.flags.writeable:
-            value = value.copy()
-        result[options.rename_fields.get(name, name)] = torch.from_numpy(value)
+        if np.ndim(value) == 0:
+            tensor = torch.tensor(value.item(), dtype=torch.int64)
+        else:
+            value = np.ascontiguousarray(value)
+            tensor = torch.from_numpy(value if value.flags.writeable else value.copy())
+        result[options.rename_fields.get(name, name)] = tensor
     return result

@@ -42,6 +42,7 @@ def test_golden_diagram():
     assert as_list(out["loss_mask"]) == [1.0] * 7
     assert out["loss_mask"].dtype == torch.float32
     assert int(out["num_valid_tokens"]) == 7
+    assert out["num_valid_tokens"].shape == () and out["max_seqlen"].shape == ()
     assert as_list(out["positions"]) == [0, 1, 2, 3, 0, 1, 2]
     assert as_list(out["cu_seqlens"]) == [0, 4, 7]
     assert out["cu_seqlens"].dtype == torch.int32
