@@ -12,9 +12,11 @@ switched off so a saved tokenizer setting cannot silently cut documents.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -104,9 +106,48 @@ def _token_id(tokenizer: Any, kind: str) -> int | None:
     return int(value) if value is not None else None
 
 
+class _SavedFastTokenizer:
+    """The parts of a saved fast tokenizer the data path needs, read without transformers.
+
+    Importing transformers costs about a second (and imports torch); a directory holding
+    ``tokenizer.json`` and a ``tokenizer_config.json`` that names its special tokens is read
+    with the ``tokenizers`` library alone. Anything else goes through transformers.
+    """
+
+    def __init__(self, directory: str):
+        from tokenizers import Tokenizer
+
+        self.backend_tokenizer = Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
+        config = json.loads(Path(directory, "tokenizer_config.json").read_text())
+        for kind in ("bos", "eos", "pad"):
+            value = config.get(f"{kind}_token")
+            if isinstance(value, dict):
+                value = value.get("content")
+            token_id = self.backend_tokenizer.token_to_id(value) if value else None
+            setattr(self, f"{kind}_token_id", token_id)
+
+    @classmethod
+    def try_load(cls, tokenizer_id: str) -> _SavedFastTokenizer | None:
+        directory = os.path.expanduser(tokenizer_id)
+        config_path = Path(directory, "tokenizer_config.json")
+        if not (Path(directory, "tokenizer.json").is_file() and config_path.is_file()):
+            return None
+        try:
+            config = json.loads(config_path.read_text())
+        except ValueError:
+            return None
+        if not config.get("eos_token"):
+            return None
+        loaded = cls(directory)
+        return loaded if loaded.eos_token_id is not None else None
+
+
 def resolve_encoder(tokenizer_id: str | None, tokenizer: Any | None) -> TextEncoder:
     if (tokenizer_id is None) == (tokenizer is None):
         raise ConfigError("give exactly one of tokenizer_id=... or tokenizer=...")
     if tokenizer is None:
-        tokenizer = load_tokenizer(tokenizer_id)
+        with _LOCK:
+            cached = _CACHE.get(tokenizer_id)
+        tokenizer = cached or _SavedFastTokenizer.try_load(tokenizer_id) or \
+            load_tokenizer(tokenizer_id)
     return TextEncoder(tokenizer)

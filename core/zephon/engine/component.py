@@ -23,6 +23,9 @@ from zephon.records import Record
 from zephon.work.source import StaticMixtureWorkSource
 
 Position = tuple[int, int, int]
+# Read-ahead starts small and doubles up to the tokenize batch size, so the first batch does
+# not wait for a full batch of documents to be encoded (the output is the same either way).
+_FIRST_CHUNK = 8
 
 
 class _LoadedUnit:
@@ -48,6 +51,7 @@ class ComponentStream:
         self.tokenizer = tokenizer
         self.field = text_field
         self.chunk = chunk
+        self._next_chunk = min(chunk, _FIRST_CHUNK)
         self.position: Position = (0, 0, 0)
         self.empty = 0
         self.epoch = 0
@@ -65,6 +69,7 @@ class ComponentStream:
         self.empty = state["empty"]
         self.epoch = state["epoch"]
         self._read = self.position
+        self._next_chunk = min(self.chunk, _FIRST_CHUNK)
         self._ahead.clear()
         self._exhausted = False
 
@@ -107,13 +112,15 @@ class ComponentStream:
         texts: list[Any] = []
         where: list[tuple[int, int, int, str, int]] = []  # k, row, skip, doc_id, epoch
         rows_out: list[Record] = []
-        while len(where) < self.chunk:
+        chunk = self._next_chunk
+        self._next_chunk = min(self.chunk, chunk * 2)
+        while len(where) < chunk:
             unit = self._load(k)
             if unit is None:
                 self._exhausted = True
                 break
             n = len(unit.keys)
-            while row < n and len(where) < self.chunk:
+            while row < n and len(where) < chunk:
                 r = int(unit.order[row])
                 doc_id = f"{self.name}:{unit.file_index}:{unit.keys[r]}"
                 if self.field is None:

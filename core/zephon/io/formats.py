@@ -12,8 +12,11 @@ Parquet and Arrow; JSONL lines are parsed one by one so an error can name its li
 
 from __future__ import annotations
 
+import collections
 import json
 import math
+import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,11 +145,11 @@ def read_unit(path: str, fmt: str, compression: str | None, unit: UnitSpec,
     """
     try:
         if fmt == "parquet":
-            parquet = pq.ParquetFile(path)
+            parquet = _parquet_file(path)
             if columns is not None:
                 _check_columns(parquet.schema_arrow.names, columns, display)
             base = sum(parquet.metadata.row_group(g).num_rows for g in range(unit.group))
-            table = parquet.read_row_group(unit.group, columns=columns)
+            table = parquet.read_row_group(unit.group, columns=columns, use_threads=False)
             table = table.slice(unit.start, unit.stop - unit.start)
             keys = list(range(base + unit.start, base + unit.start + table.num_rows))
             return _table_columns(table, columns, display), keys
@@ -164,6 +167,23 @@ def read_unit(path: str, fmt: str, compression: str | None, unit: UnitSpec,
     except (OSError, pa.ArrowException) as exc:
         raise DataError(f"cannot read {fmt} file {display}: {exc}") from exc
     raise DataError(f"unknown format {fmt!r} for {display}")
+
+
+_OPEN = threading.local()
+
+
+def _parquet_file(path: str) -> pq.ParquetFile:
+    """An open ParquetFile (footer parsed once), per thread, reopened when the file changes."""
+    stat = os.stat(path)
+    key = (path, stat.st_mtime_ns, stat.st_size)
+    cache: collections.OrderedDict = getattr(_OPEN, "files", None) or collections.OrderedDict()
+    _OPEN.files = cache
+    if key not in cache:
+        cache[key] = pq.ParquetFile(path)
+        while len(cache) > 16:
+            cache.popitem(last=False)
+    cache.move_to_end(key)
+    return cache[key]
 
 
 def _check_columns(available: list[str], wanted: list[str], display: str) -> None:

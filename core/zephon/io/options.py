@@ -23,12 +23,17 @@ class CacheOptions:
     """Cache directory. Required when enabled."""
     limit_bytes: int | None = None
     """Upper bound on the bytes of cached shards (None: unbounded)."""
+    space_wait_s: float = 600.0
+    """How long a download waits for readers to release shards when the cache is full of shards
+    being read, before it fails with an error that asks for a larger ``limit_bytes``."""
 
     def __post_init__(self) -> None:
         if self.enabled and self.root is None:
             raise ConfigError("CacheOptions(enabled=True) needs root=<directory on local disk>")
         if self.limit_bytes is not None and self.limit_bytes <= 0:
             raise ConfigError(f"CacheOptions.limit_bytes must be positive, got {self.limit_bytes}")
+        if self.space_wait_s < 0:
+            raise ConfigError(f"CacheOptions.space_wait_s must be >= 0, got {self.space_wait_s}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +43,23 @@ class StoreOptions:
     cache: CacheOptions = field(default_factory=CacheOptions)
     """The shard cache; required (enabled) for Hub datasets."""
     max_retries: int = 8
-    """Attempts for a request answered 429 or 5xx before giving up."""
+    """Retries of a request answered 429 or 5xx (or dropped) before giving up."""
+    retry_base_wait_s: float = 1.0
+    """Backoff before the first retry; it doubles with each retry. A ``Retry-After`` answer
+    header overrides it."""
+    retry_max_wait_s: float = 60.0
+    """Cap on the backoff between retries (``Retry-After`` may ask for longer)."""
+    timeout_s: float = 60.0
+    """Seconds to wait for a connection or for the next bytes of an answer."""
     show_progress: bool = True
     """Log download progress (bytes and time) for each shard."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.cache, CacheOptions):
+            raise ConfigError("StoreOptions.cache must be a CacheOptions")
+        if self.max_retries < 0:
+            raise ConfigError(f"StoreOptions.max_retries must be >= 0, got {self.max_retries}")
+        for name in ("retry_base_wait_s", "retry_max_wait_s", "timeout_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"StoreOptions.{name} must be >= 0, got "
+                                  f"{getattr(self, name)}")

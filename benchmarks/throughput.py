@@ -1,0 +1,142 @@
+"""Loader throughput against the bare tokenizer, side by side in one run.
+
+Builds (once, cached under ``--root``) a corpus of ``--docs`` pseudo-English documents of
+200-2000 words in several Parquet files and a byte-level BPE tokenizer, then measures in fresh
+subprocesses, alternating ``--repeats`` times:
+
+- ``bare``: the HF fast tokenizer (Rust backend) batch-encoding the same texts, 256 per call,
+  ids converted to int32 arrays: the floor any loader that tokenizes on the fly pays;
+- ``pipeline``: ``tokenize -> pack_flat(2049, "wrap") -> batch(8) -> to_training(return_labels)``
+  over the same files, from constructing the Pipeline to the last batch.
+
+Prints tokens/s of both and their ratio (medians), the pipeline's time to first batch, and the
+peak RSS of each process. Usage: ``python benchmarks/throughput.py [--docs 10000]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def build_corpus(root: Path, n_docs: int, n_files: int) -> dict[str, str]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from zephon.demo.assets import make_documents, train_tokenizer
+
+    target = root / f"corpus-{n_docs}-{n_files}"
+    done = target / "done.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    (target / "data").mkdir(parents=True, exist_ok=True)
+    per_file = -(-n_docs // n_files)
+    sample = []
+    for i in range(n_files):
+        docs = make_documents(min(per_file, n_docs - i * per_file), seed=100 + i,
+                              min_words=200, max_words=2000)
+        sample += docs[:300]
+        pq.write_table(pa.table({"text": docs}), target / "data" / f"part-{i:04d}.parquet",
+                       row_group_size=256)
+    tokenizer = train_tokenizer(sample, target / "tokenizer", vocab_size=8192)
+    paths = {"data": str(target / "data"), "tokenizer": tokenizer}
+    done.write_text(json.dumps(paths))
+    return paths
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def child_bare(paths: dict[str, str]) -> dict[str, float]:
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from zephon.tokenizer import load_tokenizer
+
+    texts = []
+    for path in sorted(Path(paths["data"]).glob("*.parquet")):
+        texts += pq.read_table(path, columns=["text"]).column("text").to_pylist()
+    backend = load_tokenizer(paths["tokenizer"]).backend_tokenizer
+    encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
+    start = time.perf_counter()
+    tokens = 0
+    for i in range(0, len(texts), 256):
+        for encoding in encode(texts[i:i + 256], add_special_tokens=False):
+            tokens += np.array(encoding.ids, dtype=np.int32).size
+    elapsed = time.perf_counter() - start
+    return {"tokens": tokens, "seconds": elapsed, "rss_mib": peak_rss_mib()}
+
+
+def child_pipeline(paths: dict[str, str]) -> dict[str, float]:
+    import torch  # noqa: F401 - a trainer has torch loaded before it builds its loader
+
+    from zephon import Pipeline
+    from zephon.io import Dataset
+    from zephon.work import MixtureSpec, StaticMixtureWorkSource
+
+    start = time.perf_counter()
+    source = StaticMixtureWorkSource([Dataset.from_path("bench", paths["data"])],
+                                     MixtureSpec({"bench": 1.0}), seed=0)
+    pipeline = (Pipeline(source).tokenize(tokenizer_id=paths["tokenizer"], field="text")
+                .pack_flat(2049, "wrap").batch(8, drop_last=False))
+    tokens = 0
+    first = None
+    for batch in pipeline:
+        out = batch.to_training(return_labels=True)
+        tokens += int(out["input_ids"].numel()) + len(batch)
+        if first is None:
+            first = time.perf_counter() - start
+    elapsed = time.perf_counter() - start
+    report = pipeline.report()
+    return {"tokens": tokens, "seconds": elapsed, "first_batch_s": first,
+            "rss_mib": peak_rss_mib(), "padding": report.padding_tokens,
+            "documents": sum(d.documents for d in report.datasets)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--docs", type=int, default=10_000)
+    parser.add_argument("--files", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--root", default=".bench")
+    parser.add_argument("--child", choices=["bare", "pipeline"])
+    parser.add_argument("--paths")
+    args = parser.parse_args()
+    if args.child:
+        paths = json.loads(args.paths)
+        result = child_bare(paths) if args.child == "bare" else child_pipeline(paths)
+        print(json.dumps(result))
+        return
+    print(f"building corpus: {args.docs} documents in {args.files} Parquet files "
+          f"(cached under {args.root})", flush=True)
+    paths = build_corpus(Path(args.root), args.docs, args.files)
+    runs: dict[str, list[dict[str, float]]] = {"bare": [], "pipeline": []}
+    for repeat in range(args.repeats):
+        for kind in ("bare", "pipeline"):
+            out = subprocess.run([sys.executable, __file__, "--child", kind, "--paths",
+                                  json.dumps(paths)], capture_output=True, text=True, check=True)
+            result = json.loads(out.stdout.strip().splitlines()[-1])
+            runs[kind].append(result)
+            print(f"  run {repeat + 1} {kind:<8} {result['tokens'] / result['seconds']:>12,.0f} "
+                  f"tokens/s  ({result['tokens']:,} tokens, {result['seconds']:.1f} s, "
+                  f"peak RSS {result['rss_mib']:.0f} MiB)", flush=True)
+    bare = statistics.median(r["tokens"] / r["seconds"] for r in runs["bare"])
+    pipe = statistics.median(r["tokens"] / r["seconds"] for r in runs["pipeline"])
+    first = statistics.median(r["first_batch_s"] for r in runs["pipeline"])
+    print(f"\nbare tokenizer   {bare:>12,.0f} tokens/s")
+    print(f"zephon pipeline  {pipe:>12,.0f} tokens/s")
+    print(f"ratio            {pipe / bare:>12.2f}x")
+    print(f"first batch      {first:>12.2f} s")
+    print(f"peak RSS         {max(r['rss_mib'] for r in runs['pipeline']):>12.0f} MiB (pipeline), "
+          f"{max(r['rss_mib'] for r in runs['bare']):.0f} MiB (bare)")
+
+
+if __name__ == "__main__":
+    main()

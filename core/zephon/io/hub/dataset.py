@@ -1,0 +1,177 @@
+"""``HubDataset``: a split of a Hugging Face Hub dataset, read through the shard cache.
+
+The path is parsed when the dataset is made (malformed paths fail at once). The revision is
+pinned and the split's files are listed the first time they are needed (see
+:mod:`zephon.io.hub.resolve`), and never again for this object: every unit is read at that
+commit, and the fingerprint carries it, so a checkpoint taken at another commit is refused.
+
+Planning downloads nothing: a Parquet file's units are its row groups (split into row ranges
+when a dataset has too few, exactly as for local files), known from its footer; an
+uncompressed JSON Lines file's units are byte ranges computed from its listed size; a
+compressed one is a single unit. Only Arrow files read with ``~original`` are downloaded to be
+planned. Reading a unit downloads its whole file into the shard cache first
+(:mod:`zephon.io.hub.cache`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from zephon.errors import ConfigError, DataError
+from zephon.io.dataset import DataFile, Dataset
+from zephon.io.formats import PlanHints, UnitSpec, plan_file
+from zephon.io.hub.cache import CachedFile, ContentCheck, ShardCache
+from zephon.io.hub.client import HubClient
+from zephon.io.hub.path import HubPath, parse_hub_path
+from zephon.io.hub.resolve import Resolution, resolve
+from zephon.io.hub.retry import RetryPolicy
+from zephon.io.options import StoreOptions
+
+_CACHE_HINT = ("StoreOptions(cache=CacheOptions(enabled=True, root='/local/disk/zephon-cache', "
+               "limit_bytes=50 << 30))")
+
+
+class HubDataset(Dataset):
+    """A Hub dataset split named by an ``hf://`` path; see the module docstring.
+
+    ``token`` overrides the Hugging Face token (``False``: none); ``endpoint`` the Hub URL
+    (default: ``HF_ENDPOINT``, else https://huggingface.co).
+    """
+
+    def __init__(self, name: str, path: str, fmt: str | None = None, *,
+                 token: str | bool | None = None, endpoint: str | None = None):
+        super().__init__(name, path, fmt)
+        self.hub_path: HubPath = parse_hub_path(path)
+        self._token = token
+        self._endpoint = endpoint
+        self._io = StoreOptions()
+        self._client = self._make_client()
+        self._cache: ShardCache | None = None
+        self._resolution: Resolution | None = None
+        self._lock = threading.Lock()
+
+    def _make_client(self) -> HubClient:
+        policy = RetryPolicy(self._io.max_retries, self._io.retry_base_wait_s,
+                             self._io.retry_max_wait_s)
+        return HubClient(self.hub_path.repo_id, self._endpoint, self._token, policy,
+                         self._io.timeout_s)
+
+    def __repr__(self) -> str:
+        return f"HubDataset({self.name!r}, {self.path!r})"
+
+    # -- options ----------------------------------------------------------------------------
+    def bind(self, io_options: StoreOptions) -> None:
+        """Use ``io_options``; Hub data needs its shard cache enabled."""
+        if not io_options.cache.enabled:
+            raise ConfigError(
+                f"dataset {self.name!r} ({self.path}) is read from the Hugging Face Hub through "
+                "the shard cache, which is not enabled. Enable it, on fast local disk with a "
+                f"size limit: Pipeline(...).options(io_options={_CACHE_HINT})")
+        self._io = io_options
+        self._client = self._make_client()
+        self._cache = ShardCache(io_options.cache)
+
+    @property
+    def cache(self) -> ShardCache:
+        if self._cache is None:
+            raise ConfigError(f"dataset {self.name!r} ({self.path}) must be bound to a shard "
+                              f"cache before it is read: pass io_options={_CACHE_HINT} to "
+                              "Pipeline.options")
+        return self._cache
+
+    # -- resolution -------------------------------------------------------------------------
+    @property
+    def resolution(self) -> Resolution:
+        """The pinned commit and the split's files (resolved on first use)."""
+        with self._lock:
+            if self._resolution is None:
+                root = self._cache.root if self._cache is not None else None
+                self._resolution = resolve(self.hub_path, self._client, root, self.fmt)
+            return self._resolution
+
+    @property
+    def commit(self) -> str:
+        return self.resolution.commit
+
+    def _list_files(self) -> list[DataFile]:
+        files = [DataFile(f.path, f.size, f.fmt, f.compression, f.version)
+                 for f in self.resolution.files]
+        if not files:
+            raise DataError(f"dataset {self.name!r}: {self.path} holds no files")
+        return files
+
+    def fingerprint(self) -> dict[str, Any]:
+        res = self.resolution
+        listing = json.dumps([[f.path, f.size, f.version, f.fmt] for f in self.files()])
+        return {
+            "path": self.path,
+            "commit": res.commit,
+            "source": res.source,
+            "config": res.config,
+            "num_files": len(self.files()),
+            "files": hashlib.sha256(listing.encode()).hexdigest()[:16],
+        }
+
+    def display_name(self, data_file: DataFile) -> str:
+        return f"hf://{self.hub_path.repo_id}@{self.commit}/{data_file.path}"
+
+    # -- planning ---------------------------------------------------------------------------
+    def plan(self, hints: PlanHints, min_units: int) -> list[tuple[int, UnitSpec]]:
+        """All units as (file index, unit), in file order, without downloading shards."""
+        files = self.files()
+        per_file = max(1, -(-min_units // len(files)))
+        groups = {f.path: f.row_groups for f in self.resolution.files}
+        units: list[tuple[int, UnitSpec]] = []
+        for index, data_file in enumerate(files):
+            if data_file.fmt == "parquet" and groups.get(data_file.path) is not None:
+                specs = _parquet_units(groups[data_file.path], per_file)
+            elif data_file.fmt == "jsonl" and data_file.compression is None:
+                specs = _byte_units(data_file.size, hints.unit_bytes, per_file)
+            elif data_file.fmt == "jsonl":
+                specs = [UnitSpec("file", 0, 0, -1)]
+            else:
+                with self.local_file(data_file) as local:
+                    specs = plan_file(local, data_file.fmt, data_file.compression, hints,
+                                      per_file)
+            units.extend((index, spec) for spec in specs)
+        return units
+
+    # -- reading ----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def local_file(self, data_file: DataFile) -> Iterator[str]:
+        """The shard in the cache (downloaded if needed), pinned while the block runs."""
+        display = self.display_name(data_file)
+        item = CachedFile(Path(data_file.path).name, data_file.size, data_file.version, display)
+        commit = self.commit
+
+        def fetch(out: Any) -> None:
+            self._client.download(data_file.path, commit, out, display, data_file.size,
+                                  lambda: ContentCheck(data_file.version, data_file.size),
+                                  self._io.show_progress)
+
+        with self.cache.open(item, fetch) as local:
+            yield local
+
+
+def _parquet_units(groups: list[int], min_units: int) -> list[UnitSpec]:
+    units = [UnitSpec("row_group", g, 0, n) for g, n in enumerate(groups) if n > 0]
+    if len(units) >= min_units or not units:
+        return units
+    per_unit = max(1, math.ceil(sum(groups) / min_units))
+    return [UnitSpec("row_group", g, s, min(s + per_unit, n))
+            for g, n in enumerate(groups) for s in range(0, n, per_unit)]
+
+
+def _byte_units(size: int, unit_bytes: int, min_units: int) -> list[UnitSpec]:
+    if size == 0:
+        return []
+    n = min(max(math.ceil(size / unit_bytes), min_units), size)
+    step = math.ceil(size / n)
+    return [UnitSpec("bytes", 0, s, min(s + step, size)) for s in range(0, size, step)]
