@@ -285,7 +285,7 @@ class Pipeline:
         names = source.names()
         documents = dict.fromkeys(names, 0)
         tokens = dict.fromkeys(names, 0)
-        empty = dict.fromkeys(names, 0)
+        skipped: dict[str, dict[str, int]] = {name: {} for name in names}
         dropped = {"rows": 0, "documents": 0, "tokens": 0}
         padding = microbatches = 0
         for lane in stream.owned:
@@ -299,13 +299,15 @@ class Pipeline:
                 documents[name] += counters["documents"][name]
                 tokens[name] += counters["tokens"][name]
             for comp, name in zip(snap["components"], names, strict=True):
-                empty[name] += comp["empty"]
+                for reason, count in comp["skipped"].items():
+                    skipped[name][reason] = skipped[name].get(reason, 0) + count
             for key in dropped:
                 dropped[key] += counters["dropped"][key]
         unit = tokens if source.by_tokens else documents
         total = sum(unit.values()) or 1
-        datasets = [DatasetReport(name, float(w), documents[name], tokens[name], empty[name],
-                                  unit[name] / total)
+        datasets = [DatasetReport(name, float(w), documents[name], tokens[name],
+                                  skipped[name].get("empty", 0), unit[name] / total,
+                                  skipped[name])
                     for name, w in zip(names, source.weights, strict=True)]
         return PipelineReport("tokens" if source.by_tokens else "documents", datasets,
                               microbatches, padding, dropped, dict(stream.leftover),

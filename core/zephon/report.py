@@ -16,6 +16,9 @@ class DatasetReport:
     """Empty or null texts skipped (they produce no tokens)."""
     realized_share: float = 0.0
     """Delivered share in the mixing unit (tokens or documents)."""
+    skipped: dict[str, int] = field(default_factory=dict)
+    """Rows that produced no document, by reason (``empty``; for chat data also
+    ``no_assistant``, ``unknown_role``, ``missing_field``, ``invalid``)."""
 
 
 @dataclass
@@ -38,6 +41,9 @@ class PipelineReport:
         for d in self.datasets:
             lines.append(f"{d.name:<24}{d.documents:>12,}{d.tokens:>14,}{d.empty_documents:>8,}"
                          f"{d.target_share:>9.3f}{d.realized_share:>10.3f}")
+            others = {k: v for k, v in d.skipped.items() if k != "empty"}
+            if others:
+                lines.append(f"{'':<24}skipped rows: {others}")
         lines.append(f"microbatches {self.microbatches:,}; padding tokens "
                      f"{self.padding_tokens:,}; dropped at flush {self.dropped}; "
                      f"left over at end {self.leftover}")

@@ -15,10 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from zephon.errors import DataError
 from zephon.io.formats import read_unit
 from zephon.ops.pack import Doc
-from zephon.ops.tokenize import DocumentTokenizer
+from zephon.ops.tokenize import RowEncoder
 from zephon.records import Record
 from zephon.work.source import StaticMixtureWorkSource
 
@@ -41,19 +40,18 @@ class ComponentStream:
     """Documents of dataset ``index`` for ``lane`` of ``lanes``; see the module docstring."""
 
     def __init__(self, source: StaticMixtureWorkSource, index: int, lane: int, lanes: int,
-                 tokenizer: DocumentTokenizer | None, text_field: str | None,
-                 chunk: int = 256):
+                 tokenizer: RowEncoder | None, chunk: int = 256):
         self.source = source
         self.index = index
         self.dataset = source.datasets[index]
         self.name = self.dataset.name
         self.lane, self.lanes = lane, lanes
         self.tokenizer = tokenizer
-        self.field = text_field
+        self.columns = tokenizer.columns if tokenizer is not None else None
         self.chunk = chunk
         self._next_chunk = min(chunk, _FIRST_CHUNK)
         self.position: Position = (0, 0, 0)
-        self.empty = 0
+        self.skipped: dict[str, int] = {}
         self.epoch = 0
         self._read: Position = (0, 0, 0)
         self._ahead: deque[tuple[Doc | Record | None, Position, int]] = deque()
@@ -62,11 +60,11 @@ class ComponentStream:
 
     # -- state -----------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
-        return {"position": self.position, "empty": self.empty, "epoch": self.epoch}
+        return {"position": self.position, "skipped": dict(self.skipped), "epoch": self.epoch}
 
     def restore(self, state: dict[str, Any]) -> None:
         self.position = tuple(state["position"])
-        self.empty = state["empty"]
+        self.skipped = dict(state["skipped"])
         self.epoch = state["epoch"]
         self._read = self.position
         self._next_chunk = min(self.chunk, _FIRST_CHUNK)
@@ -82,8 +80,8 @@ class ComponentStream:
             item, after, epoch = self._ahead.popleft()
             self.position = after
             self.epoch = epoch
-            if item is None:
-                self.empty += 1
+            if isinstance(item, str):
+                self.skipped[item] = self.skipped.get(item, 0) + 1
                 continue
             return item
 
@@ -96,10 +94,9 @@ class ComponentStream:
         epoch, unit_index, (file_index, spec) = found
         data_file = self.dataset.files()[file_index]
         display = self.dataset.display_name(data_file)
-        columns = [self.field] if self.field is not None else None
         with self.dataset.local_file(data_file) as local:
-            table, keys = read_unit(local, data_file.fmt, data_file.compression, spec, columns,
-                                    display)
+            table, keys = read_unit(local, data_file.fmt, data_file.compression, spec,
+                                    self.columns, display)
         order = self.source.row_order(self.index, epoch, unit_index, len(keys))
         self._unit = _LoadedUnit(k, table, keys, order, file_index, display)
         self._unit_epoch = epoch
@@ -109,7 +106,8 @@ class ComponentStream:
         if self._exhausted:
             return False
         k, row, skip = self._read
-        texts: list[Any] = []
+        values: list[tuple[Any, ...]] = []
+        labels: list[str] = []
         where: list[tuple[int, int, int, str, int]] = []  # k, row, skip, doc_id, epoch
         rows_out: list[Record] = []
         chunk = self._next_chunk
@@ -123,11 +121,12 @@ class ComponentStream:
             while row < n and len(where) < chunk:
                 r = int(unit.order[row])
                 doc_id = f"{self.name}:{unit.file_index}:{unit.keys[r]}"
-                if self.field is None:
+                if self.columns is None:
                     payload = {c: v[r] for c, v in unit.columns.items()}
                     rows_out.append(Record(payload, {"id": doc_id, "dataset": self.name}))
                 else:
-                    texts.append(self._text(unit, r))
+                    values.append(tuple(unit.columns[c][r] for c in self.columns))
+                    labels.append(f"{unit.display}: row {unit.keys[r]}")
                 where.append((k, row, skip, doc_id, self._unit_epoch))
                 row += 1
                 skip = 0
@@ -136,28 +135,21 @@ class ComponentStream:
         self._read = (k, row, 0)
         if not where:
             return False
-        if self.field is None:
+        if self.columns is None:
             for (wk, wrow, _, _, epoch), record in zip(where, rows_out, strict=True):
                 self._ahead.append((record, (wk, wrow + 1, 0), epoch))
             return True
-        pieces = self.tokenizer.encode(texts)
-        for (wk, wrow, wskip, doc_id, epoch), parts in zip(where, pieces, strict=True):
-            if not parts:
-                self._ahead.append((None, (wk, wrow + 1, 0), epoch))
+        encoded = self.tokenizer.encode_rows(values, labels)
+        for (wk, wrow, wskip, doc_id, epoch), row_out in zip(where, encoded, strict=True):
+            parts = row_out.pieces
+            if row_out.skipped is not None:
+                self._ahead.append((row_out.skipped, (wk, wrow + 1, 0), epoch))
                 continue
             offset = sum(len(p) for p in parts[:wskip])
             for p in range(wskip, len(parts)):
                 after = (wk, wrow, p + 1) if p + 1 < len(parts) else (wk, wrow + 1, 0)
-                doc = Doc(parts[p], doc_id, self.name, offset)
+                mask = row_out.masks[p] if row_out.masks is not None else None
+                doc = Doc(parts[p], doc_id, self.name, offset, mask)
                 offset += len(parts[p])
                 self._ahead.append((doc, after, epoch))
         return True
-
-    def _text(self, unit: _LoadedUnit, r: int) -> str:
-        value = unit.columns[self.field][r]
-        if value is None:
-            return ""
-        if not isinstance(value, str):
-            raise DataError(f"{unit.display}: field {self.field!r} of row {unit.keys[r]} is "
-                            f"{type(value).__name__}, expected text")
-        return value

@@ -20,7 +20,7 @@ from zephon.engine.mixer import DeficitMixer
 from zephon.ops.batch import BatchSpec
 from zephon.ops.pack import Doc, Packer, PackSpec
 from zephon.ops.shuffle import Shuffler, ShuffleSpec
-from zephon.ops.tokenize import DocumentTokenizer
+from zephon.ops.tokenize import RowEncoder
 from zephon.records import DocSpan, Record
 from zephon.work.source import StaticMixtureWorkSource
 
@@ -30,7 +30,7 @@ class LanePlan:
     """Everything a lane needs, shared by all lanes of a pipeline."""
 
     source: StaticMixtureWorkSource
-    tokenizer: DocumentTokenizer | None
+    tokenizer: RowEncoder | None
     pack: PackSpec | None
     pad_token_id: int
     shuffle: ShuffleSpec | None
@@ -52,10 +52,9 @@ class Lane:
         self.plan = plan
         self.lane = lane
         source = plan.source
-        field = plan.tokenizer.spec.field if plan.tokenizer is not None else None
         chunk = plan.tokenizer.spec.batch_size if plan.tokenizer is not None else 256
-        self.components = [ComponentStream(source, i, lane, plan.lanes, plan.tokenizer, field,
-                                           chunk) for i in range(len(source.datasets))]
+        self.components = [ComponentStream(source, i, lane, plan.lanes, plan.tokenizer, chunk)
+                           for i in range(len(source.datasets))]
         self.mixer = DeficitMixer(source.weights)
         self.packer = Packer(plan.pack, plan.pad_token_id, lane) if plan.pack else None
         self.shuffler = Shuffler(plan.shuffle, source.seed, lane) if plan.shuffle else None
@@ -92,10 +91,6 @@ class Lane:
         self._data_ended = state["data_ended"]
         self._flushed = state["flushed"]
         self.counters = copy.deepcopy(state["counters"])
-
-    @property
-    def empty_documents(self) -> dict[str, int]:
-        return {c.name: c.empty for c in self.components}
 
     # -- producing -------------------------------------------------------------------------
     def next_microbatch(self) -> SampleBatch | None:

@@ -9,13 +9,36 @@ last carries EOS. Empty or null texts produce no document and are counted.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from zephon.errors import ConfigError
+from zephon.errors import ConfigError, DataError
 from zephon.tokenizer import TextEncoder, resolve_encoder
+
+
+@dataclass(slots=True)
+class Encoded:
+    """One input row after tokenization: its document pieces (with per-token train masks for
+    chat data), or the reason it produced no document."""
+
+    pieces: list[np.ndarray]
+    masks: list[np.ndarray] | None = None
+    skipped: str | None = None
+
+
+class RowEncoder(Protocol):
+    """What a lane needs from a tokenizing operator."""
+
+    columns: list[str]
+    encoder: TextEncoder
+
+    def encode_rows(self, rows: Sequence[tuple[Any, ...]], where: Sequence[str]
+                    ) -> list[Encoded]: ...
+
+    def fingerprint(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -54,6 +77,7 @@ class DocumentTokenizer:
 
     def __init__(self, spec: TokenizeSpec):
         self.spec = spec
+        self.columns = [spec.field]
         self.encoder: TextEncoder = resolve_encoder(spec.tokenizer_id, spec.tokenizer)
         special = self.encoder.special
         self.bos = _special(spec.add_bos, special.bos, "add_bos", "BOS")
@@ -67,6 +91,18 @@ class DocumentTokenizer:
             "eos": self.eos,
             "max_document_tokens": self.spec.max_document_tokens,
         }
+
+    def encode_rows(self, rows: Sequence[tuple[Any, ...]], where: Sequence[str]
+                    ) -> list[Encoded]:
+        """Rows of (text,) -> documents; ``where`` names each row for error messages."""
+        texts = []
+        for (value,), label in zip(rows, where, strict=True):
+            if value is not None and not isinstance(value, str):
+                raise DataError(f"{label}: field {self.spec.field!r} is "
+                                f"{type(value).__name__}, expected text")
+            texts.append(value or "")
+        return [Encoded(pieces) if pieces else Encoded([], skipped="empty")
+                for pieces in self.encode(texts)]
 
     def encode(self, texts: list[str]) -> list[list[np.ndarray]]:
         """Each text -> its pieces (an empty list for an empty document)."""
