@@ -1,6 +1,7 @@
 """``Pipeline``: the public builder and iterator.
 
-A pipeline is built by chaining operators on a work source, in this order: ``tokenize``,
+A pipeline is built by chaining operators on a work source, in this order: ``tokenize`` (or
+``tokenize_chat``),
 ``pack_flat`` or ``pack_sequences``, ``shuffle``, ``batch`` (required, last). Each call returns a
 new pipeline; nothing is read until iteration. Iterating hands out SampleBatch objects for this
 rank (see :mod:`zephon.engine.rank`); a new ``iter()`` continues from the consumed state, and
@@ -26,7 +27,8 @@ from zephon.io.options import StoreOptions
 from zephon.ops.batch import BatchSpec
 from zephon.ops.pack import PackSpec
 from zephon.ops.shuffle import ShuffleSpec
-from zephon.ops.tokenize import DocumentTokenizer, TokenizeSpec
+from zephon.ops.tokenize import DocumentTokenizer, RowEncoder, TokenizeSpec
+from zephon.ops.tokenize_chat import ChatTokenizer, TokenizeChatSpec
 from zephon.report import DatasetReport, PipelineReport
 from zephon.work.source import StaticMixtureWorkSource
 
@@ -115,6 +117,19 @@ class Pipeline:
             field=field, tokenizer_id=tokenizer_id, tokenizer=tokenizer, add_bos=add_bos,
             add_eos=add_eos, max_document_tokens=max_document_tokens, batch_size=batch_size))
 
+    def tokenize_chat(self, tokenizer_id: str | None = None, field: str = "messages", *,
+                      tokenizer: Any = None, chat_template: str | None = None,
+                      tools_field: str | None = None, train_on: str = "all",
+                      on_untrainable: str = "drop", max_document_tokens: int | None = None,
+                      batch_size: int = 64) -> Pipeline:
+        """Render and encode conversations with assistant-only train masks; see
+        :mod:`zephon.ops.tokenize_chat`."""
+        return self._with("tokenize", TokenizeChatSpec(
+            field=field, tokenizer_id=tokenizer_id, tokenizer=tokenizer,
+            chat_template=chat_template, tools_field=tools_field, train_on=train_on,
+            on_untrainable=on_untrainable, max_document_tokens=max_document_tokens,
+            batch_size=batch_size))
+
     def pack_flat(self, max_length: int, algorithm: str = "wrap", *,
                   pad_token_id: int | None = None, max_open_bins: int = 8) -> Pipeline:
         """Pack documents into fixed-length rows; see :mod:`zephon.ops.pack`."""
@@ -164,7 +179,11 @@ class Pipeline:
             raise ConfigError("token_estimation (mixing by tokens) needs tokenize(...)")
         for dataset in source.datasets:
             dataset.bind(self._io)
-        tokenizer = DocumentTokenizer(tokenize) if tokenize is not None else None
+        tokenizer: RowEncoder | None = None
+        if isinstance(tokenize, TokenizeChatSpec):
+            tokenizer = ChatTokenizer(tokenize)
+        elif tokenize is not None:
+            tokenizer = DocumentTokenizer(tokenize)
         pad = 0
         if pack is not None:
             special = tokenizer.encoder.special

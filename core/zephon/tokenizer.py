@@ -90,6 +90,12 @@ class TextEncoder:
         """A short hash of the tokenizer's full definition (vocabulary, merges, normalizer)."""
         return self._digest
 
+    def encode_with_offsets(self, text: str) -> Any:
+        """One text -> a tokenizers Encoding (ids and character offsets), no special tokens."""
+        if self._backend is None:
+            raise ConfigError("character offsets need a fast (Rust-backed) tokenizer")
+        return self._backend.encode(text, add_special_tokens=False)
+
     def encode(self, texts: list[str]) -> list[np.ndarray]:
         if not texts:
             return []

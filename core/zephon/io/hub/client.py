@@ -106,14 +106,25 @@ class HubClient:
         return build_hf_headers(token=self.token, library_name="zephon", headers=extra)
 
     def tail(self, path: str, commit: str, nbytes: int) -> bytes:
-        """The last ``nbytes`` bytes of a file (fewer when the file is smaller)."""
+        """The last ``nbytes`` bytes of a file (fewer when the file is smaller), by a range
+        request; a server that ignores the range costs a streamed read of the whole file."""
         url = self.url(path, commit)
 
         def fetch() -> bytes:
-            response = get_session().get(url, headers=self._headers({"Range": f"bytes=-{nbytes}"}),
-                                         follow_redirects=True, timeout=self.timeout_s)
-            hf_raise_for_status(response)
-            return response.content[-nbytes:]
+            headers = self._headers({"Range": f"bytes=-{nbytes}"})
+            with get_session().stream("GET", url, headers=headers, follow_redirects=True,
+                                      timeout=self.timeout_s) as response:
+                if response.status_code >= 400:
+                    response.read()
+                hf_raise_for_status(response)
+                if response.status_code == 206:
+                    return response.read()[-nbytes:]
+                log.warning("%s ignored a range request; reading the whole of %s", self.endpoint,
+                            path)
+                tail = b""
+                for chunk in response.iter_bytes():
+                    tail = (tail + chunk)[-nbytes:]
+                return tail
 
         return self._call(fetch, f"reading the footer of {path} at {commit}")
 

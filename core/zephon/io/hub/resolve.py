@@ -102,8 +102,9 @@ class Resolution:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Resolution:
-        files = [HubFile(**f) for f in data.pop("files")]
-        return cls(files=files, **data)
+        fields = dict(data)
+        files = [HubFile(**f) for f in fields.pop("files")]
+        return cls(files=files, **fields)
 
 
 def resolve(hub_path: HubPath, client: HubClient, cache_root: Path | None,

@@ -1,0 +1,259 @@
+"""``tokenize_chat``: conversations -> token ids plus a mask of the tokens to train on.
+
+A conversation is a list of ``{"role", "content"}`` messages (assistant messages may carry
+``tool_calls`` instead of content), optionally with a list of tool schemas in another column.
+It is rendered with the tokenizer's chat template (or ``chat_template``) and tokenized as a
+whole; the template decides BOS and turn markers, so nothing else is added.
+
+Which tokens are trained on: the assistant turns, each with its end-of-turn token (the model
+must learn to stop); never system, user or tool turns. ``train_on="all"`` (default) trains
+every non-empty assistant turn, ``"last"`` only the final one. The spans are found:
+
+1. with generation markers (``{% generation %}...{% endgeneration %}``) in the template, from
+   the template itself (transformers' assistant-token mask); each marked block is one turn;
+2. without markers, by rendering prefixes: for assistant message ``i``, the rendering of
+   messages ``[:i]`` with the generation prompt must be a prefix of the rendering of ``[:i+1]``,
+   which must be a prefix of the whole conversation; the difference (less trailing whitespace)
+   is the turn. A template that breaks this (one that rewrites earlier turns, say) raises
+   ConfigError naming the problem. Costs two renders per assistant turn.
+
+Fail closed: a conversation with nothing to train on (no assistant turn, only empty ones, an
+unknown role, a missing or malformed field) is dropped and counted by reason, or raises with
+``on_untrainable="raise"``. There is no fallback to training on every token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from zephon.errors import ConfigError, DataError
+from zephon.ops.tokenize import Encoded
+from zephon.tokenizer import TextEncoder, load_tokenizer
+
+ROLES = ("system", "user", "assistant", "tool")
+_MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+@dataclass(frozen=True)
+class TokenizeChatSpec:
+    """Options of ``tokenize_chat``."""
+
+    field: str = "messages"
+    """Column holding the conversation (a list of role/content messages)."""
+    tokenizer_id: str | None = None
+    """A local tokenizer directory or Hub id (transformers, with a chat template)."""
+    tokenizer: Any = None
+    """A transformers tokenizer object instead of ``tokenizer_id``."""
+    chat_template: str | None = None
+    """A Jinja chat template overriding the tokenizer's."""
+    tools_field: str | None = None
+    """Column holding the tool schemas offered in the conversation (list or JSON text)."""
+    train_on: str = "all"
+    """``all`` assistant turns, or only the ``last`` one."""
+    on_untrainable: str = "drop"
+    """``drop`` (and count) conversations with nothing to train on, or ``raise``."""
+    roles: tuple[str, ...] = ROLES
+    """Roles accepted in a conversation; others make it untrainable (``unknown_role``)."""
+    max_document_tokens: int | None = None
+    """Split longer conversations into pieces of at most this many tokens."""
+    batch_size: int = 64
+    """Conversations rendered per read-ahead batch; affects speed only."""
+
+    def __post_init__(self) -> None:
+        if (self.tokenizer_id is None) == (self.tokenizer is None):
+            raise ConfigError("tokenize_chat: give exactly one of tokenizer_id=... or "
+                              "tokenizer=...")
+        if self.train_on not in ("all", "last"):
+            raise ConfigError(f"tokenize_chat: train_on={self.train_on!r} is not 'all' or "
+                              "'last'")
+        if self.on_untrainable not in ("drop", "raise"):
+            raise ConfigError(f"tokenize_chat: on_untrainable={self.on_untrainable!r} is not "
+                              "'drop' or 'raise'")
+        if "assistant" not in self.roles:
+            raise ConfigError("tokenize_chat: roles must include 'assistant'")
+        if self.max_document_tokens is not None and self.max_document_tokens < 2:
+            raise ConfigError("tokenize_chat: max_document_tokens must be >= 2")
+        if self.batch_size <= 0:
+            raise ConfigError("tokenize_chat: batch_size must be positive")
+
+
+class _Untrainable(Exception):
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+
+
+class ChatTokenizer:
+    """Runtime side of :class:`TokenizeChatSpec`."""
+
+    def __init__(self, spec: TokenizeChatSpec):
+        self.spec = spec
+        tokenizer = spec.tokenizer if spec.tokenizer is not None else \
+            load_tokenizer(spec.tokenizer_id)
+        if not hasattr(tokenizer, "apply_chat_template"):
+            raise ConfigError("tokenize_chat needs a transformers tokenizer (it renders chat "
+                              "templates)")
+        template = spec.chat_template or getattr(tokenizer, "chat_template", None)
+        if not template or not isinstance(template, str):
+            raise ConfigError("tokenize_chat: the tokenizer has no chat template; pass "
+                              "chat_template=<jinja template>")
+        self.tokenizer = tokenizer
+        self.template = template
+        self.markers = bool(_MARKER.search(template))
+        self.encoder = TextEncoder(tokenizer)
+        self.columns = [spec.field] + ([spec.tools_field] if spec.tools_field else [])
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {
+            "tokenizer": self.encoder.digest,
+            "chat_template": hashlib.sha256(self.template.encode()).hexdigest()[:16],
+            "field": self.spec.field,
+            "tools_field": self.spec.tools_field,
+            "train_on": self.spec.train_on,
+            "roles": list(self.spec.roles),
+            "max_document_tokens": self.spec.max_document_tokens,
+        }
+
+    # -- encoding --------------------------------------------------------------------------
+    def encode_rows(self, rows: Sequence[tuple[Any, ...]], where: Sequence[str]
+                    ) -> list[Encoded]:
+        out = []
+        for row, label in zip(rows, where, strict=True):
+            try:
+                messages, tools = self._parse(row)
+                ids, mask = self.encode_conversation(messages, tools)
+            except _Untrainable as exc:
+                if self.spec.on_untrainable == "raise":
+                    raise DataError(f"{label}: conversation has nothing to train on "
+                                    f"({exc.reason}: {exc})") from None
+                out.append(Encoded([], skipped=exc.reason))
+                continue
+            except ConfigError as exc:
+                raise ConfigError(f"{label}: {exc}") from None
+            limit = self.spec.max_document_tokens
+            if limit is None or len(ids) <= limit:
+                out.append(Encoded([ids], [mask]))
+            else:
+                cuts = range(0, len(ids), limit)
+                out.append(Encoded([ids[i:i + limit] for i in cuts],
+                                   [mask[i:i + limit] for i in cuts]))
+        return out
+
+    def _parse(self, row: tuple[Any, ...]) -> tuple[list[dict[str, Any]], Any]:
+        messages = row[0]
+        tools = row[1] if len(row) > 1 else None
+        if messages is None:
+            raise _Untrainable("missing_field", f"field {self.spec.field!r} is empty")
+        if isinstance(messages, str):
+            try:
+                messages = json.loads(messages)
+            except ValueError:
+                raise _Untrainable("invalid", "messages are text, not a list") from None
+        if not isinstance(messages, list) or not messages:
+            raise _Untrainable("invalid", "messages must be a non-empty list")
+        clean = []
+        for message in messages:
+            if not isinstance(message, dict) or "role" not in message:
+                raise _Untrainable("invalid", f"message without a role: {message!r:.80}")
+            if message["role"] not in self.spec.roles:
+                raise _Untrainable("unknown_role", f"role {message['role']!r} is not one of "
+                                   f"{list(self.spec.roles)}")
+            clean.append({k: v for k, v in message.items() if v is not None})
+        if isinstance(tools, str):
+            tools = json.loads(tools) if tools.strip() else None
+        return clean, tools or None
+
+    def encode_conversation(self, messages: list[dict[str, Any]], tools: Any = None
+                            ) -> tuple[np.ndarray, np.ndarray]:
+        """Token ids (int32) and the train mask (bool) of one conversation."""
+        assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        if not assistant:
+            raise _Untrainable("no_assistant", "no assistant turn")
+        wanted = [i for i in assistant if _has_content(messages[i])]
+        if self.spec.train_on == "last":
+            wanted = [i for i in wanted if i == assistant[-1]]
+        if not wanted:
+            raise _Untrainable("empty", "the assistant turns to train on are empty")
+        if self.markers:
+            ids, mask = self._marked(messages, tools, assistant, wanted)
+        else:
+            ids, mask = self._by_prefixes(messages, tools, wanted)
+        if not mask.any():
+            raise ConfigError("the chat template produced no assistant tokens for a "
+                              "conversation with assistant turns; check its generation "
+                              "markers")
+        return ids, mask
+
+    def _render(self, messages: list[dict[str, Any]], tools: Any,
+                generation_prompt: bool) -> str:
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages, tools=tools, chat_template=self.template, tokenize=False,
+                add_generation_prompt=generation_prompt)
+        except Exception as exc:  # jinja errors, template raise_exception(...)
+            raise _Untrainable("invalid", f"the chat template failed: {exc}") from None
+
+    def _marked(self, messages, tools, assistant: list[int], wanted: list[int]
+                ) -> tuple[np.ndarray, np.ndarray]:
+        try:
+            out = self.tokenizer.apply_chat_template(
+                messages, tools=tools, chat_template=self.template, tokenize=True,
+                return_dict=True, return_assistant_tokens_mask=True)
+        except Exception as exc:
+            raise _Untrainable("invalid", f"the chat template failed: {exc}") from None
+        ids = np.asarray(out["input_ids"], dtype=np.int32)
+        marked = np.asarray(out["assistant_masks"], dtype=bool)
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], marked.astype(np.int8), [0]])))
+        runs = list(zip(edges[::2], edges[1::2], strict=True))
+        if len(runs) != len(assistant):
+            raise ConfigError(f"the chat template marks {len(runs)} generation block(s) for "
+                              f"{len(assistant)} assistant turn(s); each assistant turn needs "
+                              "exactly one {% generation %} block")
+        mask = np.zeros(len(ids), dtype=bool)
+        for turn, (start, end) in zip(assistant, runs, strict=True):
+            if turn in wanted:
+                mask[start:end] = True
+        return ids, mask
+
+    def _by_prefixes(self, messages, tools, wanted: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        full = self._render(messages, tools, False)
+        spans = []
+        for i in wanted:
+            prompt = self._render(messages[:i], tools, True) if i else ""
+            upto = self._render(messages[:i + 1], tools, False)
+            if not upto.startswith(prompt):
+                raise ConfigError(
+                    f"cannot find assistant turn {i} in the chat template's output: rendering "
+                    "the conversation up to it with add_generation_prompt=True is not a prefix "
+                    "of rendering it with the turn (does the template lack a generation prompt "
+                    "or rewrite turns?); add {% generation %} markers to the template")
+            if not full.startswith(upto):
+                raise ConfigError(
+                    f"cannot find assistant turn {i} in the chat template's output: the "
+                    "template renders earlier turns differently once later turns follow; add "
+                    "{% generation %} markers to the template")
+            spans.append((len(prompt), len(upto.rstrip())))
+        encoding = self.encoder.encode_with_offsets(full)
+        ids = np.asarray(encoding.ids, dtype=np.int32)
+        starts = np.array([o[0] for o in encoding.offsets], dtype=np.int64)
+        ends = np.array([o[1] for o in encoding.offsets], dtype=np.int64)
+        mask = np.zeros(len(ids), dtype=bool)
+        for start, end in spans:
+            mask |= (starts >= start) & (ends <= end) & (ends > starts)
+        return ids, mask
+
+
+def _has_content(message: dict[str, Any]) -> bool:
+    if message.get("tool_calls"):
+        return True
+    content = message.get("content")
+    if isinstance(content, list):
+        return any(isinstance(p, dict) and str(p.get("text", "")).strip() for p in content)
+    return bool(content and str(content).strip())
