@@ -38,7 +38,9 @@ data-parallel rank and size. Example::
     eos_mask_loss = true            # eos_token_id defaults to the tokenizer's EOS
 
 Every key is checked: an unknown one is an error naming the file and the key.
-``demo:corpus`` and ``demo:tokenizer`` name the embedded demo corpus and tokenizer.
+``demo:corpus`` and ``demo:tokenizer`` name the embedded demo corpus and tokenizer;
+``demo:chat`` and ``demo:chat-tokenizer`` a synthetic chat corpus and a tokenizer with a
+ChatML-style template, for SFT recipes (``[tokenize] kind = "chat"``).
 """
 
 from __future__ import annotations
@@ -57,8 +59,8 @@ _SECTIONS = {
     "datasets": {"name", "path", "weight", "fmt"},
     "mixture": {"by", "repeat", "on_exhausted", "primer", "calibration_samples",
                 "calibration_shards_max"},
-    "tokenize": {"tokenizer", "field", "add_bos", "add_eos", "max_document_tokens",
-                 "batch_size"},
+    "tokenize": {"kind", "tokenizer", "field", "add_bos", "add_eos", "max_document_tokens",
+                 "batch_size", "chat_template", "tools_field", "train_on", "on_untrainable"},
     "pack": {"algorithm", "max_length", "pad_token_id", "max_open_bins", "flat"},
     "shuffle": {"buffer_size", "seed"},
     "batch": {"microbatch_size", "drop_last"},
@@ -188,6 +190,15 @@ class DataRecipe:
             raise ConfigError(f"{self.source}: [tokenize] needs tokenizer = <dir or Hub id>")
         if _looks_like_path(tokenizer) and not Path(tokenizer).is_dir():
             raise ConfigError(f"{self.source}: tokenizer directory {tokenizer!r} does not exist")
+        kind = self.tokenize.get("kind", "text")
+        if kind not in ("text", "chat"):
+            raise ConfigError(f"{self.source}: [tokenize] kind={kind!r} is not 'text' or 'chat'")
+        chat_only = {"chat_template", "tools_field", "train_on", "on_untrainable"}
+        text_only = {"add_bos", "add_eos"}
+        wrong = sorted(set(self.tokenize) & (text_only if kind == "chat" else chat_only))
+        if wrong:
+            raise ConfigError(f"{self.source}: [tokenize] {wrong} do not apply to "
+                              f"kind={kind!r}")
         by = self.mixture.get("by", "tokens")
         if by not in ("tokens", "documents"):
             raise ConfigError(f"{self.source}: [mixture] by={by!r} is not 'tokens' or "
@@ -236,7 +247,10 @@ class DataRecipe:
             process_group=process_group)
         tokenize = dict(self.tokenize)
         tokenizer = tokenize.pop("tokenizer")
-        pipeline = pipeline.tokenize(tokenizer_id=tokenizer, **tokenize)
+        if tokenize.pop("kind", "text") == "chat":
+            pipeline = pipeline.tokenize_chat(tokenizer_id=tokenizer, **tokenize)
+        else:
+            pipeline = pipeline.tokenize(tokenizer_id=tokenizer, **tokenize)
         if self.pack is not None:
             pack = dict(self.pack)
             flat = pack.pop("flat", True)
@@ -293,8 +307,12 @@ def _resolve_path(value: str, base: Path) -> str:
     value = str(value)
     if value.startswith("demo:"):
         kind = value.split(":", 1)[1]
+        if kind == "chat":
+            from zephon.demo.assets import build_chat_assets
+
+            return build_chat_assets()["chat"]
         if kind != "corpus":
-            raise ConfigError(f"unknown demo dataset {value!r}; use demo:corpus")
+            raise ConfigError(f"unknown demo dataset {value!r}; use demo:corpus or demo:chat")
         return _demo_asset("corpus")
     if value.startswith("hf://"):
         return value
@@ -310,6 +328,10 @@ def _resolve_tokenizer(value: str, base: Path) -> str:
     value = str(value)
     if value == "demo:tokenizer":
         return _demo_asset("tokenizer")
+    if value == "demo:chat-tokenizer":
+        from zephon.demo.assets import build_chat_assets
+
+        return build_chat_assets()["tokenizer"]
     candidate = base / os.path.expanduser(value)
     if _looks_like_path(value) or candidate.is_dir():
         return str(candidate if not Path(value).is_absolute() else Path(value))

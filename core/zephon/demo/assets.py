@@ -55,7 +55,7 @@ def make_documents(n_docs: int, seed: int = 0, min_words: int = 40, max_words: i
 
 
 def train_tokenizer(texts: list[str], out_dir: str | os.PathLike[str],
-                    vocab_size: int = 4096) -> str:
+                    vocab_size: int = 4096, extra_special: list[str] | None = None) -> str:
     """Train a byte-level BPE on ``texts`` and save it as a transformers tokenizer directory."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -63,7 +63,8 @@ def train_tokenizer(texts: list[str], out_dir: str | os.PathLike[str],
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, BOS, EOS],
+    specials = [PAD, BOS, EOS, *(extra_special or [])]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     tokenizer.train_from_iterator(texts, trainer)
@@ -71,6 +72,59 @@ def train_tokenizer(texts: list[str], out_dir: str | os.PathLike[str],
                                    pad_token=PAD)
     fast.save_pretrained(str(out_dir))
     return str(out_dir)
+
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}"
+    "{{ '<|im_start|>assistant\\n' }}{% generation %}{{ message.get('content') or '' }}"
+    "{{ '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}"
+    "{% else %}{{ '<|im_start|>' + message['role'] + '\\n' + (message.get('content') or '')"
+    " + '<|im_end|>\\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+"""A ChatML-style template with generation markers (assistant turns, end-of-turn included)."""
+
+
+def make_conversations(n: int, seed: int = 0) -> list[list[dict[str, str]]]:
+    """``n`` synthetic multi-turn conversations (system, user and assistant turns)."""
+    rng = np.random.default_rng([seed, 13])
+    sentences = [s + "." for d in make_documents(max(n // 2, 20), seed + 1, 20, 60)
+                 for s in d.split(". ") if s]
+    out = []
+    for _ in range(n):
+        turns = [{"role": "system", "content": "Answer in the demo language."}]
+        for _ in range(int(rng.integers(1, 4))):
+            question, answer = rng.choice(len(sentences), size=2)
+            turns.append({"role": "user", "content": sentences[question].rstrip(".") + "?"})
+            turns.append({"role": "assistant", "content": sentences[answer]})
+        out.append(turns)
+    return out
+
+
+def build_chat_assets(root: str | os.PathLike[str] | None = None, n: int = 400,
+                      seed: int = 0) -> dict[str, str]:
+    """A JSONL chat corpus and a tokenizer with a chat template, built once under ``root``."""
+    from transformers import AutoTokenizer
+
+    root = Path(root) if root is not None else default_root()
+    target = root / f"chat-v{ASSET_VERSION}-{n}-{seed}"
+    done = target / "done.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    (target / "chat").mkdir(parents=True, exist_ok=True)
+    conversations = make_conversations(n, seed)
+    with open(target / "chat" / "chat.jsonl", "w") as fh:
+        for messages in conversations:
+            fh.write(json.dumps({"messages": messages}) + "\n")
+    texts = [m["content"] for c in conversations[:200] for m in c]
+    train_tokenizer(texts, target / "tokenizer", vocab_size=2048,
+                    extra_special=["<|im_start|>", "<|im_end|>"])
+    tokenizer = AutoTokenizer.from_pretrained(str(target / "tokenizer"))
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(str(target / "tokenizer"))
+    paths = {"chat": str(target / "chat"), "tokenizer": str(target / "tokenizer")}
+    done.write_text(json.dumps(paths))
+    return paths
 
 
 def default_root() -> Path:

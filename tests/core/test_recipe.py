@@ -1,0 +1,109 @@
+"""Data recipes: validation before anything is read, and pipelines built from them."""
+
+from __future__ import annotations
+
+import pytest
+
+from zephon.errors import ConfigError
+from zephon.recipe import DataRecipe
+
+RECIPE = """
+seed = 3
+lanes = 2
+
+[[datasets]]
+name = "short"
+path = "data/short"
+weight = 0.6
+
+[[datasets]]
+name = "long"
+path = "data/long"
+weight = 0.4
+
+[tokenize]
+tokenizer = "{tokenizer}"
+
+[pack]
+algorithm = "best_fit"
+
+[shuffle]
+buffer_size = 4
+
+[to_training]
+return_labels = true
+eos_mask_loss = true
+"""
+
+
+@pytest.fixture
+def recipe_file(two_datasets, tokenizer_dir):
+    path = two_datasets["short"].parent.parent / "recipe.toml"
+    path.write_text(RECIPE.format(tokenizer=tokenizer_dir))
+    return path
+
+
+def test_builds_a_pipeline_packed_to_seq_len_plus_one(recipe_file, tokenizer_dir):
+    from zephon.tokenizer import load_tokenizer
+
+    recipe = DataRecipe.from_toml(recipe_file)
+    pipeline = recipe.build(seq_len=64, microbatch_size=2, dp_rank=1, dp_world_size=2)
+    batch = next(iter(pipeline))
+    assert batch.lane == 1 and len(batch) == 2
+    options = recipe.training_options()
+    assert options["eos_token_id"] == load_tokenizer(tokenizer_dir).eos_token_id
+    out = batch.to_training(**options)
+    assert out["input_ids"].shape == (2, 64)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (("weight = 0.6", "wieght = 0.6"), r"unknown key\(s\) \['wieght'\] in \[datasets\]"),
+    (("seed = 3", "seed = 3\nepochs = 2"), r"unknown key\(s\) \['epochs'\]"),
+    (('path = "data/short"', 'path = "data/nowhere"'), "dataset 'short'.*does not exist"),
+    (("[tokenize]\n", "[tokenize]\nfield = 'text'\n"), None),
+    (("return_labels = true", "return_labels = false"), "needs return_labels"),
+])
+def test_recipe_errors_name_the_problem(recipe_file, edit, message):
+    recipe_file.write_text(recipe_file.read_text().replace(*edit))
+    if message is None:
+        DataRecipe.from_toml(recipe_file)
+        return
+    with pytest.raises(ConfigError, match=message) as info:
+        DataRecipe.from_toml(recipe_file)
+    assert "recipe.toml" in str(info.value)
+
+
+def test_missing_tokenizer_fails_before_reading(recipe_file, tmp_path):
+    text = recipe_file.read_text()
+    start = text.index('tokenizer = "') + len('tokenizer = "')
+    end = text.index('"', start)
+    recipe_file.write_text(text[:start] + str(tmp_path / "no-tokenizer") + text[end:])
+    with pytest.raises(ConfigError, match=r"tokenizer directory .* does not exist"):
+        DataRecipe.from_toml(recipe_file)
+
+
+def test_framework_values_conflicting_with_recipe(recipe_file):
+    recipe_file.write_text(recipe_file.read_text().replace(
+        '[pack]\nalgorithm = "best_fit"', '[pack]\nalgorithm = "best_fit"\nmax_length = 33'))
+    recipe = DataRecipe.from_toml(recipe_file)
+    with pytest.raises(ConfigError, match="max_length = 33 conflicts with the framework's 65"):
+        recipe.build(seq_len=64, microbatch_size=2)
+    assert recipe.build(seq_len=32, microbatch_size=2) is not None
+
+
+def test_chat_recipe(tmp_path):
+    from zephon.demo.assets import build_chat_assets
+
+    assets = build_chat_assets(tmp_path, n=30)
+    recipe = DataRecipe.from_dict({
+        "datasets": [{"name": "chat", "path": assets["chat"]}],
+        "tokenize": {"kind": "chat", "tokenizer": assets["tokenizer"], "train_on": "last"},
+        "to_training": {"return_labels": True, "return_loss_mask": True},
+    })
+    batch = next(iter(recipe.build(seq_len=96, microbatch_size=2)))
+    out = batch.to_training(**recipe.training_options())
+    assert 0 < float(out["loss_mask"].mean()) < 0.6
+    with pytest.raises(ConfigError, match=r"\['add_bos'\] do not apply to kind='chat'"):
+        DataRecipe.from_dict({"datasets": [{"name": "c", "path": assets["chat"]}],
+                              "tokenize": {"kind": "chat", "tokenizer": assets["tokenizer"],
+                                           "add_bos": True}})
