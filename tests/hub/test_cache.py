@@ -1,0 +1,258 @@
+"""The shard cache: size limit and LRU eviction, pins, one download per node, interrupted
+downloads, corrupted files."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.hub.hubdata import docs, fast_options, sharded
+from tests.hub.test_resolve import load, read_texts
+from zephon import Pipeline
+from zephon.errors import ConfigError, DataError
+from zephon.io import CacheOptions, Dataset
+from zephon.io.hub.cache import CachedFile, ShardCache
+from zephon.work import MixtureSpec, StaticMixtureWorkSource
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def item(name: str, content: bytes) -> CachedFile:
+    return CachedFile(name, len(content), "sha256:" + hashlib.sha256(content).hexdigest(), name)
+
+
+def writer(content: bytes, calls: list[str] | None = None):
+    def fetch(out):
+        if calls is not None:
+            calls.append(hashlib.sha256(content).hexdigest()[:8])
+        out.write(content)
+    return fetch
+
+
+def test_lru_eviction_keeps_the_cache_within_its_limit(tmp_path):
+    cache = ShardCache(CacheOptions(enabled=True, root=tmp_path, limit_bytes=3000))
+    blobs = {n: bytes([n]) * 1000 for n in range(5)}
+    for n in (0, 1, 2):
+        with cache.open(item(f"f{n}", blobs[n]), writer(blobs[n])):
+            pass
+        time.sleep(0.01)
+    with cache.open(item("f0", blobs[0]), writer(blobs[0])):  # f0 is now the most recent
+        pass
+    with cache.open(item("f3", blobs[3]), writer(blobs[3])) as path:
+        assert Path(path).read_bytes() == blobs[3]
+    names = sorted(p.name.split("-", 1)[1] for p in (tmp_path / "shards").iterdir())
+    assert names == ["f0", "f2", "f3"]  # f1 was the least recently used
+    assert cache.used_bytes() <= 3000 and cache.stats.evictions == 1
+
+
+def test_pinned_shards_are_never_evicted(tmp_path):
+    options = CacheOptions(enabled=True, root=tmp_path, limit_bytes=2500, space_wait_s=0.3)
+    cache = ShardCache(options)
+    a, b, c = (bytes([n]) * 1000 for n in range(3))
+    with cache.open(item("a", a), writer(a)) as path_a:
+        with cache.open(item("b", b), writer(b)), \
+                pytest.raises(DataError, match=r"is full.*Raise CacheOptions\.limit_bytes"), \
+                cache.open(item("c", c), writer(c)):
+            pass
+        with cache.open(item("c", c), writer(c)):  # b is no longer read: it goes
+            assert Path(path_a).read_bytes() == a
+    with pytest.raises(ConfigError, match="more than the shard cache's limit_bytes"), \
+            cache.open(item("big", b"x" * 3000), writer(b"x" * 3000)):
+        pass
+
+
+def test_a_reader_waiting_for_space_proceeds_when_a_pin_is_released(tmp_path):
+    cache = ShardCache(CacheOptions(enabled=True, root=tmp_path, limit_bytes=1500,
+                                    space_wait_s=10))
+    a, b = b"a" * 1000, b"b" * 1000
+    entered = threading.Event()
+
+    def hold_a():
+        with cache.open(item("a", a), writer(a)):
+            entered.set()
+            time.sleep(0.3)
+
+    thread = threading.Thread(target=hold_a)
+    thread.start()
+    entered.wait()
+    start = time.monotonic()
+    with cache.open(item("b", b), writer(b)) as path:
+        assert Path(path).read_bytes() == b
+    assert time.monotonic() - start >= 0.2
+    thread.join()
+
+
+def test_concurrent_readers_download_a_shard_once(tmp_path):
+    cache = ShardCache(CacheOptions(enabled=True, root=tmp_path, limit_bytes=None))
+    content = os.urandom(200_000)
+    calls: list[str] = []
+
+    def slow(out):
+        time.sleep(0.2)
+        writer(content, calls)(out)
+
+    def read():
+        with cache.open(item("s", content), slow) as path:
+            assert Path(path).read_bytes() == content
+
+    threads = [threading.Thread(target=read) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1
+
+
+def test_a_failed_download_leaves_nothing_readable(tmp_path):
+    cache = ShardCache(CacheOptions(enabled=True, root=tmp_path, limit_bytes=10_000))
+    content = b"z" * 1000
+
+    def broken(out):
+        out.write(content[:400])
+        raise DataError("connection lost")
+
+    with pytest.raises(DataError), cache.open(item("z", content), broken):
+        pass
+    assert not any((tmp_path / "shards").iterdir())
+    assert not any((tmp_path / "partial").iterdir())
+    assert not list((tmp_path / "state").glob("*.reserve"))
+
+
+def _pipeline(dataset, options, lanes=2):
+    source = StaticMixtureWorkSource([dataset], mixture=MixtureSpec({"d": 1.0}), seed=5)
+    return (Pipeline(source).options(io_options=options, lanes=lanes)
+            .batch(microbatch_size=4, drop_last=False))
+
+
+def test_limit_holds_under_eviction_while_a_pipeline_runs(hub, tmp_path):
+    texts = docs(240, seed=51, words=(40, 120))
+    hub.create("org/big", sharded(texts, 8, "data/train-{i:05d}-of-{n:05d}.parquet", 5))
+    sizes = [len(c) for r in hub.repos.values() for c in next(iter(r.commits.values())).values()]
+    limit = 3 * max(sizes)
+    small = fast_options(tmp_path / "small", limit_bytes=limit)
+    dataset = Dataset.from_path("d", "hf://org/big/train")
+    pipeline = _pipeline(dataset, small)
+    peak = [0]
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            shards = tmp_path / "small" / "shards"
+            peak[0] = max(peak[0], sum(p.stat().st_size for p in shards.glob("*")
+                                       if p.exists()))
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        limited = [r.payload["id"] for batch in pipeline for r in batch.records]
+    finally:
+        stop.set()
+        watcher.join()
+    assert peak[0] <= limit
+    assert dataset.cache.stats.evictions > 0
+    assert dataset.cache.stats.downloads > 8  # evicted shards came back when needed again
+    roomy = _pipeline(Dataset.from_path("d", "hf://org/big/train"),
+                      fast_options(tmp_path / "roomy"))
+    assert limited == [r.payload["id"] for batch in roomy for r in batch.records]
+    assert sorted(limited) == sorted(f"{i}:{j}" for i in range(8) for j in range(30))
+
+
+def _worker(args: dict, hub) -> subprocess.Popen:
+    env = {**os.environ, "HF_ENDPOINT": hub.url, "NO_PROXY": "127.0.0.1,localhost",
+           "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "tests.hub.worker", json.dumps(args)],
+                            cwd=ROOT, env=env)
+
+
+@pytest.mark.multiprocess
+def test_two_processes_download_each_shard_once(hub, tmp_path):
+    texts = docs(120, seed=52)
+    hub.create("org/shared", sharded(texts, 6, "data/train-{i:05d}-of-{n:05d}.parquet", 8))
+    hub.throttle(r"/cdn/", 400_000)
+    args = {"mode": "pipeline", "path": "hf://org/shared/train", "cache": str(tmp_path / "c")}
+    procs = [_worker({**args, "out": str(tmp_path / f"out{i}.json")}, hub) for i in range(2)]
+    assert [p.wait(timeout=60) for p in procs] == [0, 0]
+    results = [json.loads((tmp_path / f"out{i}.json").read_text()) for i in range(2)]
+    assert results[0]["ids"] == results[1]["ids"] and len(results[0]["ids"]) == 120
+    downloads = [r.path for r in hub.log("/cdn/") if not r.range]
+    assert len(downloads) == 6 == len(set(downloads))
+    assert sum(r["downloads"] for r in results) == 6
+    assert hub.count("/tree/") == 1
+
+
+@pytest.mark.multiprocess
+def test_a_killed_download_is_never_used(hub, tmp_path):
+    texts = docs(400, seed=53, words=(200, 400))
+    hub.create("org/slow", sharded(texts, 2, "data/train-{i:05d}-of-{n:05d}.parquet", 50))
+    shard = next(p for p in hub.repos["org/slow"].commits[hub.repos["org/slow"]
+                                                          .branches["main"]]
+                 if p.endswith("00000-of-00002.parquet"))
+    size = len(hub.repos["org/slow"].commits[hub.repos["org/slow"].branches["main"]][shard])
+    hub.throttle(r"/cdn/.*00000-of-00002", size / 4)
+    cache_root = tmp_path / "c"
+    proc = _worker({"mode": "open", "path": "hf://org/slow/train", "cache": str(cache_root)},
+                   hub)
+    partial = cache_root / "partial"
+    deadline = time.monotonic() + 30
+    while not (partial.exists() and any(p.stat().st_size > 0 for p in partial.iterdir())):
+        assert time.monotonic() < deadline, "the download never started"
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not any((cache_root / "shards").iterdir())
+    assert list(partial.iterdir()) and list((cache_root / "state").glob("*.reserve"))
+    hub._throttles.clear()
+    # a limit that fits one shard plus the dead download's reservation only if it is dropped
+    second_size = max(len(c) for c in hub.repos["org/slow"].commits[
+        hub.repos["org/slow"].branches["main"]].values())
+    dataset = load("hf://org/slow/train", fast_options(cache_root,
+                                                       limit_bytes=size + second_size))
+    assert sorted(read_texts(dataset)) == sorted(texts)
+    assert not any(partial.iterdir())
+    assert not list((cache_root / "state").glob("*.reserve"))
+
+
+def test_a_corrupted_cached_shard_is_detected_and_replaced(hub, io_options):
+    texts = docs(60, seed=54)
+    hub.create("org/fragile", sharded(texts, 2, "data/train-{i:05d}-of-{n:05d}.parquet"))
+    dataset = load("hf://org/fragile/train", io_options)
+    assert sorted(read_texts(dataset)) == sorted(texts)
+    shards = sorted((Path(io_options.cache.root) / "shards").iterdir())
+    flipped = bytearray(shards[0].read_bytes())
+    flipped[len(flipped) // 2] ^= 0xFF
+    shards[0].write_bytes(bytes(flipped))  # same size, different bytes
+    with open(shards[1], "r+b") as fh:
+        fh.truncate(100)
+    fresh = load("hf://org/fragile/train", io_options)
+    assert sorted(read_texts(fresh)) == sorted(texts)
+    assert fresh.cache.stats.discarded == 2 and fresh.cache.stats.downloads == 2
+    downloads = [r.path for r in hub.log("/cdn/") if not r.range]
+    assert len(downloads) == 4
+    again = load("hf://org/fragile/train", io_options)
+    read_texts(again)
+    assert again.cache.stats.downloads == 0 and again.cache.stats.discarded == 0
+
+
+def test_downloads_log_progress_with_bytes_and_time(hub, tmp_path, caplog):
+    hub.create("org/logged", sharded(docs(20, seed=55), 1, "train.parquet"))
+    dataset = load("hf://org/logged/train", fast_options(tmp_path / "c", show_progress=True))
+    size = dataset.files()[0].size
+    with caplog.at_level(logging.INFO, logger="zephon.io.hub"), \
+            dataset.local_file(dataset.files()[0]):
+        pass
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("downloading hf://org/logged@") for m in messages)
+    assert any(re.search(rf"downloaded hf://org/logged@\w+/train.parquet: {size} bytes in "
+                         r"[\d.]+ s \([\d.]+ \w+/s\)", m) for m in messages), messages
