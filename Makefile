@@ -32,8 +32,14 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check .
 
 bench: $(STAMP)
-	$(PY) benchmarks/throughput.py
-	$(PY) benchmarks/state_size.py
+	$(PY) -m benchmarks.throughput
+	$(PY) -m benchmarks.state_size
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# TorchTitan's llama3 debug model trained with Zephon on the bundled corpus, on 1 and on 2
+# processes (gloo on CPU); fails unless the loss falls.
+smoke-torchtitan: $(STAMP)
+	$(PY) -m zephon_torchtitan.demo --toml recipes/torchtitan/smoke.toml --nproc 1 --steps 10
+	$(PY) -m zephon_torchtitan.demo --toml recipes/torchtitan/smoke.toml --nproc 2 --steps 10
