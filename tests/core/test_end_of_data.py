@@ -1,0 +1,69 @@
+"""End of data with several ranks: equal batch counts (no hung collective), nothing unreported."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WORKER = r"""
+import json, sys
+import torch.distributed as dist
+from zephon import Pipeline
+from zephon.io import Dataset
+from zephon.work import MixtureSpec, StaticMixtureWorkSource
+
+rank, world, port, short, long, tokenizer, out = sys.argv[1:8]
+rank, world = int(rank), int(world)
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                        world_size=world)
+source = StaticMixtureWorkSource(
+    [Dataset.from_path("short", short), Dataset.from_path("long", long)],
+    MixtureSpec({"short": 0.5, "long": 0.5}), seed=5, on_exhausted="drain", unit_bytes=2048)
+pipeline = (Pipeline(source).options(lanes=4, dp_rank=rank, dp_world_size=world)
+            .tokenize(tokenizer_id=tokenizer).pack_flat(65, "first_fit").batch(3))
+batches = 0
+tokens = 0
+for batch in pipeline:
+    batches += 1
+    tokens += sum(s.length for r in batch.records for s in r.meta["documents"])
+    dist.barrier()  # a collective per step, as a trainer has: a rank that stops early hangs it
+report = pipeline.report()
+json.dump({"batches": batches, "tokens": tokens, "leftover": report.leftover,
+           "dropped": report.dropped, "read": sum(d.tokens for d in report.datasets)},
+          open(out, "w"))
+dist.destroy_process_group()
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.multiprocess
+def test_ranks_stop_together_and_account_for_every_token(two_datasets, tokenizer_dir, tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    port = free_port()
+    outs = [tmp_path / f"rank{r}.json" for r in range(2)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), "2", str(port),
+                               str(two_datasets["short"]), str(two_datasets["long"]),
+                               tokenizer_dir, str(outs[r])], env=env)
+             for r in range(2)]
+    for proc in procs:
+        assert proc.wait(timeout=240) == 0
+    results = [json.loads(p.read_text()) for p in outs]
+    assert results[0]["batches"] == results[1]["batches"] > 0
+    for result in results:
+        # Everything this rank's lanes read was handed out, dropped at a flush, or left over.
+        assert result["tokens"] + result["leftover"]["tokens"] + result["dropped"]["tokens"] \
+            == result["read"]
+    assert sum(r["leftover"]["microbatches"] for r in results) > 0
