@@ -30,6 +30,7 @@ from zephon.ops.shuffle import ShuffleSpec
 from zephon.ops.tokenize import DocumentTokenizer, RowEncoder, TokenizeSpec
 from zephon.ops.tokenize_chat import ChatTokenizer, TokenizeChatSpec
 from zephon.report import DatasetReport, PipelineReport
+from zephon.work.estimation import DatasetEstimate, TokenEstimation, estimate_dataset
 from zephon.work.source import StaticMixtureWorkSource
 
 log = logging.getLogger(__name__)
@@ -297,6 +298,15 @@ class Pipeline:
                         any(e["finished"] for e in lane_entries.values()), leftover)
 
     # -- reporting -------------------------------------------------------------------------
+    def estimate(self) -> list[DatasetEstimate]:
+        """Estimated documents and tokens per dataset (see :mod:`zephon.work.estimation`).
+
+        Uses the work source's ``token_estimation`` (``measure`` when it has none)."""
+        stream = self._ensure_stream()
+        spec = self.work_source.token_estimation or TokenEstimation()
+        return [estimate_dataset(self.work_source, i, self.lanes, stream.plan.tokenizer, spec)
+                for i in range(len(self.work_source.datasets))]
+
     def report(self) -> PipelineReport:
         """Counts for this rank's lanes up to what has been consumed."""
         stream = self._ensure_stream()

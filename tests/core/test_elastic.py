@@ -290,3 +290,16 @@ def test_refuses_state_missing_own_lanes(two_datasets, tokenizer_dir):
     single = base.options(lanes=LANES)
     with pytest.raises(StateMismatchError, match="lacks"):
         single.load_state_dict(only_rank0)
+
+
+def test_token_estimation_measures_sizes(two_datasets, tokenizer_dir):
+    pipeline = build(two_datasets, tokenizer_dir, repeat=False, on_exhausted="drain",
+                     shuffle=0).options(lanes=1)
+    estimates = {e.name: e for e in pipeline.estimate()}
+    list(pipeline)
+    report = {d.name: d for d in pipeline.report().datasets}
+    assert estimates["short"].documents == report["short"].documents == 150
+    for name in ("short", "long"):
+        true_tokens = report[name].tokens
+        assert abs(estimates[name].tokens - true_tokens) / true_tokens < 0.25, name
+    assert estimates["long"].tokens_per_document > 4 * estimates["short"].tokens_per_document

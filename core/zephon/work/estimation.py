@@ -4,14 +4,19 @@ Mixing by tokens is exact without it (the mixer counts real tokens after tokeniz
 estimate sizes the read-ahead of each dataset and tells the user, before training, roughly how
 many tokens and passes each dataset will contribute.
 
-``primer="measure"`` tokenizes ``calibration_samples`` documents taken evenly from at most
-``calibration_shards_max`` work units of each dataset and extrapolates tokens per byte of
-text. ``primer="bytes"`` assumes 4 bytes of UTF-8 text per token and reads nothing.
+``primer="measure"`` tokenizes ``calibration_samples`` documents taken evenly from the first
+``calibration_shards_max`` work units (in the seed's order) of each dataset and multiplies the
+mean tokens per document by the document count (exact for Parquet and Arrow, extrapolated from
+bytes for JSONL). ``primer="bytes"`` assumes 4 bytes of file per token and reads nothing; it is
+rough for compressed files. ``Pipeline.estimate()`` runs it; iteration never waits for it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from zephon.errors import ConfigError
 
@@ -46,3 +51,43 @@ class DatasetEstimate:
     documents: int | None
     tokens_per_document: float
     tokens: float | None
+
+
+def estimate_dataset(source: Any, index: int, lanes: int, tokenizer: Any,
+                     spec: TokenEstimation) -> DatasetEstimate:
+    """Estimate one dataset of ``source`` (a StaticMixtureWorkSource) for ``lanes`` lanes."""
+    from zephon.io.formats import read_unit
+
+    dataset = source.datasets[index]
+    units = source.plan(lanes)[index]
+    counts = [u.stop - u.start if u.kind in ("row_group", "rows") else None for _, u in units]
+    documents = sum(counts) if None not in counts else None
+    total_bytes = sum(f.size for f in dataset.files())
+    if spec.primer == "bytes" or tokenizer is None:
+        tokens = total_bytes / 4
+        per_doc = tokens / documents if documents else float("nan")
+        return DatasetEstimate(dataset.name, documents, per_doc, tokens)
+    order = source._unit_order(index, 0, len(units))
+    sampled = [units[int(i)] for i in order[:spec.calibration_shards_max]]
+    per_unit = -(-spec.calibration_samples // len(sampled))
+    rows: list[tuple[Any, ...]] = []
+    sampled_rows = 0
+    sampled_bytes = 0
+    for file_index, unit in sampled:
+        data_file = dataset.files()[file_index]
+        display = dataset.display_name(data_file)
+        with dataset.local_file(data_file) as local:
+            table, keys = read_unit(local, data_file.fmt, data_file.compression, unit,
+                                    tokenizer.columns, display)
+        step = max(1, len(keys) // per_unit)
+        picked = list(range(0, len(keys), step))[:per_unit]
+        rows += [tuple(table[c][r] for c in tokenizer.columns) for r in picked]
+        sampled_rows += len(keys)
+        sampled_bytes += unit.stop - unit.start if unit.kind == "bytes" else 0
+    encoded = tokenizer.encode_rows(rows, [dataset.name] * len(rows))
+    lengths = [sum(len(p) for p in e.pieces) for e in encoded]
+    per_doc = float(np.mean(lengths)) if lengths else 0.0
+    if documents is None and sampled_bytes:
+        documents = round(total_bytes * sampled_rows / sampled_bytes)
+    tokens = per_doc * documents if documents is not None else None
+    return DatasetEstimate(dataset.name, documents, per_doc, tokens)
