@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from zephon.errors import ConfigError
+from zephon.tokenizer import looks_local
 
 _TOP = {"seed", "lanes", "prefetch", "datasets", "mixture", "tokenize", "pack", "shuffle",
         "batch", "to_training", "cache", "work"}
@@ -188,7 +189,7 @@ class DataRecipe:
         tokenizer = self.tokenize.get("tokenizer")
         if tokenizer is None:
             raise ConfigError(f"{self.source}: [tokenize] needs tokenizer = <dir or Hub id>")
-        if _looks_like_path(tokenizer) and not Path(tokenizer).is_dir():
+        if looks_local(tokenizer) and not Path(tokenizer).is_dir():
             raise ConfigError(f"{self.source}: tokenizer directory {tokenizer!r} does not exist")
         kind = self.tokenize.get("kind", "text")
         if kind not in ("text", "chat"):
@@ -320,10 +321,6 @@ def _resolve_path(value: str, base: Path) -> str:
     return str(path if path.is_absolute() else base / path)
 
 
-def _looks_like_path(value: str) -> bool:
-    return value.startswith((".", "/", "~")) or value.count("/") > 1
-
-
 def _resolve_tokenizer(value: str, base: Path) -> str:
     value = str(value)
     if value == "demo:tokenizer":
@@ -333,6 +330,6 @@ def _resolve_tokenizer(value: str, base: Path) -> str:
 
         return build_chat_assets()["tokenizer"]
     candidate = base / os.path.expanduser(value)
-    if _looks_like_path(value) or candidate.is_dir():
+    if looks_local(value) or candidate.is_dir():
         return str(candidate if not Path(value).is_absolute() else Path(value))
     return value

@@ -27,7 +27,7 @@ _LOCK = threading.Lock()
 _CACHE: dict[str, Any] = {}
 
 
-def _looks_local(tokenizer_id: str) -> bool:
+def looks_local(tokenizer_id: str) -> bool:
     """Hub ids are ``name`` or ``org/name``; anything else is meant as a local path."""
     return tokenizer_id.startswith((".", "/", "~")) or tokenizer_id.count("/") > 1
 
@@ -38,7 +38,7 @@ def load_tokenizer(tokenizer_id: str) -> Any:
         if tokenizer_id in _CACHE:
             return _CACHE[tokenizer_id]
         expanded = os.path.expanduser(tokenizer_id)
-        if not os.path.isdir(expanded) and _looks_local(tokenizer_id):
+        if not os.path.isdir(expanded) and looks_local(tokenizer_id):
             raise ConfigError(f"tokenizer_id {tokenizer_id!r}: no such directory")
         from transformers import AutoTokenizer
 

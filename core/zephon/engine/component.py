@@ -28,11 +28,11 @@ _FIRST_CHUNK = 8
 
 
 class _LoadedUnit:
-    __slots__ = ("columns", "display", "file_index", "k", "keys", "order")
+    __slots__ = ("columns", "display", "epoch", "file_index", "k", "keys", "order")
 
-    def __init__(self, k: int, columns: dict[str, list[Any]], keys: list[int],
+    def __init__(self, k: int, epoch: int, columns: dict[str, list[Any]], keys: list[int],
                  order: np.ndarray, file_index: int, display: str):
-        self.k, self.columns, self.keys, self.order = k, columns, keys, order
+        self.k, self.epoch, self.columns, self.keys, self.order = k, epoch, columns, keys, order
         self.file_index, self.display = file_index, display
 
 
@@ -98,8 +98,7 @@ class ComponentStream:
             table, keys = read_unit(local, data_file.fmt, data_file.compression, spec,
                                     self.columns, display)
         order = self.source.row_order(self.index, epoch, unit_index, len(keys))
-        self._unit = _LoadedUnit(k, table, keys, order, file_index, display)
-        self._unit_epoch = epoch
+        self._unit = _LoadedUnit(k, epoch, table, keys, order, file_index, display)
         return self._unit
 
     def _fill(self) -> bool:
@@ -127,7 +126,7 @@ class ComponentStream:
                 else:
                     values.append(tuple(unit.columns[c][r] for c in self.columns))
                     labels.append(f"{unit.display}: row {unit.keys[r]}")
-                where.append((k, row, skip, doc_id, self._unit_epoch))
+                where.append((k, row, skip, doc_id, unit.epoch))
                 row += 1
                 skip = 0
             if row >= n:

@@ -60,6 +60,10 @@ class Dataset:
         if text.startswith("hf://"):
             from zephon.io.hub.dataset import HubDataset
 
+            unknown = sorted(set(kwargs) - {"token", "endpoint"})
+            if unknown:
+                raise ConfigError(f"Dataset.from_path: unknown option(s) {unknown} for an "
+                                  "hf:// dataset (known: token, endpoint)")
             return HubDataset(name, text, fmt=fmt, **kwargs)
         if kwargs:
             raise ConfigError(f"Dataset.from_path: unknown option(s) {sorted(kwargs)} "
