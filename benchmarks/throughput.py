@@ -9,8 +9,9 @@ subprocesses, alternating ``--repeats`` times:
 - ``pipeline``: ``tokenize -> pack_flat(2049, "wrap") -> batch(8) -> to_training(return_labels)``
   over the same files, from constructing the Pipeline to the last batch.
 
-Prints tokens/s of both and their ratio (medians), the pipeline's time to first batch, and the
-peak RSS of each process. Usage: ``python benchmarks/throughput.py [--docs 10000]``.
+Prints tokens/s of both and their ratio (medians), CPU seconds per token relative to the bare
+tokenizer, the pipeline's time to first batch, and the peak RSS of each process.
+Usage: ``python -m benchmarks.throughput [--docs 10000]``.
 """
 
 from __future__ import annotations
@@ -54,6 +55,11 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def child_bare(paths: dict[str, str]) -> dict[str, float]:
     import numpy as np
     import pyarrow.parquet as pq
@@ -65,13 +71,15 @@ def child_bare(paths: dict[str, str]) -> dict[str, float]:
         texts += pq.read_table(path, columns=["text"]).column("text").to_pylist()
     backend = load_tokenizer(paths["tokenizer"]).backend_tokenizer
     encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
+    cpu = cpu_seconds()
     start = time.perf_counter()
     tokens = 0
     for i in range(0, len(texts), 256):
         for encoding in encode(texts[i:i + 256], add_special_tokens=False):
             tokens += np.array(encoding.ids, dtype=np.int32).size
     elapsed = time.perf_counter() - start
-    return {"tokens": tokens, "seconds": elapsed, "rss_mib": peak_rss_mib()}
+    return {"tokens": tokens, "seconds": elapsed, "cpu": cpu_seconds() - cpu,
+            "rss_mib": peak_rss_mib()}
 
 
 def child_pipeline(paths: dict[str, str]) -> dict[str, float]:
@@ -81,6 +89,7 @@ def child_pipeline(paths: dict[str, str]) -> dict[str, float]:
     from zephon.io import Dataset
     from zephon.work import MixtureSpec, StaticMixtureWorkSource
 
+    cpu = cpu_seconds()
     start = time.perf_counter()
     source = StaticMixtureWorkSource([Dataset.from_path("bench", paths["data"])],
                                      MixtureSpec({"bench": 1.0}), seed=0)
@@ -95,7 +104,8 @@ def child_pipeline(paths: dict[str, str]) -> dict[str, float]:
             first = time.perf_counter() - start
     elapsed = time.perf_counter() - start
     report = pipeline.report()
-    return {"tokens": tokens, "seconds": elapsed, "first_batch_s": first,
+    return {"tokens": tokens, "seconds": elapsed, "cpu": cpu_seconds() - cpu,
+            "first_batch_s": first,
             "rss_mib": peak_rss_mib(), "padding": report.padding_tokens,
             "documents": sum(d.documents for d in report.datasets)}
 
@@ -125,14 +135,17 @@ def main() -> None:
             result = json.loads(out.stdout.strip().splitlines()[-1])
             runs[kind].append(result)
             print(f"  run {repeat + 1} {kind:<8} {result['tokens'] / result['seconds']:>12,.0f} "
-                  f"tokens/s  ({result['tokens']:,} tokens, {result['seconds']:.1f} s, "
+                  f"tokens/s  ({result['tokens']:,} tokens, {result['seconds']:.1f} s wall, "
+                  f"{result['cpu']:.1f} s CPU, "
                   f"peak RSS {result['rss_mib']:.0f} MiB)", flush=True)
     bare = statistics.median(r["tokens"] / r["seconds"] for r in runs["bare"])
     pipe = statistics.median(r["tokens"] / r["seconds"] for r in runs["pipeline"])
     first = statistics.median(r["first_batch_s"] for r in runs["pipeline"])
     print(f"\nbare tokenizer   {bare:>12,.0f} tokens/s")
     print(f"zephon pipeline  {pipe:>12,.0f} tokens/s")
-    print(f"ratio            {pipe / bare:>12.2f}x")
+    cpu_ratio = (statistics.median(r["cpu"] / r["tokens"] for r in runs["pipeline"])
+                 / statistics.median(r["cpu"] / r["tokens"] for r in runs["bare"]))
+    print(f"ratio            {pipe / bare:>12.2f}x throughput, {cpu_ratio:.2f}x CPU per token")
     print(f"first batch      {first:>12.2f} s")
     print(f"peak RSS         {max(r['rss_mib'] for r in runs['pipeline']):>12.0f} MiB (pipeline), "
           f"{max(r['rss_mib'] for r in runs['bare']):.0f} MiB (bare)")
