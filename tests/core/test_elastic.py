@@ -303,3 +303,41 @@ def test_token_estimation_measures_sizes(two_datasets, tokenizer_dir):
         true_tokens = report[name].tokens
         assert abs(estimates[name].tokens - true_tokens) / true_tokens < 0.25, name
     assert estimates["long"].tokens_per_document > 4 * estimates["short"].tokens_per_document
+
+
+DIGEST_SCRIPT = r"""
+import hashlib, sys
+from zephon import Pipeline
+from zephon.io import Dataset
+from zephon.work import MixtureSpec, StaticMixtureWorkSource, TokenEstimation
+short, long, tokenizer = sys.argv[1:4]
+source = StaticMixtureWorkSource(
+    [Dataset.from_path("short", short), Dataset.from_path("long", long)],
+    MixtureSpec({"short": 0.6, "long": 0.4}), seed=7, token_estimation=TokenEstimation(),
+    unit_bytes=4096, on_exhausted="drain")
+pipeline = (Pipeline(source).options(lanes=4, prefetch=3).tokenize(tokenizer_id=tokenizer,
+            batch_size=17).pack_flat(65).shuffle(8).batch(2))
+h = hashlib.sha256()
+for batch in pipeline:
+    for record in batch.records:
+        h.update(record.payload["input_ids"].tobytes())
+print(h.hexdigest())
+"""
+
+
+def test_tokenizer_thread_count_changes_nothing(two_datasets, tokenizer_dir, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "digest.py"
+    script.write_text(DIGEST_SCRIPT)
+    digests = set()
+    for threads in ("1", "2", "4"):
+        env = {**os.environ, "RAYON_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "true"}
+        done = subprocess.run([sys.executable, str(script), str(two_datasets["short"]),
+                               str(two_datasets["long"]), tokenizer_dir], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        digests.add(done.stdout.strip())
+    assert len(digests) == 1
