@@ -3,7 +3,8 @@
 A round is the ``j``-th microbatch of every lane. The run ends at the first round in which some
 lane has no microbatch left, on every rank at once, so no rank waits in a collective for a peer
 that stopped. With one rank no communication is needed; with several, each round costs one
-all-reduce of one integer over a gloo group (about 0.1 ms on a node).
+all-reduce of one integer over a gloo group (about 0.1 ms on a node), or over the given
+process group on its own device when that group is NCCL.
 """
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ class RoundAgreement:
                                    f"{dist.get_world_size()} ranks, not dp_world_size="
                                    f"{self.world_size}; pass process_group=<the DP group>")
             self._group = dist.new_group(backend="gloo")
-        flag = torch.tensor([1 if local_ok else 0], dtype=torch.int32)
+        device = "cpu"
+        if dist.get_backend(self._group) == "nccl":  # a DP group without a gloo twin
+            device = f"cuda:{torch.cuda.current_device()}"
+        flag = torch.tensor([1 if local_ok else 0], dtype=torch.int32, device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._group)
         return bool(flag.item())
 
