@@ -1,1 +1,19 @@
-"""Megatron adapter for Zephon."""
+"""Megatron adapter for Zephon: ``--dataloader zephon`` for Megatron-LM's ``pretrain()``.
+
+Modules, one concern each:
+
+- :mod:`~zephon_megatron.arguments`: the ``extra_args_provider`` (``--dataloader``,
+  ``--zephon-recipe``, ...) and the checks of Megatron's flags against the data recipe.
+- :mod:`~zephon_megatron.provider`: the dataset provider; train/valid/test iterators yielding
+  the Megatron preset, with ``save_state``/``restore_state`` keyed per lane.
+- :mod:`~zephon_megatron.batch`: get_batch (tensor-parallel broadcast, THD PackedSeqParams for
+  Transformer Engine, a dense document mask for local attention).
+- :mod:`~zephon_megatron.loss`: forward_step and the per-token loss.
+- :mod:`~zephon_megatron.pretrain_gpt`: ``python -m zephon_megatron.pretrain_gpt`` (needs a
+  Megatron-LM checkout on PYTHONPATH).
+- :mod:`~zephon_megatron.smoke` and :mod:`~zephon_megatron.cpu_shims`: CPU training of
+  megatron-core through the same objects (``make smoke-megatron``); the shims live only there.
+- :mod:`~zephon_megatron.gpu_check`: checks for machines with CUDA and Transformer Engine.
+
+Importing the package imports neither torch nor Megatron.
+"""

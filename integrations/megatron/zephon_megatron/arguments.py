@@ -1,0 +1,326 @@
+"""Command-line layer: Megatron flags plus the adapter's own, checked against the data recipe.
+
+:func:`add_zephon_args` is the ``extra_args_provider`` for Megatron-LM's ``pretrain()``: it adds
+``--dataloader {megatron,zephon}`` (``megatron`` stays the default), ``--zephon-recipe``,
+``--zephon-valid-recipe``, ``--zephon-lanes``, ``--zephon-prefetch`` and, because Megatron-LM
+0.16 only reads it, ``--dataloader-save``. Megatron's own flags keep their meaning:
+
+=========================  ==========================================================
+``--seq-length``           context length; rows are packed to ``seq_length + 1`` tokens
+``--micro-batch-size``     rows per microbatch
+``--reset-position-ids``   ``position_mode = "preserve"`` (absent: ``"sequence"``)
+``--reset-attention-mask`` document masking: ``return_cu_seqlens = true``
+``--eod-mask-loss``        ``eos_mask_loss = true`` (the EOS -> next document label)
+``--transformer-impl``     ``transformer_engine``: THD packed attention; ``local``: a
+                           dense per-document causal mask
+=========================  ==========================================================
+
+Megatron's switches are store-true flags, so "absent" and "off" are the same thing. A recipe
+that leaves one of these choices open takes it from the flags; a recipe that states it must
+agree with them, or :func:`settings_from_args` raises :class:`ZephonArgumentError` naming the
+flag, the recipe file and the key. Everything is checked before a model is built.
+
+:func:`add_megatron_data_flags` declares the subset of Megatron-LM's flags the adapter reads,
+with Megatron's names, destinations and defaults, so the CPU smoke run and the tests parse the
+same command lines without a Megatron-LM checkout (the tests compare it with Megatron's parser
+where one is present).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zephon.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+DATALOADERS = ("megatron", "zephon")
+ATTENTION_BY_IMPL = {"transformer_engine": "thd", "local": "dense"}
+# Keys whose value the Megatron batch layout fixes, with the only value it accepts.
+PRESET_FIXED = {"return_labels": True, "return_loss_mask": True, "flatten": False,
+                "return_num_valid_tokens": False, "return_padding_mask": False}
+PRESET_LAYOUT = ("rename_fields", "exclude_fields")
+_DATA_SOURCE_FLAGS = (("data_path", "--data-path"), ("mock_data", "--mock-data"),
+                      ("train_data_path", "--train-data-path"),
+                      ("valid_data_path", "--valid-data-path"),
+                      ("test_data_path", "--test-data-path"))
+
+
+class ZephonArgumentError(ConfigError):
+    """A flag, a recipe or their combination cannot run; the message names which."""
+
+
+@dataclass(frozen=True)
+class MaskingChoices:
+    """The to_training choices of a run, as Megatron's flags and the recipe agreed on them."""
+
+    position_mode: str
+    """``"preserve"`` (positions restart per document) or ``"sequence"`` (0..S-1 per row)."""
+    document_masking: bool
+    """Tokens attend only within their document (cu_seqlens / dense document mask)."""
+    eos_mask_loss: bool
+    """The label predicted from an EOS token (the next document's first) is ignored."""
+
+    def to_training_kwargs(self, *, eos_token_id: int | None,
+                           ignore_index: int | None = None) -> dict[str, Any]:
+        """``SampleBatch.to_training`` keyword arguments for the Megatron preset."""
+        options: dict[str, Any] = {
+            "return_labels": True,
+            "return_loss_mask": True,
+            "return_cu_seqlens": self.document_masking,
+            "position_mode": self.position_mode,
+            "eos_mask_loss": self.eos_mask_loss,
+            "rename_fields": {"input_ids": "tokens", "positions": "position_ids"},
+        }
+        if ignore_index is not None:
+            options["ignore_index"] = ignore_index
+        if self.eos_mask_loss:
+            if eos_token_id is None:
+                raise ZephonArgumentError("--eod-mask-loss needs an EOS token; the recipe's "
+                                          "tokenizer has none (set [to_training] eos_token_id)")
+            options["eos_token_id"] = eos_token_id
+        return options
+
+
+@dataclass(frozen=True)
+class ZephonSettings:
+    """Everything the provider, the iterators and get_batch need from the command line."""
+
+    recipe: str
+    valid_recipe: str | None
+    seq_length: int
+    micro_batch_size: int
+    global_batch_size: int | None
+    lanes: int
+    prefetch: int | None
+    masking: MaskingChoices
+    attention: str
+    """``"thd"`` (Transformer Engine, PackedSeqParams) or ``"dense"`` (local attention)."""
+    dataloader_save: str | None
+
+
+# -- parsers -----------------------------------------------------------------------------------
+def add_zephon_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Megatron ``extra_args_provider``: the adapter's flags (see the module docstring)."""
+    group = parser.add_argument_group("zephon", "Zephon data loader (zephon_megatron)")
+    group.add_argument("--dataloader", choices=DATALOADERS, default="megatron",
+                       help="Data loader: Megatron's GPTDataset (default) or Zephon.")
+    group.add_argument("--zephon-recipe", default=None, metavar="PATH",
+                       help="Zephon data recipe (TOML) for training; needs --dataloader zephon.")
+    group.add_argument("--zephon-valid-recipe", default=None, metavar="PATH",
+                       help="Zephon data recipe for validation and test; every evaluation "
+                       "reads the same first microbatches of it.")
+    group.add_argument("--zephon-lanes", type=int, default=None, metavar="L",
+                       help="Lanes of the run (fixed across resumes; any data-parallel size "
+                       "dividing L gives the same data). Must agree with the recipe's lanes.")
+    group.add_argument("--zephon-prefetch", type=int, default=None, metavar="N",
+                       help="Microbatches prepared ahead by a background thread per rank.")
+    if "--dataloader-save" not in parser._option_string_actions:
+        group.add_argument("--dataloader-save", default=None, metavar="DIR",
+                           help="Directory for the loader state written with every checkpoint "
+                           "and read on resume (one file per data-parallel rank).")
+    return parser
+
+
+def make_extra_args_provider(dataloader: str) -> Callable[[argparse.ArgumentParser],
+                                                          argparse.ArgumentParser]:
+    """The provider for ``pretrain()``; with zephon, ``--dataloader-type`` defaults to external
+    (Megatron then hands the provider's iterators to the training loop as they are)."""
+
+    def provider(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        add_zephon_args(parser)
+        if dataloader == "zephon":
+            parser.set_defaults(dataloader_type="external")
+        return parser
+
+    return provider
+
+
+def add_megatron_data_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The Megatron-LM flags the adapter reads, spelled and defaulted as Megatron-LM does."""
+    group = parser.add_argument_group("megatron (subset read by zephon_megatron)")
+    add = group.add_argument
+    add("--seq-length", type=int, default=None)
+    add("--micro-batch-size", type=int, default=None)
+    add("--global-batch-size", type=int, default=None)
+    add("--reset-position-ids", action="store_true")
+    add("--reset-attention-mask", action="store_true")
+    add("--eod-mask-loss", action="store_true")
+    add("--no-create-attention-mask-in-dataloader", action="store_false",
+        dest="create_attention_mask_in_dataloader")
+    add("--calculate-per-token-loss", action="store_true")
+    add("--transformer-impl", type=str, default="transformer_engine",
+        choices=["local", "transformer_engine", "inference_optimized"])
+    add("--dataloader-type", type=str, default=None, choices=["single", "cyclic", "external"])
+    add("--data-path", nargs="*", default=None)
+    add("--train-data-path", nargs="*", default=None)
+    add("--valid-data-path", nargs="*", default=None)
+    add("--test-data-path", nargs="*", default=None)
+    add("--mock-data", action="store_true")
+    add("--tensor-model-parallel-size", type=int, default=1)
+    add("--pipeline-model-parallel-size", type=int, default=1)
+    add("--context-parallel-size", type=int, default=1)
+    add("--full-validation", action="store_true")
+    add("--seed", type=int, default=1234)
+    add("--train-iters", type=int, default=None)
+    add("--eval-iters", type=int, default=100)
+    add("--eval-interval", type=int, default=None)
+    add("--load", type=str, default=None)
+    add("--save", type=str, default=None)
+    add("--save-interval", type=int, default=None)
+    return parser
+
+
+def build_standalone_parser() -> argparse.ArgumentParser:
+    """Megatron's data flags plus the adapter's, for runs without Megatron-LM (smoke, tests)."""
+    parser = argparse.ArgumentParser(description="zephon_megatron", allow_abbrev=False)
+    return add_zephon_args(add_megatron_data_flags(parser))
+
+
+# -- validation --------------------------------------------------------------------------------
+def resolve_masking(to_training: dict[str, Any], source: str, *, reset_position_ids: bool,
+                    reset_attention_mask: bool, eod_mask_loss: bool) -> MaskingChoices:
+    """Agree Megatron's three masking flags with a recipe's ``[to_training]`` table."""
+    wanted = MaskingChoices("preserve" if reset_position_ids else "sequence",
+                            reset_attention_mask, eod_mask_loss)
+    checks = (
+        ("position_mode", wanted.position_mode, "--reset-position-ids",
+         "per-document positions ('preserve')", reset_position_ids),
+        ("return_cu_seqlens", wanted.document_masking, "--reset-attention-mask",
+         "document masking (return_cu_seqlens = true)", reset_attention_mask),
+        ("eos_mask_loss", wanted.eos_mask_loss, "--eod-mask-loss",
+         "masking the label after EOS (eos_mask_loss = true)", eod_mask_loss),
+    )
+    for key, value, flag, meaning, given in checks:
+        if key in to_training and to_training[key] != value:
+            state = "given" if given else "absent"
+            raise ZephonArgumentError(
+                f"{source}: [to_training] {key} = {to_training[key]!r} conflicts with {flag} "
+                f"({state}): Megatron spells {meaning} as {flag}. Make the flag and the recipe "
+                f"agree, or drop {key} from the recipe to let the flag decide.")
+    for key, value in PRESET_FIXED.items():
+        if key in to_training and bool(to_training[key]) != value:
+            raise ZephonArgumentError(
+                f"{source}: [to_training] {key} = {to_training[key]!r} is not possible with "
+                f"Megatron: its batches need {key} = {str(value).lower()}")
+    for key in PRESET_LAYOUT:
+        if to_training.get(key):
+            raise ZephonArgumentError(
+                f"{source}: [to_training] {key} is fixed by the Megatron adapter (tokens, "
+                "labels, loss_mask, position_ids, cu_seqlens, max_seqlen); remove it")
+    if wanted.position_mode == "preserve" and not wanted.document_masking:
+        log.warning("zephon_megatron: --reset-position-ids without --reset-attention-mask: "
+                    "positions restart per document but tokens still attend across documents")
+    return wanted
+
+
+def _load_recipe(path: str, flag: str) -> Any:
+    from zephon.recipe import DataRecipe
+
+    if not Path(path).is_file():
+        raise ZephonArgumentError(f"{flag} {path!r}: no such file")
+    return DataRecipe.from_toml(path)
+
+
+def _agree_recipe(recipe: Any, name: str, value: Any, flag: str, given: Any) -> None:
+    if value is not None and given is not None and value != given:
+        raise ZephonArgumentError(f"{recipe.source}: {name} = {value} conflicts with {flag} "
+                                  f"{given}; remove it from the recipe or make them agree")
+
+
+def check_megatron_dataloader(args: argparse.Namespace) -> None:
+    """With ``--dataloader megatron`` the adapter's data flags would be ignored: refuse them."""
+    for name in ("zephon_recipe", "zephon_valid_recipe", "zephon_lanes", "zephon_prefetch"):
+        if getattr(args, name, None) is not None:
+            flag = "--" + name.replace("_", "-")
+            raise ZephonArgumentError(f"{flag} is only read with --dataloader zephon")
+
+
+def settings_from_args(args: argparse.Namespace) -> ZephonSettings:
+    """Validate a parsed command line for ``--dataloader zephon``; raise naming the problem."""
+    if getattr(args, "dataloader", "megatron") != "zephon":
+        check_megatron_dataloader(args)
+        raise ZephonArgumentError("settings_from_args needs --dataloader zephon")
+    if not args.zephon_recipe:
+        raise ZephonArgumentError("--dataloader zephon needs --zephon-recipe PATH")
+    for dest, flag in _DATA_SOURCE_FLAGS:
+        if getattr(args, dest, None):
+            raise ZephonArgumentError(f"{flag} conflicts with --dataloader zephon: the data "
+                                      "comes from --zephon-recipe")
+    if args.dataloader_type not in (None, "external"):
+        raise ZephonArgumentError(f"--dataloader-type {args.dataloader_type} conflicts with "
+                                  "--dataloader zephon, which needs --dataloader-type external "
+                                  "(the default with --dataloader zephon)")
+    for dest, flag in (("seq_length", "--seq-length"), ("micro_batch_size",
+                                                        "--micro-batch-size")):
+        value = getattr(args, dest, None)
+        if not isinstance(value, int) or value < 1:
+            raise ZephonArgumentError(f"--dataloader zephon needs {flag} (a positive integer), "
+                                      f"got {value!r}")
+    if not getattr(args, "calculate_per_token_loss", False):
+        raise ZephonArgumentError(
+            "--dataloader zephon needs --calculate-per-token-loss: packed rows carry different "
+            "numbers of trained tokens, and only a per-token mean keeps padding and masked "
+            "labels from diluting the loss")
+    if getattr(args, "context_parallel_size", 1) > 1:
+        raise ZephonArgumentError("--context-parallel-size > 1 is not supported by "
+                                  "--dataloader zephon yet")
+    if getattr(args, "full_validation", False):
+        raise ZephonArgumentError("--full-validation needs a sized validation set; "
+                                  "--dataloader zephon streams, use --eval-iters")
+    impl = getattr(args, "transformer_impl", "transformer_engine")
+    if impl not in ATTENTION_BY_IMPL:
+        raise ZephonArgumentError(f"--transformer-impl {impl} is not supported by --dataloader "
+                                  f"zephon (use one of {sorted(ATTENTION_BY_IMPL)})")
+    if args.zephon_prefetch is not None and args.zephon_prefetch < 0:
+        raise ZephonArgumentError("--zephon-prefetch must be >= 0")
+
+    recipe = _load_recipe(args.zephon_recipe, "--zephon-recipe")
+    masking = resolve_masking(recipe.to_training, recipe.source,
+                              reset_position_ids=args.reset_position_ids,
+                              reset_attention_mask=args.reset_attention_mask,
+                              eod_mask_loss=args.eod_mask_loss)
+    _check_shapes(recipe, args)
+    lanes = recipe.lanes
+    if args.zephon_lanes is not None:
+        if args.zephon_lanes < 1:
+            raise ZephonArgumentError("--zephon-lanes must be >= 1")
+        _agree_recipe(recipe, "lanes", recipe.lanes, "--zephon-lanes", args.zephon_lanes)
+        lanes = args.zephon_lanes
+    if lanes is None:
+        raise ZephonArgumentError(
+            f"{recipe.source}: lanes is not set; set lanes in the recipe or --zephon-lanes to a "
+            "multiple of every data-parallel size the run may use (it fixes the data)")
+    if args.zephon_valid_recipe:
+        valid = _load_recipe(args.zephon_valid_recipe, "--zephon-valid-recipe")
+        _agree_recipe(valid, "lanes", valid.lanes, "the training lanes", lanes)
+        resolve_masking(valid.to_training, valid.source,
+                        reset_position_ids=args.reset_position_ids,
+                        reset_attention_mask=args.reset_attention_mask,
+                        eod_mask_loss=args.eod_mask_loss)
+        _check_shapes(valid, args)
+    return ZephonSettings(
+        recipe=str(args.zephon_recipe), valid_recipe=args.zephon_valid_recipe,
+        seq_length=args.seq_length, micro_batch_size=args.micro_batch_size,
+        global_batch_size=getattr(args, "global_batch_size", None), lanes=lanes,
+        prefetch=args.zephon_prefetch, masking=masking, attention=ATTENTION_BY_IMPL[impl],
+        dataloader_save=getattr(args, "dataloader_save", None))
+
+
+def _check_shapes(recipe: Any, args: argparse.Namespace) -> None:
+    pack = recipe.pack
+    if pack is None or not pack.get("flat", True):
+        raise ZephonArgumentError(f"{recipe.source}: Megatron needs fixed-length rows; set "
+                                  "[pack] with flat packing (pack_flat)")
+    _agree_recipe(recipe, "[pack] max_length", pack.get("max_length"),
+                  "--seq-length + 1 =", args.seq_length + 1)
+    _agree_recipe(recipe, "[batch] microbatch_size", recipe.batch.get("microbatch_size"),
+                  "--micro-batch-size", args.micro_batch_size)
+    if recipe.batch.get("drop_last") is False:
+        raise ZephonArgumentError(f"{recipe.source}: [batch] drop_last = false gives short "
+                                  "microbatches; Megatron needs --micro-batch-size rows in each")

@@ -1,0 +1,120 @@
+"""Entry module: Megatron-LM's ``pretrain()`` for GPT, with ``--dataloader zephon``.
+
+Usage (one process per GPU; a Megatron-LM checkout on PYTHONPATH)::
+
+    PYTHONPATH=/path/to/Megatron-LM torchrun --nproc-per-node 8 -m zephon_megatron.pretrain_gpt \\
+        <Megatron flags> --calculate-per-token-loss --reset-position-ids \\
+        --reset-attention-mask --eod-mask-loss --dataloader zephon \\
+        --zephon-recipe recipes/megatron/pretrain_packed.toml --dataloader-save ckpt/data
+
+The megatron-core wheel ships only ``megatron.core``; ``pretrain()``, the model builders and
+Megatron's own ``pretrain_gpt.py`` live in a Megatron-LM checkout. Without one this module
+exits at once (status 2) saying what to install. The stock script cannot be used as it is
+(its argument and dataset providers are fixed, and its get_batch hands TE 2-D cu_seqlens), so
+this module calls ``pretrain()`` itself:
+
+- ``--dataloader megatron`` (the default): Megatron's own dataset provider and forward step
+  from the checkout's ``pretrain_gpt.py``, i.e. the stock behaviour plus the adapter's flags;
+- ``--dataloader zephon``: :class:`~zephon_megatron.provider.ZephonDatasetsProvider` and
+  :func:`~zephon_megatron.loss.make_forward_step`; ``--dataloader-type`` defaults to
+  ``external``, and unless the command line names a tokenizer Megatron gets a
+  ``NullTokenizer`` sized to the recipe's tokenizer (the data arrives as token ids).
+
+The command line is validated against the recipe before Megatron initializes, so a bad recipe
+or a conflicting flag fails in a second, naming the problem.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+MISSING_MEGATRON_LM = (
+    "zephon_megatron.pretrain_gpt runs Megatron-LM's pretrain(), which is not importable here "
+    "(missing: {missing}). The megatron-core package ships only megatron.core; clone Megatron-LM "
+    "at the tag of your megatron-core (e.g. git clone --branch core_v0.16.1 "
+    "https://github.com/NVIDIA/Megatron-LM) and put the checkout on PYTHONPATH "
+    "(PYTHONPATH=/path/to/Megatron-LM). Transformer Engine and a GPU are needed for real runs; "
+    "`make smoke-megatron` exercises the adapter on CPU.")
+REQUIRED_MODULES = ("megatron.training", "gpt_builders", "model_provider", "pretrain_gpt")
+
+
+def missing_megatron_lm() -> list[str]:
+    missing = []
+    for name in REQUIRED_MODULES:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
+def zephon_args_defaults(recipe_path: str, argv: Sequence[str]) -> dict[str, Any]:
+    """Megatron ``args_defaults`` for zephon runs: a NullTokenizer of the recipe's size."""
+    if "--tokenizer-type" in argv:
+        return {}
+    from zephon.recipe import DataRecipe
+    from zephon.tokenizer import load_tokenizer
+
+    size = len(load_tokenizer(DataRecipe.from_toml(recipe_path).tokenize["tokenizer"]))
+    return {"tokenizer_type": "NullTokenizer", "vocab_size": size}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    missing = missing_megatron_lm()
+    if missing:
+        print(MISSING_MEGATRON_LM.format(missing=", ".join(missing)), file=sys.stderr)
+        return 2
+
+    from zephon.errors import ConfigError
+    from zephon_megatron.arguments import (
+        build_standalone_parser,
+        check_megatron_dataloader,
+        make_extra_args_provider,
+        settings_from_args,
+    )
+
+    early, _ = build_standalone_parser().parse_known_args(argv)
+    args_defaults: dict[str, Any] = {"tokenizer_type": "GPT2BPETokenizer"}
+    try:
+        if early.dataloader == "zephon":
+            settings = settings_from_args(early)
+            args_defaults = zephon_args_defaults(settings.recipe, argv)
+        else:
+            check_megatron_dataloader(early)
+    except ConfigError as exc:
+        print(f"zephon_megatron: {exc}", file=sys.stderr)
+        return 2
+
+    import pretrain_gpt as stock  # Megatron-LM's script, from the checkout
+    from gpt_builders import gpt_builder
+    from megatron.core.enums import ModelType
+    from megatron.training import get_args, pretrain
+    from model_provider import model_provider
+
+    if early.dataloader == "zephon":
+        from zephon_megatron.loss import make_forward_step
+        from zephon_megatron.provider import ZephonDatasetsProvider
+
+        dataset_provider: Any = ZephonDatasetsProvider(get_args)
+        forward_step: Any = make_forward_step(get_args)
+    else:
+        dataset_provider = stock.train_valid_test_datasets_provider
+        dataset_provider.is_distributed = True
+        forward_step = stock.forward_step
+    sys.argv = [sys.argv[0], *argv]  # pretrain() parses sys.argv itself
+    pretrain(dataset_provider, partial(model_provider, gpt_builder),
+             ModelType.encoder_or_decoder, forward_step, args_defaults=args_defaults,
+             extra_args_provider=make_extra_args_provider(early.dataloader),
+             get_embedding_ranks=stock.get_embedding_ranks)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

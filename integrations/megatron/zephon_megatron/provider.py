@@ -1,0 +1,313 @@
+"""Dataset provider for Megatron's ``pretrain()``: train/valid/test iterators over Zephon.
+
+Megatron calls the provider on tensor-parallel rank 0 of every pipeline stage (the provider's
+``is_distributed`` is False) after it loaded the checkpoint, so ``args.iteration`` and
+``args.consumed_train_samples`` are known. With ``--dataloader-type external`` the returned
+objects reach the training loop as they are, wrapped in Megatron's ``RerunDataIterator``; they
+are iterators, not DataLoaders, and each ``next()`` returns one microbatch in the Megatron
+preset: ``tokens``, ``labels``, float ``loss_mask``, ``position_ids`` and, with document
+masking, ``cu_seqlens`` (``[B, K]``, -1 after each row's end) and ``max_seqlen``.
+
+Loader state. Megatron-LM checkpoints only counters; with ``--dataloader-save DIR`` it calls
+``save_state()`` on the training iterator of every data-parallel rank and writes
+``DIR/iter_<7 digits>/mp_rank_<tp>[_<pp>]/train_dataloader_dprank<dp>.pt``. The state is keyed
+per lane (``{"lane_<l>": entry}``), so on resume :func:`read_dataloader_states` reads *all*
+ranks' files, merges the lanes and lets each rank take the ones it now owns: a run saved at
+data-parallel size 8 resumes at 2 or 16 (any divisor of the lanes). The state describes what
+the trainer consumed, never what the prefetch thread prepared. After restoring, the consumed
+sample count must equal Megatron's ``consumed_train_samples``; a difference (a stale
+``--dataloader-save`` directory, another batch size) is an error, never a silent restart.
+
+Validation and test iterators read the validation recipe and restart it every
+``eval_iters * global_batch_size / (micro_batch_size * dp)`` microbatches, so every evaluation
+scores the same data; they are not checkpointed.
+
+Limits: state files are pickles (numpy arrays inside), loaded with ``weights_only=False`` from
+the run's own directory; context parallelism is not supported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zephon.errors import ConfigError, StateMismatchError
+from zephon_megatron.arguments import ZephonArgumentError, ZephonSettings, settings_from_args
+
+STATE_FORMAT = "zephon_megatron.loader"
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where this reader sits among the data-parallel readers (tensor-parallel rank 0s)."""
+
+    dp_rank: int = 0
+    dp_size: int = 1
+    dp_group: Any = None
+    """Process group of the readers with this rank's (pipeline, context) coordinates; used to
+    agree on the end of data. A gloo group where one exists (the agreement is a CPU tensor)."""
+
+
+def topology_from_parallel_state() -> Topology:
+    from megatron.core import parallel_state
+
+    dp_size = parallel_state.get_data_parallel_world_size()
+    group = None
+    if dp_size > 1:
+        try:
+            group = parallel_state.get_data_parallel_group_gloo()
+        except (AssertionError, RuntimeError):
+            group = parallel_state.get_data_parallel_group()
+    return Topology(parallel_state.get_data_parallel_rank(), dp_size, group)
+
+
+# -- iterator ----------------------------------------------------------------------------------
+class ZephonDataIterator:
+    """Megatron microbatch dicts from a Zephon Pipeline, with ``save_state``/``restore_state``.
+
+    ``restart_every``: start over after this many microbatches (evaluation windows); ``cycle``:
+    start over at the end of data instead of raising StopIteration.
+    """
+
+    def __init__(self, pipeline: Any, to_training: dict[str, Any], *, micro_batch_size: int,
+                 role: str = "train", source: str = "<recipe>",
+                 restart_every: int | None = None, cycle: bool = False):
+        self.pipeline = pipeline
+        self.options = dict(to_training)
+        self.micro_batch_size = micro_batch_size
+        self.role = role
+        self.source = source
+        self.restart_every = restart_every
+        self.cycle = cycle
+        self.last_global_microbatch: int | None = None
+        self._iterator: Iterator[Any] | None = None
+        self._since_start = 0
+
+    def __iter__(self) -> ZephonDataIterator:
+        return self
+
+    def _restart(self) -> None:
+        self.close()
+        self.pipeline.reset()
+        self._since_start = 0
+
+    def _next_batch(self) -> Any:
+        if self.restart_every and self._since_start >= self.restart_every:
+            self._restart()
+        if self._iterator is None:
+            self._iterator = iter(self.pipeline)
+        try:
+            return next(self._iterator)
+        except StopIteration:
+            if not self.cycle:
+                raise
+        self._restart()
+        self._iterator = iter(self.pipeline)
+        try:
+            return next(self._iterator)
+        except StopIteration:
+            raise ConfigError(f"{self.source}: the {self.role} recipe yields no microbatch of "
+                              f"{self.micro_batch_size} rows") from None
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        batch = self._next_batch()
+        self._since_start += 1
+        self.last_global_microbatch = batch.index * self.pipeline.lanes + batch.lane
+        return batch.to_training(**self.options)
+
+    def close(self) -> None:
+        """Stop the prefetch thread; the consumed state stays as it is."""
+        if self._iterator is not None:
+            close = getattr(self._iterator, "close", None)
+            if close is not None:
+                close()
+            self._iterator = None
+
+    @property
+    def consumed_samples(self) -> int:
+        """Samples (rows) consumed by all data-parallel ranks together."""
+        entry = next(iter(self.pipeline.state_dict().values()))
+        return int(entry["consumed_global"]) * self.micro_batch_size
+
+    def save_state(self) -> dict[str, Any]:
+        """This rank's lanes, as consumed; Megatron's ``--dataloader-save`` hook."""
+        return {"format": STATE_FORMAT, "version": STATE_VERSION, "role": self.role,
+                "micro_batch_size": self.micro_batch_size,
+                "consumed_samples": self.consumed_samples,
+                "lanes": self.pipeline.lanes, "pipeline": self.pipeline.state_dict()}
+
+    def restore_state(self, states: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
+        """Resume from one state or from the states of all ranks of the saving run."""
+        merged: dict[str, Any] = {}
+        for state in [states] if isinstance(states, dict) else list(states):
+            if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+                found = state.get("format") if isinstance(state, dict) else type(state).__name__
+                raise StateMismatchError(f"not a zephon_megatron loader state ({found!r})")
+            if state.get("version") != STATE_VERSION:
+                raise StateMismatchError(f"loader state version {state.get('version')} is not "
+                                         f"{STATE_VERSION}")
+            if state["micro_batch_size"] != self.micro_batch_size:
+                raise StateMismatchError(
+                    f"the loader state was written with --micro-batch-size "
+                    f"{state['micro_batch_size']}, this run has {self.micro_batch_size}; the "
+                    "microbatches of every lane would differ")
+            merged.update(state["pipeline"])
+        if not merged:
+            raise StateMismatchError("restore_state got no loader state")
+        self.close()
+        self.pipeline.load_state_dict(merged)
+        self._since_start = 0
+
+
+# -- state files (the layout Megatron-LM's --dataloader-save writes) --------------------------
+def dataloader_state_path(save_dir: str | os.PathLike[str], iteration: int, dp_rank: int, *,
+                          tp_rank: int = 0, pp_rank: int | None = None) -> Path:
+    model_dir = f"mp_rank_{tp_rank:02d}" if pp_rank is None else \
+        f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
+    return (Path(save_dir) / f"iter_{iteration:07d}" / model_dir
+            / f"train_dataloader_dprank{dp_rank:03d}.pt")
+
+
+def write_dataloader_state(save_dir: str | os.PathLike[str], iteration: int, dp_rank: int,
+                           state: dict[str, Any]) -> Path:
+    """Write one rank's state as Megatron-LM does (for runs without Megatron-LM)."""
+    path = dataloader_state_path(save_dir, iteration, dp_rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".pt.partial")
+    torch.save({"dataloader_state_dict": state}, partial)
+    partial.replace(path)
+    return path
+
+
+def read_dataloader_states(save_dir: str | os.PathLike[str],
+                           iteration: int) -> list[dict[str, Any]]:
+    """The states every data-parallel rank wrote at ``iteration``."""
+    base = Path(save_dir) / f"iter_{iteration:07d}"
+    files = sorted(base.glob("mp_rank_*/train_dataloader_dprank*.pt"))
+    if not files:
+        raise StateMismatchError(
+            f"no loader state for iteration {iteration}: nothing matches "
+            f"{base}/mp_rank_*/train_dataloader_dprank*.pt. Was the checkpoint written with "
+            "--dataloader zephon and the same --dataloader-save?")
+    states = []
+    for path in files:
+        # Pickled numpy arrays inside; these files are the run's own checkpoint.
+        blob = torch.load(path, map_location="cpu", weights_only=False)
+        if not isinstance(blob, dict) or "dataloader_state_dict" not in blob:
+            raise StateMismatchError(f"{path}: not a Megatron dataloader state file")
+        states.append(blob["dataloader_state_dict"])
+    return states
+
+
+# -- provider ----------------------------------------------------------------------------------
+def preset_options(settings: ZephonSettings, recipe: Any) -> dict[str, Any]:
+    """The ``to_training`` arguments of the Megatron preset under this run's masking."""
+    eos = recipe.to_training.get("eos_token_id")
+    if settings.masking.eos_mask_loss and eos is None:
+        from zephon.tokenizer import load_tokenizer
+
+        eos = load_tokenizer(recipe.tokenize["tokenizer"]).eos_token_id
+    return settings.masking.to_training_kwargs(
+        eos_token_id=None if eos is None else int(eos),
+        ignore_index=recipe.to_training.get("ignore_index"))
+
+
+def build_iterator(recipe: Any, settings: ZephonSettings, topology: Topology, *,
+                   role: str = "train", restart_every: int | None = None,
+                   cycle: bool = False) -> ZephonDataIterator:
+    if settings.lanes % topology.dp_size:
+        divisors = [d for d in range(1, settings.lanes + 1) if settings.lanes % d == 0]
+        raise ZephonArgumentError(
+            f"the data-parallel size {topology.dp_size} does not divide lanes={settings.lanes} "
+            f"({recipe.source}); valid sizes: {divisors}")
+    pipeline = recipe.build(seq_len=settings.seq_length,
+                            microbatch_size=settings.micro_batch_size,
+                            dp_rank=topology.dp_rank, dp_world_size=topology.dp_size,
+                            lanes=settings.lanes, process_group=topology.dp_group,
+                            prefetch=settings.prefetch)
+    return ZephonDataIterator(pipeline, preset_options(settings, recipe),
+                              micro_batch_size=settings.micro_batch_size, role=role,
+                              source=recipe.source, restart_every=restart_every, cycle=cycle)
+
+
+def restore_for_resume(iterator: ZephonDataIterator, settings: ZephonSettings,
+                       iteration: int, consumed_train_samples: int) -> None:
+    """Load the loader state of ``iteration`` and check it against Megatron's counter."""
+    if iteration <= 0 and consumed_train_samples <= 0:
+        return
+    if not settings.dataloader_save:
+        raise ZephonArgumentError(
+            f"resuming at iteration {iteration} ({consumed_train_samples} consumed samples) "
+            "needs the loader state: pass --dataloader-save DIR, the directory the checkpoint "
+            "was saved with")
+    iterator.restore_state(read_dataloader_states(settings.dataloader_save, iteration))
+    if iterator.consumed_samples != consumed_train_samples:
+        raise StateMismatchError(
+            f"the loader state in {settings.dataloader_save} (iteration {iteration}) consumed "
+            f"{iterator.consumed_samples} samples, but the checkpoint's consumed_train_samples "
+            f"is {consumed_train_samples}; the states come from different runs or steps")
+
+
+class ZephonDatasetsProvider:
+    """``train_valid_test_datasets_provider`` for ``pretrain()`` and the CPU smoke run.
+
+    ``get_args`` returns the parsed command line (Megatron's ``get_args`` under ``pretrain()``);
+    ``topology`` where this rank reads (default: megatron-core's parallel_state).
+    """
+
+    is_distributed = False
+    """Megatron calls the provider on tensor-parallel rank 0 only; the others get batches by
+    broadcast in get_batch."""
+
+    def __init__(self, get_args: Callable[[], argparse.Namespace],
+                 topology: Callable[[], Topology] = topology_from_parallel_state):
+        self._get_args = get_args
+        self._topology = topology
+
+    def __call__(self, train_val_test_num_samples: Sequence[int | None] | None = None,
+                 vp_stage: int | None = None) -> tuple[ZephonDataIterator,
+                                                       ZephonDataIterator | None,
+                                                       ZephonDataIterator | None]:
+        from zephon.recipe import DataRecipe
+
+        args = self._get_args()
+        settings = settings_from_args(args)
+        topology = self._topology()
+        recipe = DataRecipe.from_toml(settings.recipe)
+        _check_vocab(recipe, args)
+        train = build_iterator(recipe, settings, topology)
+        restore_for_resume(train, settings, int(getattr(args, "iteration", 0) or 0),
+                           int(getattr(args, "consumed_train_samples", 0) or 0))
+        valid = test = None
+        eval_iters = int(getattr(args, "eval_iters", 0) or 0)
+        if settings.valid_recipe and eval_iters > 0:
+            valid_recipe = DataRecipe.from_toml(settings.valid_recipe)
+            _check_vocab(valid_recipe, args)
+            window = None
+            if settings.global_batch_size:
+                window = eval_iters * settings.global_batch_size // (
+                    settings.micro_batch_size * topology.dp_size)
+            valid, test = (build_iterator(valid_recipe, settings, topology, role=role,
+                                          restart_every=window, cycle=True)
+                           for role in ("valid", "test"))
+        return train, valid, test
+
+
+def _check_vocab(recipe: Any, args: argparse.Namespace) -> None:
+    padded = getattr(args, "padded_vocab_size", None)
+    if not padded:
+        return
+    from zephon.tokenizer import load_tokenizer
+
+    size = len(load_tokenizer(recipe.tokenize["tokenizer"]))
+    if size > padded:
+        raise ZephonArgumentError(
+            f"{recipe.source}: its tokenizer has {size} tokens but the model's vocabulary has "
+            f"{padded}; set --vocab-size/--tokenizer-model to match the recipe's tokenizer")

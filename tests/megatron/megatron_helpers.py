@@ -1,0 +1,37 @@
+"""Shared helpers of the Megatron adapter tests: recipe paths and command lines."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPES = REPO / "recipes" / "megatron"
+PACKED = RECIPES / "pretrain_packed.toml"
+CONTINUOUS = RECIPES / "pretrain_continuous.toml"
+VALIDATION = RECIPES / "validation.toml"
+PACKED_FLAGS = ["--reset-position-ids", "--reset-attention-mask", "--eod-mask-loss"]
+
+
+def megatron_argv(recipe: Path = PACKED, *extra: str, seq: int = 64, mbs: int = 2,
+                  masking: list[str] | None = None) -> list[str]:
+    """A --dataloader zephon command line (Megatron flag names)."""
+    flags = PACKED_FLAGS if masking is None else masking
+    return ["--seq-length", str(seq), "--micro-batch-size", str(mbs), "--global-batch-size",
+            str(4 * mbs), "--calculate-per-token-loss", "--transformer-impl", "local",
+            "--dataloader", "zephon", "--zephon-recipe", str(recipe), *flags, *extra]
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    from zephon_megatron.arguments import build_standalone_parser
+
+    return build_standalone_parser().parse_args(argv)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+

@@ -1,0 +1,98 @@
+"""Several processes on gloo: smoke training at 1 and 2 ranks, elastic resume, TP broadcast."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from megatron_helpers import free_port
+
+pytestmark = pytest.mark.multiprocess
+
+HERE = Path(__file__).parent
+SAVE_AT, STEPS, MICROBATCHES_PER_STEP = 6, 12, 4  # the smoke defaults: gbs 8, mbs 2
+
+
+def smoke(workdir: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "zephon_megatron.smoke", "--workdir", str(workdir),
+               "--timeout", "240", *flags]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+def load(workdir: Path, name: str):
+    return json.loads((workdir / name).read_text())
+
+
+def by_global_index(workdir: Path, tag: str) -> dict[int, dict]:
+    out: dict[int, dict] = {}
+    for path in sorted(workdir.glob(f"trace_{tag}_rank*.json")):
+        for record in json.loads(path.read_text()):
+            assert record["global_microbatch"] not in out, "two ranks read one microbatch"
+            out[record["global_microbatch"]] = record
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    one, two = tmp_path_factory.mktemp("one"), tmp_path_factory.mktemp("two")
+    results = {
+        "one": smoke(one, "--nproc", "1", "--tag", "one", "--check-loss"),
+        "full": smoke(two, "--nproc", "2", "--tag", "full", "--save-at", str(SAVE_AT),
+                      "--check-loss"),
+    }
+    results["resumed"] = smoke(two, "--nproc", "1", "--tag", "resumed", "--resume")
+    for tag, result in results.items():
+        assert result.returncode == 0, f"{tag}: {result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    return {"one": one, "two": two}
+
+
+@pytest.mark.parametrize("where,tag,dp", [("one", "one", 1), ("two", "full", 2)])
+def test_smoke_trains_and_the_loss_falls(runs, where: str, tag: str, dp: int) -> None:
+    summary = load(runs[where], f"summary_{tag}.json")
+    losses = summary["losses"]
+    assert summary["dp_size"] == dp and len(losses) == STEPS >= 10
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.3
+
+
+def test_global_batches_do_not_depend_on_the_process_count(runs) -> None:
+    one, two = by_global_index(runs["one"], "one"), by_global_index(runs["two"], "full")
+    assert sorted(one) == sorted(two) == list(range(STEPS * MICROBATCHES_PER_STEP))
+    assert all(one[g]["digest"] == two[g]["digest"] for g in one)
+
+
+def test_resume_at_one_process_continues_the_two_process_run(runs) -> None:
+    full = by_global_index(runs["two"], "full")
+    resumed = by_global_index(runs["two"], "resumed")
+    first = SAVE_AT * MICROBATCHES_PER_STEP
+    assert sorted(resumed) == list(range(first, STEPS * MICROBATCHES_PER_STEP))
+    for index, record in resumed.items():
+        assert record["tokens"] == full[index]["tokens"], f"microbatch {index}"
+        assert record["digest"] == full[index]["digest"], f"microbatch {index}"
+    states = sorted((runs["two"] / "dataloader" / f"iter_{SAVE_AT:07d}").rglob("*.pt"))
+    assert [p.name for p in states] == ["train_dataloader_dprank000.pt",
+                                        "train_dataloader_dprank001.pt"]
+    losses_full = load(runs["two"], "summary_full.json")["losses"][SAVE_AT:]
+    losses_resumed = load(runs["two"], "summary_resumed.json")["losses"]
+    assert losses_resumed == pytest.approx(losses_full, rel=1e-3)
+
+
+def test_tensor_parallel_ranks_receive_the_readers_batch(tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "WORLD_SIZE": "2", "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    ranks = [subprocess.Popen([sys.executable, str(HERE / "tp_broadcast_worker.py"), str(out)],
+                              env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    outputs = [p.communicate(timeout=240) for p in ranks]
+    assert all(p.returncode == 0 for p in ranks), outputs
+    reader, receiver = json.loads(out.read_text())
+    assert reader["reader"] and not receiver["reader"]
+    assert receiver["report"] == reader["report"]
+    thd, dense = reader["report"]["thd"], reader["report"]["dense"]
+    assert len({b["cu_len"] for b in thd}) > 1, "cu_seqlens length varies between batches"
+    assert all(b["packed"][2] == "thd" and b["attention_mask"] == "none" for b in thd)
+    assert all(b["packed"] is None and b["attention_mask"] != "none" for b in dense)

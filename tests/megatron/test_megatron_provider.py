@@ -1,0 +1,161 @@
+"""Provider and iterators: the Megatron preset, save/restore, elastic resume, counter checks."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+import torch
+from megatron_helpers import PACKED, VALIDATION, megatron_argv, parse
+
+from zephon.errors import StateMismatchError
+from zephon.recipe import DataRecipe
+from zephon_megatron.arguments import ZephonArgumentError, settings_from_args
+from zephon_megatron.provider import (
+    Topology,
+    ZephonDatasetsProvider,
+    build_iterator,
+    dataloader_state_path,
+    read_dataloader_states,
+    restore_for_resume,
+    write_dataloader_state,
+)
+
+
+def make_args(*extra: str) -> argparse.Namespace:
+    return parse(megatron_argv(PACKED, "--zephon-prefetch", "0", *extra))
+
+
+def iterator(rank: int = 0, world: int = 1, *extra: str):
+    settings = settings_from_args(make_args(*extra))
+    return build_iterator(DataRecipe.from_toml(PACKED), settings, Topology(rank, world))
+
+
+def tokens(batches: list[dict[str, torch.Tensor]]) -> list[list[list[int]]]:
+    return [b["tokens"].tolist() for b in batches]
+
+
+def take(it, n: int) -> list[dict[str, torch.Tensor]]:
+    return [next(it) for _ in range(n)]
+
+
+def test_iterator_yields_the_megatron_preset() -> None:
+    batch = next(iterator())
+    assert set(batch) == {"tokens", "labels", "loss_mask", "position_ids", "cu_seqlens",
+                          "max_seqlen"}
+    for name in ("tokens", "labels", "position_ids"):
+        assert batch[name].dtype == torch.int64 and batch[name].shape == (2, 64)
+    assert batch["loss_mask"].dtype == torch.float32
+    assert batch["cu_seqlens"].dtype == torch.int32 and batch["cu_seqlens"].shape[0] == 2
+
+
+def test_save_and_restore_continue_exactly() -> None:
+    first = iterator()
+    take(first, 5)
+    state = first.save_state()
+    assert state["consumed_samples"] == 10 and set(state["pipeline"]) == {
+        f"lane_{lane}" for lane in range(8)}
+    expected = take(first, 4)
+    second = iterator()
+    second.restore_state(state)
+    assert second.consumed_samples == 10
+    assert tokens(take(second, 4)) == tokens(expected)
+
+
+def test_states_of_two_ranks_resume_at_one(tmp_path: Path) -> None:
+    ranks = [iterator(r, 2) for r in range(2)]
+    for it in ranks:
+        take(it, 3)  # 6 global microbatches
+    for r, it in enumerate(ranks):
+        write_dataloader_state(tmp_path, 6, r, it.save_state())
+    assert dataloader_state_path(tmp_path, 6, 1).is_file()
+    following: dict[int, list[list[int]]] = {}
+    for it in ranks:
+        for _ in range(3):
+            data = next(it)
+            following[it.last_global_microbatch] = data["tokens"].tolist()
+    resumed = iterator()
+    restore_for_resume(resumed, settings_from_args(make_args("--dataloader-save",
+                                                             str(tmp_path))), 6, 12)
+    for _ in range(6):
+        data = next(resumed)
+        assert data["tokens"].tolist() == following[resumed.last_global_microbatch]
+    assert sorted(following) == list(range(6, 12))
+
+
+def test_one_rank_state_is_not_enough_at_another_size(tmp_path: Path) -> None:
+    ranks = [iterator(r, 2) for r in range(2)]
+    for it in ranks:
+        take(it, 1)
+    write_dataloader_state(tmp_path, 1, 0, ranks[0].save_state())
+    with pytest.raises(StateMismatchError, match="lane_1"):
+        iterator().restore_state(read_dataloader_states(tmp_path, 1))
+
+
+def test_consumed_samples_must_match_the_checkpoint(tmp_path: Path) -> None:
+    it = iterator()
+    take(it, 4)
+    write_dataloader_state(tmp_path, 2, 0, it.save_state())
+    settings = settings_from_args(make_args("--dataloader-save", str(tmp_path)))
+    with pytest.raises(StateMismatchError, match="consumed_train_samples is 16"):
+        restore_for_resume(iterator(), settings, 2, 16)
+    restore_for_resume(iterator(), settings, 2, 8)
+
+
+def test_resume_without_loader_state_is_an_error(tmp_path: Path) -> None:
+    settings = settings_from_args(make_args())
+    with pytest.raises(ZephonArgumentError, match="--dataloader-save"):
+        restore_for_resume(iterator(), settings, 3, 24)
+    settings = settings_from_args(make_args("--dataloader-save", str(tmp_path)))
+    with pytest.raises(StateMismatchError, match="iter_0000003"):
+        restore_for_resume(iterator(), settings, 3, 24)
+    restore_for_resume(iterator(), settings, 0, 0)  # a fresh run reads nothing
+
+
+def test_micro_batch_size_change_is_named() -> None:
+    it = iterator()
+    take(it, 1)
+    state = it.save_state()
+    settings = settings_from_args(parse(megatron_argv(PACKED, mbs=4)))
+    other = build_iterator(DataRecipe.from_toml(PACKED), settings, Topology())
+    with pytest.raises(StateMismatchError, match="--micro-batch-size 2"):
+        other.restore_state(state)
+
+
+def test_dp_size_must_divide_lanes() -> None:
+    with pytest.raises(ZephonArgumentError, match="valid sizes: \\[1, 2, 4, 8\\]"):
+        iterator(0, 3)
+
+
+def test_provider_builds_train_valid_test_and_repeats_validation() -> None:
+    args = make_args("--zephon-valid-recipe", str(VALIDATION), "--eval-iters", "2")
+    train, valid, test = ZephonDatasetsProvider(lambda: args, lambda: Topology())([0, 0, 0])
+    assert train.role == "train" and valid.role == "valid" and test.role == "test"
+    window = 2 * args.global_batch_size // args.micro_batch_size
+    assert valid.restart_every == window
+    first = tokens(take(valid, window))
+    assert tokens(take(valid, window)) == first, "every evaluation scores the same data"
+    assert "cu_seqlens" in next(test)
+
+
+def test_provider_restores_and_checks_megatron_counters(tmp_path: Path) -> None:
+    it = iterator()
+    take(it, 8)
+    write_dataloader_state(tmp_path, 2, 0, it.save_state())
+    expected = next(it)["tokens"]
+    args = make_args("--dataloader-save", str(tmp_path))
+    args.iteration, args.consumed_train_samples = 2, 16
+    train, valid, test = ZephonDatasetsProvider(lambda: args, lambda: Topology())(None)
+    assert valid is None and test is None
+    assert torch.equal(next(train)["tokens"], expected)
+    args.consumed_train_samples = 24
+    with pytest.raises(StateMismatchError, match="consumed"):
+        ZephonDatasetsProvider(lambda: args, lambda: Topology())(None)
+
+
+def test_provider_checks_the_model_vocabulary() -> None:
+    args = make_args()
+    args.padded_vocab_size = 1024
+    with pytest.raises(ZephonArgumentError, match="4096 tokens"):
+        ZephonDatasetsProvider(lambda: args, lambda: Topology())(None)
