@@ -43,3 +43,12 @@ clean:
 smoke-torchtitan: $(STAMP)
 	$(PY) -m zephon_torchtitan.demo --toml recipes/torchtitan/smoke.toml --nproc 1 --steps 10
 	$(PY) -m zephon_torchtitan.demo --toml recipes/torchtitan/smoke.toml --nproc 2 --steps 10
+
+# megatron-core's GPTModel (local layer spec) and DistributedDataParallel trained on CPU through
+# the Megatron adapter's provider, iterators and get_batch, on 1 and on 2 processes (gloo);
+# fails unless the loss falls.
+SMOKE_MEGATRON_DIR ?= $(or $(TMPDIR),/tmp)/zephon-smoke-megatron
+smoke-megatron: $(STAMP)
+	rm -rf $(SMOKE_MEGATRON_DIR)
+	$(PY) -m zephon_megatron.smoke --nproc 1 --workdir $(SMOKE_MEGATRON_DIR)/1 --check-loss
+	$(PY) -m zephon_megatron.smoke --nproc 2 --workdir $(SMOKE_MEGATRON_DIR)/2 --check-loss

@@ -1,1 +1,36 @@
-"""TorchTitan adapter for Zephon."""
+"""TorchTitan adapter for Zephon.
+
+- :class:`ZephonDataLoader` (``zephon_torchtitan.dataloader``): a TorchTitan
+  ``BaseDataLoader`` over a Zephon data recipe, with per-lane DCP state.
+- Three ways to select it: a TOML launch recipe (``python -m zephon_torchtitan.train --toml``),
+  the config registry (``--module zephon_torchtitan --config zephon_llama3_debugmodel``), and
+  an override on any stock config (``--override.imports
+  'zephon_torchtitan.override.zephon_dataloader={"recipe": ...}'``).
+- ``zephon_torchtitan.cpu_shims``: CPU smoke runs only; GPU runs never import it.
+
+Exports are resolved lazily, so that importing this package does not import TorchTitan:
+the CPU shims must be installed before TorchTitan picks its device type.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_EXPORTS = {
+    "ZephonDataLoader": "zephon_torchtitan.dataloader",
+    "with_zephon": "zephon_torchtitan.config_registry",
+    "fit_vocab_size": "zephon_torchtitan.config_registry",
+    "zephon_llama3_debugmodel": "zephon_torchtitan.config_registry",
+    "zephon_llama3_debugmodel_continuous": "zephon_torchtitan.config_registry",
+    "run_demo_training": "zephon_torchtitan.demo",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'zephon_torchtitan' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -1,0 +1,116 @@
+"""Config-registry route: ``--module zephon_torchtitan --config <function>``.
+
+TorchTitan's ``ConfigManager`` imports ``zephon_torchtitan.config_registry`` and calls the
+named function, which returns a ``Trainer.Config`` whose dataloader (and validation
+dataloader) is a :class:`ZephonDataLoader`. The rest of the command line is parsed by tyro
+against it, so every Zephon option is a flag: ``--dataloader.recipe``, ``--dataloader.lanes``,
+``--dataloader.eos_mask_loss``, ...
+
+The functions here train TorchTitan's llama3 debug model on the recipes in
+``recipes/torchtitan/`` of a source checkout (the bundled demo corpus and tokenizer); write
+your own with :func:`with_zephon`::
+
+    def my_run() -> Trainer.Config:
+        config = llama3_8b()            # any stock or custom config
+        return with_zephon(config, "recipes/my_data.toml", validation="recipes/my_val.toml")
+
+On CPU, run TorchTitan's entry point through the shims (the debug functions then apply the
+CPU settings of :func:`zephon_torchtitan.cpu_shims.apply_cpu_config` themselves):
+``python -m zephon_torchtitan.cpu_shims -m torchtitan.train --module zephon_torchtitan
+--config zephon_llama3_debugmodel`` (under torchrun for several processes).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from zephon_torchtitan.dataloader import ZephonDataLoader
+
+RECIPES = Path(os.environ.get("ZEPHON_TORCHTITAN_RECIPES",
+                              Path(__file__).resolve().parents[3] / "recipes" / "torchtitan"))
+
+
+def recipe_path(name: str) -> str:
+    """A recipe of ``recipes/torchtitan/`` (or ``$ZEPHON_TORCHTITAN_RECIPES``) by file name."""
+    return str(RECIPES / name)
+
+
+def with_zephon(config: Any, recipe: str, *, validation: str | None = None,
+                fit_vocab: bool = True, **options: Any) -> Any:
+    """Make ``config`` (a ``Trainer.Config``) train on a Zephon data recipe.
+
+    ``options`` are :class:`ZephonDataLoader.Config` fields. With ``fit_vocab`` the model's
+    vocabulary is sized to the recipe's tokenizer, and ``hf_assets_path`` points at that
+    tokenizer when it is a local directory (TorchTitan builds its tokenizer from there).
+    ``validation`` names a finite, unshuffled recipe for ``validator.dataloader``; the
+    validator stays off until ``--validator.enable``.
+    """
+    from zephon.recipe import DataRecipe
+
+    config.dataloader = ZephonDataLoader.Config(recipe=recipe, **options)
+    if validation is not None:
+        config.validator.dataloader = ZephonDataLoader.Config(recipe=validation)
+    tokenizer = DataRecipe.from_toml(recipe).tokenize["tokenizer"]
+    if fit_vocab:
+        from zephon.tokenizer import load_tokenizer
+
+        if Path(tokenizer).is_dir():
+            config.hf_assets_path = tokenizer
+        fit_vocab_size(config, len(load_tokenizer(tokenizer)))
+    return config
+
+
+def fit_vocab_size(config: Any, vocab_size: int) -> None:
+    """Size a decoder model's embedding, output layer and loss to ``vocab_size`` tokens."""
+    from torchtitan.components.loss import CrossEntropyLoss
+
+    fit_model_vocab(config.model_spec.model, vocab_size)
+    for _, loss, _, _ in config.loss.traverse(CrossEntropyLoss.Config):
+        if loss.global_vocab_size is not None:
+            loss.global_vocab_size = vocab_size
+
+
+def fit_model_vocab(model: Any, vocab_size: int) -> None:
+    """Size a ``Decoder.Config``'s vocabulary, embedding and output layer (in place)."""
+    from torchtitan.models.common.decoder import Decoder
+
+    if not isinstance(model, Decoder.Config):
+        raise TypeError(f"fit_model_vocab needs a Decoder model config, got "
+                        f"{type(model).__name__}")
+    model.vocab_size = vocab_size
+    model.tok_embeddings.num_embeddings = vocab_size
+    model.lm_head.out_features = vocab_size
+
+
+def _debug(recipe: str, **training: Any) -> Any:
+    from torchtitan.models.llama3.config_registry import llama3_debugmodel
+
+    config = llama3_debugmodel()
+    with_zephon(config, recipe_path(recipe), validation=recipe_path("data/validation.toml"))
+    config.training.seq_len = 128
+    config.training.local_batch_size = 4
+    config.training.steps = 20
+    config.checkpoint.interval = 10
+    config.validator.freq = 10
+    config.validator.steps = 2
+    for key, value in training.items():
+        setattr(config.training, key, value)
+    from torchtitan.tools import utils
+
+    if utils.device_type == "cpu":  # only true with the CPU shims installed
+        from zephon_torchtitan.cpu_shims import apply_cpu_config
+
+        apply_cpu_config(config)
+    return config
+
+
+def zephon_llama3_debugmodel() -> Any:
+    """llama3 debug model, document-masked pretraining on the demo corpus."""
+    return _debug("data/pretrain_docmask.toml")
+
+
+def zephon_llama3_debugmodel_continuous() -> Any:
+    """llama3 debug model, continuous positions (rows, not documents, bound attention)."""
+    return _debug("data/pretrain_continuous.toml")

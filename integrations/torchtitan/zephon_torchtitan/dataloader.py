@@ -1,0 +1,391 @@
+"""``ZephonDataLoader``: a Zephon data recipe as a TorchTitan ``BaseDataLoader``.
+
+TorchTitan builds the loader with its runtime values: the data-parallel rank and size of the
+"batch" mesh (TP/CP/PP peers share a rank and get identical data), the tokenizer, and either
+``seq_len`` + ``local_batch_size`` (0.3.0) or ``max_context_length`` + ``num_tokens_per_batch``
+(TorchTitan main after 0.3.0). The recipe is packed to ``seq_len + 1`` tokens a row, so a row
+gives ``seq_len`` inputs and labels; one microbatch of ``local_batch_size`` rows is one item of
+the iterator.
+
+What each item holds (the seed's TorchTitan preset: return_labels, flatten,
+return_padding_mask, return_num_valid_tokens):
+
+- ``({"input": ..., "positions": ...}, labels)``; labels are -100 wherever the loss must not
+  look (padding always, the EOS -> next-BOS prediction with ``eos_mask_loss``). Keys of the
+  input dict other than "input" go to ``model.forward``: only those its signature names are
+  sent (0.3.0: positions). TorchTitan turns position resets into FlexAttention document masks,
+  so ``position_mode="preserve"`` isolates packed documents and ``"sequence"`` isolates rows.
+- Shapes: ``[1, B*S]`` (flattened; every row starts at position 0, so the logits equal the
+  ``[B, S]`` layout's) or ``[B, S]`` with ``flatten = false``; with the post-0.3.0 kwargs a flat
+  ``[T]``, which is what upstream main feeds its model.
+- The padding mask and the valid-token count stay here: they check every batch (labels are
+  -100 on padding, positions restart at 0 and grow by one, the count matches) and feed the
+  padding/throughput report. They never reach ``forward``, which would reject them.
+
+State: ``{"lane_<l>": pickled lane entry}`` for the lanes this rank owns. Keys are
+lane-unique, so TorchTitan's DCP checkpointer stores each lane once whichever rank wrote it,
+and a fresh loader at any data-parallel size that divides the lane count finds its lanes
+(its own ``state_dict()`` names the keys to fill). The entries describe the microbatches the
+trainer consumed, never prefetched ones, and carry a fingerprint of the recipe: a changed
+dataset, tokenizer, seed, packing or lane count is refused with a message naming it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import pickle
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+import torch
+from torchtitan.components.dataloader import BaseDataLoader
+from torchtitan.tools.logging import logger
+
+from zephon import ConfigError, StateMismatchError
+from zephon.recipe import DataRecipe
+
+# The seed's TorchTitan preset; a recipe may restate these values but not contradict them.
+PRESET = {"return_labels": True, "return_padding_mask": True, "return_num_valid_tokens": True,
+          "ignore_index": -100}
+# to_training keys a TorchTitan recipe may choose.
+RECIPE_CHOICES = ("eos_mask_loss", "eos_token_id", "position_mode", "flatten")
+
+_agreement_group: Any = None
+
+
+class ZephonDataLoader(BaseDataLoader):
+    """A TorchTitan dataloader over a Zephon data recipe; see the module docstring."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(BaseDataLoader.Config):
+        dataset: str = "zephon"
+        """Label shown in TorchTitan's config dump; the data comes from ``recipe``."""
+
+        recipe: str = ""
+        """Path of the data recipe TOML (datasets, weights, tokenizer, packing, lanes, seed and
+        the to_training choices; schema in ``zephon.recipe``). Relative paths inside it are
+        relative to the recipe file."""
+
+        lanes: int | None = None
+        """Lane count when the recipe leaves it open (fixed for a run: any data-parallel size
+        that divides it resumes the same data). Conflicting with the recipe is an error."""
+
+        seed: int | None = None
+        """Replaces the recipe's seed (a new data order; old checkpoints will be refused)."""
+
+        eos_mask_loss: bool | None = None
+        """Replaces the recipe's choice: ignore the EOS -> next-document label (TorchTitan's
+        own loader never trains it). None keeps the recipe's value."""
+
+        position_mode: Literal["preserve", "sequence"] | None = None
+        """Replaces the recipe's choice: "preserve" restarts positions at every document (and
+        TorchTitan then masks attention per document); "sequence" numbers each row 0..S-1 (one
+        attention block per row). None keeps the recipe's value."""
+
+        infinite: bool = False
+        """Start over when the data runs out instead of ending training. The validator sets
+        it from ``validator.steps`` (steps = -1: one finite pass)."""
+
+        prefetch: int | None = None
+        """Microbatches prepared ahead by a background thread; None keeps the recipe's."""
+
+        check_batches: bool = True
+        """Check every batch: labels -100 on padding, positions restart at 0 and grow by one
+        below seq_len, valid-token count equals the labels that count. About 0.1 ms a batch."""
+
+        check_tokenizer: bool = True
+        """Refuse to start when TorchTitan's tokenizer (``hf_assets_path``) has another
+        vocabulary size or EOS id than the recipe's tokenizer."""
+
+        report_every: int = 100
+        """Log padding share, valid tokens and loader throughput every this many microbatches
+        (0: never)."""
+
+        trace_dir: str = ""
+        """If set, each rank appends one JSON line per microbatch it hands out to
+        ``<trace_dir>/rank<r>.jsonl``: global microbatch index, lane, record ids and SHA-256 of
+        the exact input, positions and labels tensors. For audits and resume tests."""
+
+        def __post_init__(self) -> None:
+            # Fail while the config is parsed, before any process group or model exists.
+            if self.recipe:
+                DataRecipe.from_toml(self.recipe)
+            for name in ("lanes", "report_every", "prefetch"):
+                value = getattr(self, name)
+                if value is not None and (not isinstance(value, int) or value < 0
+                                          or (name == "lanes" and value == 0)):
+                    raise ConfigError(f"dataloader.{name} must be a non-negative integer "
+                                      f"(lanes: positive), got {value!r}")
+
+    def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int,
+                 tokenizer: Any = None, seq_len: int | None = None,
+                 local_batch_size: int | None = None, max_context_length: int | None = None,
+                 num_tokens_per_batch: int | None = None, **kwargs: Any):
+        if not config.recipe:
+            raise ConfigError("dataloader.recipe is empty: set it to a Zephon data recipe TOML "
+                              "(see recipes/torchtitan/)")
+        self.config = config
+        self.dp_rank, self.dp_world_size = dp_rank, dp_world_size
+        self._seq_len, self._rows, self._flat_api = _geometry(
+            seq_len, local_batch_size, max_context_length, num_tokens_per_batch)
+        recipe = DataRecipe.from_toml(config.recipe)
+        if config.seed is not None:
+            recipe = replace(recipe, seed=config.seed)
+        self.recipe = recipe
+        self.options = _training_options(recipe, config)
+        # [1, B*S] (the preset) unless the recipe asks for [B, S] rows.
+        self._one_row = bool(recipe.to_training.get("flatten", True))
+        if config.check_tokenizer and tokenizer is not None:
+            _check_tokenizer(recipe, tokenizer)
+        self._pipeline = recipe.build(
+            seq_len=self._seq_len, microbatch_size=self._rows, dp_rank=dp_rank,
+            dp_world_size=dp_world_size, lanes=config.lanes, prefetch=config.prefetch,
+            process_group=_agreement_process_group(dp_world_size))
+        self.lanes = self._pipeline.lanes
+        self._pipeline.fingerprint()  # plans the lanes now: a bad dp size fails at build time
+        self._forward_keys = _forward_keys()
+        self._trace = _open_trace(config.trace_dir)
+        self._stats = {"microbatches": 0, "tokens": 0, "padding": 0, "valid": 0, "wait_s": 0.0}
+        self._since_report = time.perf_counter()
+        logger.info(
+            f"zephon: recipe {recipe.source}, lanes {self.lanes}, dp rank {dp_rank} of "
+            f"{dp_world_size}, {self._rows} rows x {self._seq_len} tokens per microbatch, "
+            f"eos_mask_loss={self.options.get('eos_mask_loss', False)}, "
+            f"position_mode={self.options.get('position_mode', 'preserve')}")
+
+    # -- iteration -------------------------------------------------------------------------
+    def __iter__(self):
+        while True:
+            start = time.perf_counter()
+            for batch in self._pipeline:
+                item = self._convert(batch, time.perf_counter() - start)
+                yield item
+                start = time.perf_counter()
+            if not self.config.infinite:
+                logger.info(f"zephon: end of data after {self._stats['microbatches']} "
+                            "microbatches on this rank")
+                return
+            logger.info("zephon: end of data; infinite=True, starting over")
+            self._pipeline.reset()
+
+    def _convert(self, batch: Any, wait_s: float) -> tuple[dict[str, torch.Tensor],
+                                                           torch.Tensor]:
+        out = batch.to_training(**self.options)
+        rows, width = len(batch), self._seq_len
+        if self.config.check_batches:
+            _check_batch(out, rows, width)
+        inputs, positions, labels = out["input_ids"], out["positions"], out["labels"]
+        if self._flat_api:
+            shape: tuple[int, ...] = (rows * width,)
+        elif self._one_row:
+            shape = (1, rows * width)
+        else:
+            shape = (rows, width)
+        inputs, positions, labels = (t.reshape(shape) for t in (inputs, positions, labels))
+        input_dict = {"input": inputs}
+        if "positions" in self._forward_keys:
+            input_dict["positions"] = positions
+        self._account(out, rows * width, wait_s)
+        if self._trace is not None:
+            self._write_trace(batch, input_dict, labels, out)
+        return input_dict, labels
+
+    # -- reporting -------------------------------------------------------------------------
+    def _account(self, out: dict[str, torch.Tensor], tokens: int, wait_s: float) -> None:
+        stats = self._stats
+        stats["microbatches"] += 1
+        stats["tokens"] += tokens
+        stats["padding"] += int(out["padding_mask"].sum())
+        stats["valid"] += int(out["num_valid_tokens"].sum())
+        stats["wait_s"] += wait_s
+        every = self.config.report_every
+        if every and stats["microbatches"] % every == 0:
+            logger.info(f"zephon: {self.report()}")
+
+    def stats(self) -> dict[str, float]:
+        """Totals since construction: microbatches, tokens, padding and valid (loss-bearing)
+        tokens, and the seconds the trainer waited for the loader."""
+        return dict(self._stats)
+
+    def report(self) -> str:
+        s = self._stats
+        tokens = max(1, s["tokens"])
+        rate = s["tokens"] / s["wait_s"] if s["wait_s"] else float("inf")
+        return (f"{s['microbatches']} microbatches, {s['tokens']} tokens, padding "
+                f"{100 * s['padding'] / tokens:.2f}%, loss-bearing {100 * s['valid'] / tokens:.2f}%"
+                f", loader {1000 * s['wait_s'] / max(1, s['microbatches']):.2f} ms/microbatch "
+                f"({rate:,.0f} tokens/s when waited on)")
+
+    def _write_trace(self, batch: Any, input_dict: dict[str, torch.Tensor],
+                     labels: torch.Tensor, out: dict[str, torch.Tensor]) -> None:
+        tensors = {**input_dict, "labels": labels}
+        line = {
+            "global_microbatch": batch.index * self.lanes + batch.lane,
+            "lane": batch.lane,
+            "index": batch.index,
+            "dp_rank": self.dp_rank,
+            "dp_world_size": self.dp_world_size,
+            "ids": batch.ids,
+            "shape": list(input_dict["input"].shape),
+            "sha256": {k: hashlib.sha256(v.numpy().tobytes()).hexdigest()
+                       for k, v in tensors.items()},
+            "valid_tokens": int(out["num_valid_tokens"].sum()),
+            "padding_tokens": int(out["padding_mask"].sum()),
+        }
+        self._trace.write(json.dumps(line) + "\n")
+        self._trace.flush()
+
+    # -- state -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """``{"lane_<l>": bytes}`` for this rank's lanes (consumed microbatches only)."""
+        return {key: pickle.dumps(entry) for key, entry in self._pipeline.state_dict().items()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not state_dict:
+            return
+        foreign = sorted(k for k in state_dict if not k.startswith("lane_"))
+        if foreign:
+            raise StateMismatchError(
+                f"the checkpoint's dataloader state has keys {foreign[:4]}, which Zephon did "
+                "not write: it comes from another dataloader. Start a new run, or exclude "
+                "the dataloader from loading (--checkpoint.exclude_from_loading dataloader).")
+        entries = {k: pickle.loads(v) if isinstance(v, (bytes, bytearray)) else v
+                   for k, v in state_dict.items()}
+        try:
+            self._pipeline.load_state_dict(entries)
+        except StateMismatchError as exc:
+            raise StateMismatchError(f"cannot resume the Zephon dataloader ({self.recipe.source}"
+                                     f", {self.lanes} lanes, dp size {self.dp_world_size}): "
+                                     f"{exc}") from None
+        logger.info(f"zephon: resumed {len(entries)} lane state(s) at dp rank {self.dp_rank} "
+                    f"of {self.dp_world_size}")
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def _geometry(seq_len: int | None, local_batch_size: int | None,
+              max_context_length: int | None,
+              num_tokens_per_batch: int | None) -> tuple[int, int, bool]:
+    """(tokens per row, rows per microbatch, flat-[T] API) from either kwarg family."""
+    if seq_len is not None:
+        if local_batch_size is None:
+            raise ConfigError("ZephonDataLoader was given seq_len without local_batch_size")
+        return seq_len, local_batch_size, False
+    if max_context_length is None or num_tokens_per_batch is None:
+        raise ConfigError("ZephonDataLoader needs seq_len and local_batch_size (TorchTitan "
+                          "0.3.0) or max_context_length and num_tokens_per_batch")
+    if num_tokens_per_batch % max_context_length:
+        raise ConfigError(f"num_tokens_per_batch={num_tokens_per_batch} is not a multiple of "
+                          f"max_context_length={max_context_length}; Zephon packs whole rows")
+    return max_context_length, num_tokens_per_batch // max_context_length, True
+
+
+def _training_options(recipe: DataRecipe, config: ZephonDataLoader.Config) -> dict[str, Any]:
+    chosen = dict(recipe.to_training)
+    for key, value in chosen.items():
+        if key in PRESET:
+            if value != PRESET[key]:
+                raise ConfigError(f"{recipe.source}: [to_training] {key} = {value!r} conflicts "
+                                  f"with TorchTitan, which needs {PRESET[key]!r}")
+        elif key not in RECIPE_CHOICES:
+            raise ConfigError(
+                f"{recipe.source}: [to_training] {key} is not used with TorchTitan: it takes "
+                "input, positions and -100 labels, and derives document boundaries from "
+                f"position resets. Keys a TorchTitan recipe may set: {list(RECIPE_CHOICES)}")
+    overrides = {}
+    if config.eos_mask_loss is not None:
+        overrides["eos_mask_loss"] = config.eos_mask_loss
+    if config.position_mode is not None:
+        overrides["position_mode"] = config.position_mode
+    for key, value in overrides.items():
+        if key in chosen and chosen[key] != value:
+            logger.info(f"zephon: dataloader.{key}={value!r} replaces the recipe's "
+                        f"{chosen[key]!r}")
+    merged = {**chosen, **overrides}
+    if not merged.get("eos_mask_loss"):
+        merged.pop("eos_token_id", None)
+    options = replace(recipe, to_training=merged).training_options()
+    # to_training always flattens; the recipe's "flatten" only picks the trainer's layout.
+    return {**options, **PRESET, "flatten": True}
+
+
+def _check_tokenizer(recipe: DataRecipe, tokenizer: Any) -> None:
+    from zephon.tokenizer import load_tokenizer
+
+    name = recipe.tokenize["tokenizer"]
+    ours = load_tokenizer(name)
+    theirs_vocab = tokenizer.get_vocab_size() if hasattr(tokenizer, "get_vocab_size") else None
+    theirs_eos = getattr(tokenizer, "eos_id", None)
+    where = getattr(tokenizer, "tokenizer_path", "hf_assets_path")
+    if theirs_vocab is not None and theirs_vocab != len(ours):
+        raise ConfigError(
+            f"{recipe.source}: tokenizer {name!r} has {len(ours)} tokens but TorchTitan's "
+            f"tokenizer ({where}) has {theirs_vocab}; point --hf_assets_path at the recipe's "
+            "tokenizer (and size the model's vocabulary for it), or set "
+            "--dataloader.check_tokenizer false if this is intended")
+    if theirs_eos is not None and ours.eos_token_id is not None and theirs_eos != ours.eos_token_id:
+        raise ConfigError(
+            f"{recipe.source}: tokenizer {name!r} has EOS id {ours.eos_token_id} but "
+            f"TorchTitan's tokenizer ({where}) has {theirs_eos}")
+
+
+def _agreement_process_group(dp_world_size: int) -> Any:
+    """A gloo group over all ranks for the end-of-data agreement (one per process).
+
+    The loader is not given the batch mesh, so it agrees over the whole world: ranks that
+    share a data-parallel rank (TP/CP/PP peers) read the same lanes and vote alike, so the
+    minimum over the world is the minimum over the data-parallel ranks.
+    """
+    global _agreement_group
+    import torch.distributed as dist
+
+    if dp_world_size == 1 or not (dist.is_available() and dist.is_initialized()):
+        return None
+    if _agreement_group is None:
+        _agreement_group = dist.new_group(backend="gloo")
+    return _agreement_group
+
+
+def _forward_keys() -> frozenset[str]:
+    """The keyword arguments the installed TorchTitan's decoder ``forward`` accepts."""
+    from torchtitan.models.common.decoder import Decoder
+
+    params = inspect.signature(Decoder.forward).parameters
+    return frozenset(name for name in params if name not in ("self", "tokens"))
+
+
+def _open_trace(trace_dir: str) -> Any:
+    if not trace_dir:
+        return None
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    os.makedirs(trace_dir, exist_ok=True)
+    return open(os.path.join(trace_dir, f"rank{rank}.jsonl"), "a")
+
+
+def _check_batch(out: dict[str, torch.Tensor], rows: int, width: int) -> None:
+    labels = out["labels"].view(rows, width)
+    positions = out["positions"].view(rows, width)
+    padding = out["padding_mask"].view(rows, width)
+    problems = []
+    if labels.shape != positions.shape or labels.numel() != rows * width:
+        problems.append(f"shape {tuple(labels.shape)} is not {rows} x {width}")
+    if bool((labels[padding] != -100).any()):
+        problems.append("a padding position has a label that counts")
+    valid = int((labels != -100).sum())
+    if valid != int(out["num_valid_tokens"].sum()):
+        problems.append(f"num_valid_tokens={int(out['num_valid_tokens'].sum())} but {valid} "
+                        "labels count")
+    if bool((positions[:, 0] != 0).any()):
+        problems.append("a row does not start at position 0")
+    step_ok = (positions[:, 1:] == positions[:, :-1] + 1) | (positions[:, 1:] == 0)
+    if not bool(step_ok.all()):
+        problems.append("positions neither grow by one nor restart at 0")
+    if bool((positions >= width).any()) or bool((positions < 0).any()):
+        problems.append(f"a position is outside [0, {width})")
+    if problems:
+        raise RuntimeError("zephon: malformed training batch: " + "; ".join(problems))

@@ -1,0 +1,50 @@
+"""Override route: swap the training dataloader of any stock TorchTitan config for Zephon.
+
+::
+
+    python -m torchtitan.train --module llama3 --config llama3_8b \\
+        --override.imports 'zephon_torchtitan.override.zephon_dataloader={"recipe": "data.toml"}'
+
+The JSON object holds :class:`ZephonDataLoader.Config` fields (``recipe`` is required).
+``zephon_dataloader`` claims only ``dataloader``; ``zephon_validation_dataloader`` claims
+``validator.dataloader`` (activate both to validate on a Zephon recipe too). An override
+replaces loader configs only: the model's vocabulary must already cover the recipe's
+tokenizer and ``--hf_assets_path`` should name that tokenizer (the loader refuses a
+mismatch unless ``check_tokenizer`` is false).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchtitan.components.dataloader import BaseDataLoader
+from torchtitan.config.override import override
+
+from zephon_torchtitan.dataloader import ZephonDataLoader
+
+
+@override(target=BaseDataLoader.Config, fqns=["dataloader"],
+          description="Zephon data recipe as the training dataloader")
+def zephon_dataloader(config: BaseDataLoader.Config, **options: Any) -> ZephonDataLoader.Config:
+    return _zephon_config(options, "zephon_dataloader")
+
+
+@override(target=BaseDataLoader.Config, fqns=["validator.dataloader"],
+          description="Zephon data recipe as the validation dataloader")
+def zephon_validation_dataloader(config: BaseDataLoader.Config,
+                                 **options: Any) -> ZephonDataLoader.Config:
+    return _zephon_config(options, "zephon_validation_dataloader")
+
+
+def _zephon_config(options: dict[str, Any], name: str) -> ZephonDataLoader.Config:
+    from zephon import ConfigError
+
+    if not options.get("recipe"):
+        raise ConfigError(f"--override.imports 'zephon_torchtitan.override.{name}="
+                          '{"recipe": "<data recipe TOML>", ...}\' needs a recipe')
+    known = set(ZephonDataLoader.Config.__dataclass_fields__)
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"zephon_torchtitan.override.{name}: unknown option(s) {unknown}; "
+                          f"known: {sorted(known)}")
+    return ZephonDataLoader.Config(**options)

@@ -1,0 +1,153 @@
+"""ZephonDataLoader in process: build kwargs, batch layout, masking, state, refusals."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from zephon import ConfigError, StateMismatchError
+from zephon_torchtitan.dataloader import ZephonDataLoader
+
+
+def build(recipe, *, rank=0, world=1, seq_len=64, rows=2, **options):
+    return ZephonDataLoader.Config(recipe=str(recipe), **options).build(
+        dp_world_size=world, dp_rank=rank, tokenizer=None, seq_len=seq_len,
+        local_batch_size=rows)
+
+
+def take(dl, n):
+    out, it = [], iter(dl)
+    for _ in range(n):
+        out.append(next(it))
+    return out
+
+
+@pytest.fixture
+def demo_recipe(tmp_path, recipes):
+    return recipes.write(tmp_path / "demo.toml", datasets=recipes.demo(), lanes=4)
+
+
+def test_layouts_for_both_torchtitan_apis(demo_recipe, tmp_path, recipes):
+    (inputs, labels), = take(build(demo_recipe), 1)
+    assert inputs["input"].shape == inputs["positions"].shape == labels.shape == (1, 128)
+    upstream = ZephonDataLoader.Config(recipe=str(demo_recipe)).build(
+        dp_world_size=1, dp_rank=0, tokenizer=None, max_context_length=64,
+        num_tokens_per_batch=128)
+    (flat, flat_labels), = take(upstream, 1)
+    assert flat["input"].shape == flat_labels.shape == (128,)
+    assert torch.equal(flat["input"], inputs["input"].view(-1))
+    rows = recipes.write(tmp_path / "rows.toml", datasets=recipes.demo(), lanes=4,
+                         to_training='eos_mask_loss = true\nflatten = false')
+    (row_inputs, _), = take(build(rows), 1)
+    assert row_inputs["input"].shape == (2, 64)
+    assert torch.equal(row_inputs["input"].view(1, -1), inputs["input"])
+    with pytest.raises(ConfigError, match="multiple of max_context_length"):
+        ZephonDataLoader.Config(recipe=str(demo_recipe)).build(
+            dp_world_size=1, dp_rank=0, max_context_length=64, num_tokens_per_batch=100)
+
+
+def test_eos_mask_loss_and_position_mode(demo_recipe, demo_assets):
+    from zephon.tokenizer import load_tokenizer
+
+    eos = load_tokenizer(demo_assets["tokenizer"]).eos_token_id
+    for inputs, labels in take(build(demo_recipe, seq_len=256), 4):
+        at_eos = inputs["input"] == eos
+        assert bool(at_eos.any())
+        assert bool((labels[at_eos] == -100).all())
+        after_eos = torch.roll(at_eos, 1, dims=-1)
+        assert bool((inputs["positions"][after_eos] == 0).all())
+    trains_eos = build(demo_recipe, seq_len=256, eos_mask_loss=False,
+                       position_mode="sequence")
+    inputs, labels = take(trains_eos, 1)[0]
+    assert bool((labels[inputs["input"] == eos] != -100).all())
+    assert torch.equal(inputs["positions"].view(2, 256), torch.arange(256).repeat(2, 1))
+
+
+def test_padding_is_masked_and_reported(tmp_path, recipes):
+    recipe = recipes.write(tmp_path / "pad.toml", datasets=recipes.demo(), lanes=1,
+                           pack="first_fit")
+    dl = build(recipe, seq_len=512, rows=1)
+    for inputs, labels in take(dl, 3):
+        padded = (inputs["positions"][0, 1:] == 0) & (inputs["input"][0, 1:] == 0)
+        assert bool((labels[0, 1:][padded] == -100).all())
+    stats = dl.stats()
+    assert stats["microbatches"] == 3 and stats["padding"] > 0
+    assert stats["valid"] < stats["tokens"] - stats["padding"] + 1
+    assert "padding" in dl.report()
+
+
+def test_state_is_keyed_per_lane_and_resumes_at_another_dp_size(demo_recipe):
+    ranks = [build(demo_recipe, rank=r, world=2) for r in range(2)]
+    iters = [iter(dl) for dl in ranks]
+    for _ in range(3):
+        for it in iters:
+            next(it)
+    states = [dl.state_dict() for dl in ranks]
+    assert sorted(states[0]) == ["lane_0", "lane_2"] and sorted(states[1]) == ["lane_1", "lane_3"]
+    assert all(isinstance(v, bytes) for s in states for v in s.values())
+    expected = [next(it) for _ in range(2) for it in iters]  # global order: rank 0, rank 1
+    single = build(demo_recipe)
+    assert sorted(single.state_dict()) == ["lane_0", "lane_1", "lane_2", "lane_3"]
+    single.load_state_dict({**states[0], **states[1]})
+    for (want, want_labels), (got, got_labels) in zip(expected, take(single, 4)):
+        assert torch.equal(want["input"], got["input"])
+        assert torch.equal(want_labels, got_labels)
+
+
+def test_incompatible_resumes_are_refused(demo_recipe, tmp_path, recipes):
+    dl = build(demo_recipe)
+    take(dl, 2)
+    state = dl.state_dict()
+    with pytest.raises(StateMismatchError, match="seed"):
+        build(demo_recipe, seed=99).load_state_dict(state)
+    eight = recipes.write(tmp_path / "eight.toml", datasets=recipes.demo(), lanes=8)
+    with pytest.raises(StateMismatchError, match="lane count"):
+        build(eight).load_state_dict({k: state[k] for k in ("lane_0", "lane_1")})
+    with pytest.raises(StateMismatchError, match="another dataloader"):
+        build(demo_recipe).load_state_dict({"dp_rank_0": pickle.dumps({}), "world_size": 1})
+    with pytest.raises(ConfigError, match="does not divide lanes=4"):
+        build(demo_recipe, rank=0, world=3)
+
+
+def test_finite_and_infinite(docs_dir, tmp_path, recipes):
+    texts = [f"Document {i} " + "kalo mishi rune tashi " * 20 for i in range(6)]
+    recipe = recipes.write(tmp_path / "small.toml", lanes=1, datasets=(
+        f'[[datasets]]\nname = "small"\npath = "{docs_dir(texts)}"\n'))
+    finite = list(build(recipe, rows=1))
+    assert 0 < len(finite) < 30
+    infinite = take(build(recipe, rows=1, infinite=True), 2 * len(finite))
+    for (a, _), (b, _) in zip(finite, infinite[len(finite):]):
+        assert torch.equal(a["input"], b["input"])
+
+
+def test_bad_recipes_fail_naming_the_problem(tmp_path, recipes):
+    missing = recipes.write(tmp_path / "missing.toml",
+                            datasets='[[datasets]]\nname = "gone"\npath = "no/such/dir"\n')
+    with pytest.raises(ConfigError, match="no/such/dir"):
+        ZephonDataLoader.Config(recipe=str(missing))
+    no_tok = recipes.write(tmp_path / "notok.toml", datasets=recipes.demo(),
+                           tokenizer="./no_such_tokenizer")
+    with pytest.raises(ConfigError, match="no_such_tokenizer"):
+        ZephonDataLoader.Config(recipe=str(no_tok))
+    unknown = recipes.write(tmp_path / "unknown.toml", datasets=recipes.demo(),
+                            extra="[pack2]\nx = 1")
+    with pytest.raises(ConfigError, match="pack2"):
+        ZephonDataLoader.Config(recipe=str(unknown))
+    cu = recipes.write(tmp_path / "cu.toml", datasets=recipes.demo(),
+                       to_training="return_cu_seqlens = true")
+    with pytest.raises(ConfigError, match="return_cu_seqlens"):
+        build(cu)
+    with pytest.raises(ConfigError, match="recipe"):
+        ZephonDataLoader.Config().build(dp_world_size=1, dp_rank=0, seq_len=8,
+                                        local_batch_size=1)
+
+
+def test_tokenizer_mismatch_is_refused(demo_recipe, small_tokenizer):
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+    theirs = HuggingFaceTokenizer(tokenizer_path=small_tokenizer)
+    with pytest.raises(ConfigError, match="check_tokenizer"):
+        ZephonDataLoader.Config(recipe=str(demo_recipe)).build(
+            dp_world_size=1, dp_rank=0, tokenizer=theirs, seq_len=64, local_batch_size=2)
