@@ -21,7 +21,13 @@ from zephon.batch import SampleBatch
 from zephon.engine.agreement import RoundAgreement
 from zephon.engine.lane import LanePlan
 from zephon.engine.rank import RankStream
-from zephon.engine.state import STATE_VERSION, check_fingerprint, lane_key
+from zephon.engine.state import (
+    STATE_VERSION,
+    check_fingerprint,
+    lane_key,
+    lane_state_from_plain,
+    lane_state_to_plain,
+)
 from zephon.errors import ConfigError, StateMismatchError
 from zephon.io.options import StoreOptions
 from zephon.ops.batch import BatchSpec
@@ -237,7 +243,7 @@ class Pipeline:
                 "consumed_global": stream.consumed_global,
                 "finished": stream.finished,
                 "leftover": dict(stream.leftover) if lane == stream.owned[0] else None,
-                "lane_state": stream.consumed[lane],
+                "lane_state": lane_state_to_plain(stream.consumed[lane]),
             }
         return out
 
@@ -293,7 +299,7 @@ class Pipeline:
                 f"dp_world_size={self._world}; resume at a size that divides it")
         leftover = next((e["leftover"] for e in lane_entries.values() if e["leftover"]),
                         dict.fromkeys(stream.leftover, 0))
-        stream.reset_to({lane: lane_entries[lane_key(lane)]["lane_state"]
+        stream.reset_to({lane: lane_state_from_plain(lane_entries[lane_key(lane)]["lane_state"])
                          for lane in stream.owned}, total,
                         any(e["finished"] for e in lane_entries.values()), leftover)
 
