@@ -95,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nSkipping the training demo: {exc}")
         return 0
     print(f"\nTraining the TorchTitan llama3 debug model on CPU for {args.steps} steps...")
-    run_demo_training(steps=args.steps)
+    losses = run_demo_training(steps=args.steps)
+    first, last = min(losses), max(losses)
+    print(f"loss {losses[first]:.2f} at step {first} -> {losses[last]:.2f} at step {last}")
     return 0
 
 
