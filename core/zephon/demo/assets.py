@@ -76,13 +76,12 @@ def train_tokenizer(texts: list[str], out_dir: str | os.PathLike[str],
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
-    "{% if message['role'] == 'assistant' %}"
-    "{{ '<|im_start|>assistant\\n' }}{% generation %}{{ message.get('content') or '' }}"
-    "{{ '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}"
-    "{% else %}{{ '<|im_start|>' + message['role'] + '\\n' + (message.get('content') or '')"
-    " + '<|im_end|>\\n' }}{% endif %}{% endfor %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + (message.get('content') or '')"
+    " + '<|im_end|>\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
-"""A ChatML-style template with generation markers (assistant turns, end-of-turn included)."""
+"""A ChatML-style template without generation markers: tokenize_chat finds assistant turns by
+rendering prefixes, and TorchTitan 0.3.0's tokenizer (plain Jinja, no ``generation`` tag) can
+load it too."""
 
 
 def make_conversations(n: int, seed: int = 0) -> list[list[dict[str, str]]]:
@@ -107,7 +106,7 @@ def build_chat_assets(root: str | os.PathLike[str] | None = None, n: int = 400,
     from transformers import AutoTokenizer
 
     root = Path(root) if root is not None else default_root()
-    target = root / f"chat-v{ASSET_VERSION}-{n}-{seed}"
+    target = root / f"chat-v{ASSET_VERSION}.2-{n}-{seed}"
     done = target / "done.json"
     if done.exists():
         return json.loads(done.read_text())
