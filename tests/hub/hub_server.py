@@ -205,6 +205,7 @@ class _Handler(BaseHTTPRequestHandler):
         hub = self.server_hub
         split = urlsplit(self.path)
         self._status = 0
+        self._recorded = False
         self._request_path = split.path
         try:
             fault = hub._take(hub._faults, split.path)
@@ -214,13 +215,22 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._route(split.path, parse_qs(split.query), head)
         finally:
-            with hub._lock:
-                hub.requests.append(Request(self.command, split.path, self._status,
-                                            self.headers.get("Range"), time.monotonic(),
-                                            self._token() is not None))
+            self._record()
             hook = hub._take(hub._hooks, split.path)
             if hook is not None and hook.action is not None:
                 hook.action()
+
+    def _record(self) -> None:
+        """Log the request once, before its answer leaves: a client that reads the log right
+        after its response must find the request there."""
+        if self._recorded:
+            return
+        self._recorded = True
+        hub = self.server_hub
+        with hub._lock:
+            hub.requests.append(Request(self.command, self._request_path, self._status,
+                                        self.headers.get("Range"), time.monotonic(),
+                                        self._token() is not None))
 
     def _token(self) -> str | None:
         value = self.headers.get("Authorization", "")
@@ -229,6 +239,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _send(self, status: int, body: bytes, headers: dict[str, str], head: bool,
               throttle: float = 0.0) -> None:
         self._status = status
+        self._record()
         self.send_response(status)
         for key, value in headers.items():
             self.send_header(key, value)

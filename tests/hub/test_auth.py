@@ -63,7 +63,7 @@ def test_private_dataset_without_token(hub, io_options):
     message = str(info.value)
     assert "dataset org/private was not found" in message
     assert "private or gated" in message and "hf auth login" in message
-    assert [r.status for r in hub.log("")] == [401]
+    assert [r.status for r in hub.log("/api/datasets/")] == [401]
     assert load("hf://org/private/train", io_options, token="hf_mine").files()
 
 

@@ -81,7 +81,7 @@ def test_other_file_system_kinds_are_refused():
 def test_from_path_parses_eagerly_and_rejects_unknown_options():
     with pytest.raises(ConfigError):
         Dataset.from_path("d", "hf://org/name")
-    with pytest.raises(TypeError):
+    with pytest.raises(ConfigError, match=r"unknown option\(s\) \['revision'\]"):
         Dataset.from_path("d", "hf://org/name/train", revision="main")
 
 
