@@ -9,8 +9,8 @@ subprocesses, alternating ``--repeats`` times:
 - ``pipeline``: ``tokenize -> pack_flat(2049, "wrap") -> batch(8) -> to_training(return_labels)``
   over the same files, from constructing the Pipeline to the last batch.
 
-Prints tokens/s of both and their ratio (medians), CPU seconds per token relative to the bare
-tokenizer, the pipeline's time to first batch, and the peak RSS of each process.
+Prints tokens/s of both (medians), the median ratio of side-by-side pairs in throughput and in
+CPU seconds per token, the pipeline's time to first batch, and the peak RSS of each process.
 Usage: ``python -m benchmarks.throughput [--docs 10000]``.
 """
 
@@ -114,7 +114,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=int, default=10_000)
     parser.add_argument("--files", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--root", default=".bench")
     parser.add_argument("--child", choices=["bare", "pipeline"])
     parser.add_argument("--paths")
@@ -141,11 +141,17 @@ def main() -> None:
     bare = statistics.median(r["tokens"] / r["seconds"] for r in runs["bare"])
     pipe = statistics.median(r["tokens"] / r["seconds"] for r in runs["pipeline"])
     first = statistics.median(r["first_batch_s"] for r in runs["pipeline"])
+    # Ratios of adjacent runs: a shared machine's speed drifts more between repeats than
+    # between two runs a few seconds apart.
+    pairs = list(zip(runs["pipeline"], runs["bare"], strict=True))
+    ratio = statistics.median((p["tokens"] / p["seconds"]) / (b["tokens"] / b["seconds"])
+                              for p, b in pairs)
+    cpu_ratio = statistics.median((p["cpu"] / p["tokens"]) / (b["cpu"] / b["tokens"])
+                                  for p, b in pairs)
     print(f"\nbare tokenizer   {bare:>12,.0f} tokens/s")
     print(f"zephon pipeline  {pipe:>12,.0f} tokens/s")
-    cpu_ratio = (statistics.median(r["cpu"] / r["tokens"] for r in runs["pipeline"])
-                 / statistics.median(r["cpu"] / r["tokens"] for r in runs["bare"]))
-    print(f"ratio            {pipe / bare:>12.2f}x throughput, {cpu_ratio:.2f}x CPU per token")
+    print(f"ratio            {ratio:>12.2f}x throughput, {cpu_ratio:.2f}x CPU per token "
+          "(medians of side-by-side pairs)")
     print(f"first batch      {first:>12.2f} s")
     print(f"peak RSS         {max(r['rss_mib'] for r in runs['pipeline']):>12.0f} MiB (pipeline), "
           f"{max(r['rss_mib'] for r in runs['bare']):.0f} MiB (bare)")
