@@ -110,13 +110,7 @@ class DataRecipe:
     @classmethod
     def from_toml(cls, path: str | os.PathLike[str]) -> DataRecipe:
         path = Path(path)
-        try:
-            data = tomllib.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"recipe {str(path)!r} does not exist") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"recipe {str(path)!r} is not valid TOML: {exc}") from None
-        return cls.from_dict(data, source=str(path), base_dir=path.parent)
+        return cls.from_dict(read_toml(path), source=str(path), base_dir=path.parent)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "<dict>",
@@ -287,6 +281,16 @@ class DataRecipe:
                                   "tokenizer has no EOS token")
             options["eos_token_id"] = int(eos)
         return options
+
+
+def read_toml(path: str | os.PathLike[str], what: str = "recipe") -> dict[str, Any]:
+    """A TOML file as a dict; a missing or malformed file is a ConfigError naming it."""
+    try:
+        return tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {str(path)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{what} {str(path)!r} is not valid TOML: {exc}") from None
 
 
 def _agree(name: str, recipe_value: Any, framework_value: Any, source: str) -> Any:

@@ -41,11 +41,11 @@ import importlib
 import os
 import socket
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
 from zephon import ConfigError
+from zephon.recipe import read_toml
 
 _BASE_KEYS = {"module", "config", "vocab_size", "cpu"}
 _prepared: Any = None
@@ -60,12 +60,7 @@ def launch_config() -> Any:
 
 def read_launch_recipe(path: str | os.PathLike[str]) -> dict[str, Any]:
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"launch recipe {str(path)!r} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"launch recipe {str(path)!r} is not valid TOML: {exc}") from None
+    data = read_toml(path, "launch recipe")
     base = data.get("base")
     if not isinstance(base, dict) or not base.get("module") or not base.get("config"):
         raise ConfigError(f"{path}: [base] needs module = <TorchTitan module> and "
