@@ -6,7 +6,7 @@ For a microbatch of ``B`` rows of ``S`` tokens (pack to context length + 1):
   ``return_labels``; otherwise ``input_ids`` is the whole row.
 - A label is set to ``ignore_index`` when its target is padding (always), when its target is
   outside a chat ``train_mask`` (tokenize_chat data), and with ``eos_mask_loss`` when its input
-  is ``eos_token_id`` (the EOS -> next document prediction).
+  is ``eos_token_id`` and its target starts the next document (the EOS -> BOS prediction).
 - ``loss_mask`` (float32) is ``labels != ignore_index``; ``num_valid_tokens`` its sum.
 - ``positions``: per document (``preserve``, restarting at 0 at each document, padding its own
   run) or ``0..n-1`` over the row (``sequence``).
@@ -142,7 +142,10 @@ def to_training(records: Sequence[Record], options: TrainingOptions) -> dict[str
         if masks is not None:
             valid &= masks[:, 1:]
         if options.eos_mask_loss:
-            valid &= inputs != options.eos_token_id
+            # Only the prediction that crosses into the next document: an EOS input whose
+            # target starts a document. Tokenizers whose BOS is their EOS (GPT-2, Pythia)
+            # still train BOS -> first token, and EOS ids inside a document stay trained.
+            valid &= ~((inputs == options.eos_token_id) & (positions[:, 1:] == 0))
         labels[~valid] = options.ignore_index
         positions = positions[:, :-1]
         is_pad = is_pad[:, :-1]

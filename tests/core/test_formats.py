@@ -130,3 +130,28 @@ def test_fingerprint_changes_with_files(tmp_path):
     before = Dataset.from_path("d", tmp_path / "d").fingerprint()
     pq.write_table(pa.table({"text": ["y", "z"]}), tmp_path / "d" / "a.parquet")
     assert Dataset.from_path("d", tmp_path / "d").fingerprint() != before
+
+
+def test_fingerprint_ignores_location_and_mtime(tmp_path, monkeypatch):
+    import os
+    import shutil
+
+    write_parquet(tmp_path / "a" / "d" / "x.parquet", ["x", "y"])
+    write_jsonl(tmp_path / "a" / "d" / "sub" / "y.jsonl", [{"text": "z"}])
+    shutil.copytree(tmp_path / "a", tmp_path / "b")  # new mtimes, new location
+    os.utime(tmp_path / "b" / "d" / "x.parquet", (1, 1))
+    first = Dataset.from_path("d", tmp_path / "a" / "d").fingerprint()
+    assert Dataset.from_path("d", tmp_path / "b" / "d").fingerprint() == first
+    monkeypatch.chdir(tmp_path / "a")
+    assert Dataset.from_path("d", "./d/").fingerprint() == first
+    (tmp_path / "b" / "d" / "sub" / "y.jsonl").write_text('{"text": "Z"}\n')  # same size
+    assert Dataset.from_path("d", tmp_path / "b" / "d").fingerprint() != first
+
+
+def test_non_data_files_are_skipped_with_a_warning(tmp_path, caplog):
+    write_jsonl(tmp_path / "d" / "x.jsonl", [{"text": "a"}])
+    (tmp_path / "d" / "dataset_info.json").write_text("{}")
+    with caplog.at_level("WARNING"):
+        files = Dataset.from_path("d", tmp_path / "d").files()
+    assert [f.path.rsplit("/", 1)[-1] for f in files] == ["x.jsonl"]
+    assert "skipped 1 file(s)" in caplog.text and "dataset_info.json" in caplog.text

@@ -56,6 +56,16 @@ def test_golden_eos_mask_loss():
     assert as_list(out["loss_mask"]) == [1, 1, 1, 0, 1, 1, 1]
 
 
+def test_eos_mask_loss_when_bos_is_eos():
+    """GPT-2-style tokenizers use one id for BOS and EOS: only EOS -> next document is masked;
+    BOS -> first token and an EOS id inside a document still train."""
+    E = EOS
+    batch = SampleBatch([packed([E, A1, E, A2, E, E, B1, E], [0, 1, 2, 3, 4, 0, 1, 2])])
+    out = batch.to_training(return_labels=True, eos_mask_loss=True, eos_token_id=E,
+                            flatten=True)
+    assert as_list(out["labels"]) == [A1, E, A2, E, -100, B1, E]
+
+
 def test_golden_sequence_positions():
     out = golden_batch().to_training(return_labels=True, position_mode="sequence", flatten=True,
                                       return_cu_seqlens=True)
@@ -175,7 +185,11 @@ def test_invariants(case, eos_mask):
     padding = np.array([r.meta["padding"] for r in batch.records])
     assert (pad_in.sum(axis=1) == np.maximum(padding - 1, 0)).all()
     if eos_mask:
-        assert not valid[out["input_ids"].numpy() == EOS].any()
+        target_starts = np.stack([r.payload["positions"] for r in batch.records])[:, 1:] == 0
+        crossing = (out["input_ids"].numpy() == EOS) & target_starts
+        assert not valid[crossing].any()
+        inside = (out["input_ids"].numpy() == EOS) & ~target_starts & ~pad_in
+        assert valid[inside & (labels != -100)].all()
     # cu_seqlens agree with position resets; flatten is a pure reshape.
     positions = out["positions"].numpy()
     starts = np.flatnonzero((positions == 0).ravel())

@@ -12,6 +12,7 @@ import contextlib
 import glob
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from typing import Any
 from zephon.errors import ConfigError, DataError
 from zephon.io.formats import FORMATS, PlanHints, UnitSpec, compression_of, detect_format
 from zephon.io.options import StoreOptions
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,20 +96,27 @@ class Dataset:
                 continue
             else:
                 fmt, compression = detected
-            stat = Path(candidate).stat()
-            files.append(DataFile(candidate, stat.st_size, fmt, compression,
-                                  str(stat.st_mtime_ns)))
+            files.append(DataFile(candidate, Path(candidate).stat().st_size, fmt, compression,
+                                  _tail_digest(candidate)))
+        skipped = len(candidates) - len(files)
         if not files:
             raise DataError(
                 f"Dataset {self.name!r}: no .parquet, .jsonl(.gz/.zst) or .arrow files under "
                 f"{self.path!r} (pass fmt=... to read other suffixes)")
+        if skipped:
+            examples = sorted(set(candidates) - {f.path for f in files})[:3]
+            log.warning("Dataset %r: skipped %d file(s) that are not data files, e.g. %s",
+                        self.name, skipped, examples)
         return files
 
     def fingerprint(self) -> dict[str, Any]:
-        """What identifies this dataset's content: a digest of its files, sizes and versions."""
-        listing = json.dumps([[f.path, f.size, f.version, f.fmt] for f in self.files()])
+        """What identifies this dataset's content: its files (relative to the dataset's root),
+        their sizes and a digest of their last 4 KiB (a Parquet footer). Where the files live
+        and their modification times do not count, so moved or re-staged data resumes."""
+        root = _root_of(self.path)
+        listing = json.dumps([[os.path.relpath(f.path, root), f.size, f.version, f.fmt]
+                              for f in self.files()])
         return {
-            "path": self.path,
             "num_files": len(self.files()),
             "files": hashlib.sha256(listing.encode()).hexdigest()[:16],
         }
@@ -135,6 +145,22 @@ class Dataset:
 
     def bind(self, io_options: StoreOptions) -> None:
         """Attach the pipeline's storage options (used by remote datasets)."""
+
+
+def _tail_digest(path: str, size: int = 4096) -> str:
+    with open(path, "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        fh.seek(max(0, fh.tell() - size))
+        return hashlib.sha1(fh.read()).hexdigest()[:16]
+
+
+def _root_of(path: str) -> str:
+    """The directory a dataset path is relative to: the directory itself, a file's parent, or
+    the part of a glob before its first wildcard."""
+    if any(ch in path for ch in "*?["):
+        prefix = path[:min(path.index(ch) for ch in "*?[" if ch in path)]
+        return os.path.dirname(prefix) or "."
+    return path if os.path.isdir(path) else os.path.dirname(path) or "."
 
 
 def _expand_local(path: str) -> list[str]:
