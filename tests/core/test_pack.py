@@ -111,3 +111,19 @@ def test_snapshot_restore_continues_identically():
 def test_bad_options(kwargs, option):
     with pytest.raises(ConfigError, match=option):
         PackSpec(**kwargs)
+
+
+def test_snapshot_holds_only_open_pieces():
+    import pickle
+
+    packer = Packer(PackSpec(64, "wrap"), 0, 0)
+    rows = packer.add(Doc(np.arange(100_000, dtype=np.int32), "long", "x"))
+    assert len(rows) == 100_000 // 64
+    state = pickle.dumps(packer.snapshot())
+    assert len(state) < 4 * 64 + 1000
+    resumed = Packer(PackSpec(64, "wrap"), 0, 0)
+    resumed.restore(pickle.loads(state))
+    [last] = resumed.flush()
+    assert last.payload["input_ids"][:100_000 % 64].tolist() == \
+        list(range(100_000 - 100_000 % 64, 100_000))
+    assert last.meta["documents"][0].doc_start == 100_000 - 100_000 % 64

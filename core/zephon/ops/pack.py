@@ -18,7 +18,10 @@ and meta ``documents`` (every contributing piece as a DocSpan) and ``padding``. 
 keeps the documents of a row as a list instead (``to_training`` refuses such rows).
 
 State between rows is the open rows themselves, so a snapshot holds at most
-``max_open_bins * max_length`` tokens per lane.
+``max_open_bins * max_length`` tokens per lane. Rows already made wait in the lane for their
+microbatch: after a document of ``n`` tokens that is up to ``n / max_length`` rows, so cap
+document length (``tokenize(max_document_tokens=...)``) to bound checkpoints on corpora with
+very long documents.
 """
 
 from __future__ import annotations
@@ -90,7 +93,7 @@ class Packer:
     # -- state -----------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         return {
-            "bins": [[(_doc_state(d), s, n) for d, s, n in b] for b in self._bins],
+            "bins": [[(_piece_state(d, s, n), 0, n) for d, s, n in b] for b in self._bins],
             "rows_made": self.rows_made,
             "padding_tokens": self.padding_tokens,
         }
@@ -201,8 +204,12 @@ def _mask_of(doc: Doc, start: int, length: int) -> np.ndarray:
     return doc.train_mask[start:start + length]
 
 
-def _doc_state(doc: Doc) -> tuple:
-    return (doc.tokens, doc.doc_id, doc.dataset, doc.doc_start, doc.train_mask)
+def _piece_state(doc: Doc, start: int, length: int) -> tuple:
+    """Only the piece of a document that sits in an open row: a checkpoint holds at most
+    ``max_open_bins * max_length`` tokens of open rows, however long the documents."""
+    mask = doc.train_mask[start:start + length] if doc.train_mask is not None else None
+    return (doc.tokens[start:start + length], doc.doc_id, doc.dataset, doc.doc_start + start,
+            mask)
 
 
 def _doc_from_state(state: tuple) -> Doc:
