@@ -365,3 +365,15 @@ def test_state_is_plain_data(two_datasets, tokenizer_dir):
     assert isinstance(state["lane_0"]["lane_state"]["out"], list)
     assert any(isinstance(v, np.ndarray) for r in state["lane_0"]["lane_state"]["shuffler"][
         "buffer"] for v in r["payload"].values())
+
+
+def test_superseded_iterator_stops_and_leaves_state_alone(two_datasets, tokenizer_dir):
+    base = build(two_datasets, tokenizer_dir)
+    pipeline = base.options(lanes=2, prefetch=2)
+    old = iter(pipeline)
+    first = [digest(next(old)) for _ in range(3)]
+    new = iter(pipeline)  # continues from what was consumed; the old iterator is retired
+    assert list(old) == []
+    rest = [digest(next(new)) for _ in range(3)]
+    reference = base.options(lanes=2, prefetch=0)
+    assert [digest(b) for _, b in zip(range(6), reference, strict=False)] == first + rest

@@ -15,6 +15,20 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
+_WORLD_GLOO: Any = None
+
+
+def world_gloo_group() -> Any:
+    """A gloo group over the whole default group, created once per process (creating groups
+    is collective, so every pipeline of the process shares this one)."""
+    global _WORLD_GLOO
+    import torch.distributed as dist
+
+    if _WORLD_GLOO is None:
+        _WORLD_GLOO = dist.new_group(backend="gloo")
+    return _WORLD_GLOO
+
+
 class RoundAgreement:
     """``agree(local_ok) -> global_ok`` over the data-parallel group."""
 
@@ -38,7 +52,7 @@ class RoundAgreement:
                 return self._alone(local_ok, "the default process group has "
                                    f"{dist.get_world_size()} ranks, not dp_world_size="
                                    f"{self.world_size}; pass process_group=<the DP group>")
-            self._group = dist.new_group(backend="gloo")
+            self._group = world_gloo_group()
         device = "cpu"
         if dist.get_backend(self._group) == "nccl":  # a DP group without a gloo twin
             device = f"cuda:{torch.cuda.current_device()}"

@@ -31,6 +31,11 @@ from zephon.engine.lane import Lane, LanePlan
 log = logging.getLogger(__name__)
 
 _END = object()
+
+
+class _Superseded(Exception):
+    """Raised inside an iterator whose stream was taken over by a newer iterator."""
+
 _RUNNING: set[tuple[threading.Event, threading.Thread]] = set()
 
 
@@ -123,29 +128,41 @@ class RankStream:
         if self.prefetch > 0:
             channel: queue.Queue = queue.Queue(maxsize=self.prefetch)
 
+            def offer(item: Any) -> bool:
+                while not stop.is_set():
+                    try:
+                        channel.put(item, timeout=0.1)
+                        return True
+                    except queue.Full:
+                        continue
+                return False
+
             def produce() -> None:
                 try:
                     for item in production:
-                        while not stop.is_set():
-                            try:
-                                channel.put(item, timeout=0.1)
-                                break
-                            except queue.Full:
-                                continue
-                        if stop.is_set():
+                        if not offer(item):
                             return
                 except BaseException as exc:  # forwarded to the consumer
-                    channel.put(("error", exc))
+                    offer(("error", exc))
 
             thread = threading.Thread(target=produce, name=f"zephon-rank{self.rank}",
                                       daemon=True)
             thread.start()
             _RUNNING.add((stop, thread))
-            receive = channel.get
+
+            def receive() -> Any:
+                while not stop.is_set():
+                    try:
+                        return channel.get(timeout=0.1)
+                    except queue.Empty:
+                        continue
+                raise _Superseded
         else:
             thread = None
 
             def receive() -> Any:
+                if stop.is_set():
+                    raise _Superseded
                 return next(production)
 
         def take() -> Any:
@@ -167,12 +184,15 @@ class RankStream:
                     self.consumed[lane] = snapshot
                     self.handed += 1
                     yield batch
+        except _Superseded:
+            return  # a newer iterator (or a state load) owns this stream now
         finally:
             stop.set()
             if thread is not None:
-                # The producer sees the stop within 0.1 s; joining it lets native resources
-                # it holds (open files, tokenizer threads) close before the interpreter exits.
-                thread.join(timeout=5)
+                # The producer notices the stop after the microbatch it is making; joining it
+                # lets native resources it holds (open files, tokenizer threads) close before
+                # the interpreter exits.
+                thread.join(timeout=30)
                 _RUNNING.discard((stop, thread))
 
     def _finish(self, items: list[Any], take: Callable[[], Any]) -> None:

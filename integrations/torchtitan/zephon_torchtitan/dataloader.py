@@ -54,9 +54,6 @@ PRESET = {"return_labels": True, "return_padding_mask": True, "return_num_valid_
 # to_training keys a TorchTitan recipe may choose.
 RECIPE_CHOICES = ("eos_mask_loss", "eos_token_id", "position_mode", "flatten")
 
-_agreement_group: Any = None
-
-
 class ZephonDataLoader(BaseDataLoader):
     """A TorchTitan dataloader over a Zephon data recipe; see the module docstring."""
 
@@ -339,14 +336,13 @@ def _agreement_process_group(dp_world_size: int) -> Any:
     share a data-parallel rank (TP/CP/PP peers) read the same lanes and vote alike, so the
     minimum over the world is the minimum over the data-parallel ranks.
     """
-    global _agreement_group
     import torch.distributed as dist
+
+    from zephon.engine.agreement import world_gloo_group
 
     if dp_world_size == 1 or not (dist.is_available() and dist.is_initialized()):
         return None
-    if _agreement_group is None:
-        _agreement_group = dist.new_group(backend="gloo")
-    return _agreement_group
+    return world_gloo_group()
 
 
 def _forward_keys() -> frozenset[str]:
