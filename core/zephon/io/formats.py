@@ -12,11 +12,10 @@ Parquet and Arrow; JSONL lines are parsed one by one so an error can name its li
 
 from __future__ import annotations
 
-import collections
+import functools
 import json
 import math
 import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,10 +142,13 @@ def read_unit(path: str, fmt: str, compression: str | None, unit: UnitSpec,
     try:
         if fmt == "parquet":
             parquet = _parquet_file(path)
-            if columns is not None:
-                _check_columns(parquet.schema_arrow.names, columns, display)
-            base = sum(parquet.metadata.row_group(g).num_rows for g in range(unit.group))
-            table = parquet.read_row_group(unit.group, columns=columns, use_threads=False)
+            try:
+                if columns is not None:
+                    _check_columns(parquet.schema_arrow.names, columns, display)
+                base = sum(parquet.metadata.row_group(g).num_rows for g in range(unit.group))
+                table = parquet.read_row_group(unit.group, columns=columns, use_threads=False)
+            finally:
+                parquet.close()
             table = table.slice(unit.start, unit.stop - unit.start)
             keys = list(range(base + unit.start, base + unit.start + table.num_rows))
             return _table_columns(table, columns, display), keys
@@ -166,21 +168,16 @@ def read_unit(path: str, fmt: str, compression: str | None, unit: UnitSpec,
     raise DataError(f"unknown format {fmt!r} for {display}")
 
 
-_OPEN = threading.local()
+@functools.lru_cache(maxsize=256)
+def _footer(path: str, mtime_ns: int, size: int) -> pq.FileMetaData:
+    return pq.read_metadata(path)
 
 
 def _parquet_file(path: str) -> pq.ParquetFile:
-    """An open ParquetFile (footer parsed once), per thread, reopened when the file changes."""
+    """A ParquetFile whose footer is parsed once per file version. Only the footer is cached,
+    never an open handle: a shard cache must be able to delete a file once it is read."""
     stat = os.stat(path)
-    key = (path, stat.st_mtime_ns, stat.st_size)
-    cache: collections.OrderedDict = getattr(_OPEN, "files", None) or collections.OrderedDict()
-    _OPEN.files = cache
-    if key not in cache:
-        cache[key] = pq.ParquetFile(path)
-        while len(cache) > 16:
-            cache.popitem(last=False)
-    cache.move_to_end(key)
-    return cache[key]
+    return pq.ParquetFile(path, metadata=_footer(path, stat.st_mtime_ns, stat.st_size))
 
 
 def _check_columns(available: list[str], wanted: list[str], display: str) -> None:
