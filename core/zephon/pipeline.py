@@ -314,7 +314,11 @@ class Pipeline:
                 for i in range(len(self.work_source.datasets))]
 
     def report(self) -> PipelineReport:
-        """Counts for this rank's lanes up to what has been consumed."""
+        """Counts for this rank's lanes, as of the last consumed microbatch.
+
+        Documents and tokens count what the lanes had read by then (including what waits in
+        open rows or the shuffle buffer), so realized shares are shares of data read; rows
+        dropped at a flush and microbatches left over at the end of data are counted apart."""
         stream = self._ensure_stream()
         source = self.work_source
         names = source.names()

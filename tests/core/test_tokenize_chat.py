@@ -246,3 +246,24 @@ def _chat(path: str) -> ChatTokenizer:
     if path not in _CHATS:
         _CHATS[path] = ChatTokenizer(TokenizeChatSpec(tokenizer_id=path))
     return _CHATS[path]
+
+
+def test_conversation_opening_with_the_assistant(chat_tokenizers):
+    chat = ChatTokenizer(TokenizeChatSpec(tokenizer_id=chat_tokenizers["llama3"]))
+    messages = [{"role": "assistant", "content": "Hello there."},
+                {"role": "user", "content": "Ka?"},
+                {"role": "assistant", "content": "Lo."}]
+    ids, mask = chat.encode_conversation(messages)
+    assert trained_turns(chat.tokenizer, ids, mask) == ["Hello there.<|eot_id|>", "Lo.<|eot_id|>"]
+    assert not mask[0]  # <|begin_of_text|> and the header stay context
+
+
+def test_bad_tools_field_is_counted(tmp_path, chat_tokenizers):
+    write_jsonl(tmp_path / "chat.jsonl", [
+        {"messages": CONVERSATION[1:3], "tools": "{not json"},
+        {"messages": CONVERSATION[1:3], "tools": "{\"a\": 1}"},
+        {"messages": CONVERSATION[1:3], "tools": json.dumps(TOOLS)}])
+    pipeline = chat_pipeline(tmp_path / "chat.jsonl", chat_tokenizers["llama3"],
+                             tools_field="tools").batch(1, drop_last=False)
+    assert len(list(pipeline)) == 1
+    assert pipeline.report().datasets[0].skipped == {"invalid": 2}

@@ -120,6 +120,8 @@ class ComponentStream:
             while row < n and len(where) < chunk:
                 r = int(unit.order[row])
                 doc_id = f"{self.name}:{unit.file_index}:{unit.keys[r]}"
+                if unit.epoch:  # a repeated dataset's documents come back once per epoch
+                    doc_id += f"#e{unit.epoch}"
                 if self.columns is None:
                     payload = {c: v[r] for c, v in unit.columns.items()}
                     rows_out.append(Record(payload, {"id": doc_id, "dataset": self.name}))

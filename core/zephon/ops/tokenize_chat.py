@@ -167,7 +167,12 @@ class ChatTokenizer:
                                    f"{list(self.spec.roles)}")
             clean.append({k: v for k, v in message.items() if v is not None})
         if isinstance(tools, str):
-            tools = json.loads(tools) if tools.strip() else None
+            try:
+                tools = json.loads(tools) if tools.strip() else None
+            except ValueError:
+                raise _Untrainable("invalid", "the tools field is not valid JSON") from None
+        if tools is not None and not isinstance(tools, list):
+            raise _Untrainable("invalid", "the tools field must be a list of tool schemas")
         return clean, tools or None
 
     def encode_conversation(self, messages: list[dict[str, Any]], tools: Any = None
@@ -226,8 +231,9 @@ class ChatTokenizer:
         full = self._render(messages, tools, False)
         spans = []
         for i in wanted:
-            prompt = self._render(messages[:i], tools, True) if i else ""
             upto = self._render(messages[:i + 1], tools, False)
+            prompt = (self._render(messages[:i], tools, True) if i
+                      else self._opening_prompt(upto, tools))
             if not upto.startswith(prompt):
                 raise ConfigError(
                     f"cannot find assistant turn {i} in the chat template's output: rendering "
@@ -248,6 +254,20 @@ class ChatTokenizer:
         for start, end in spans:
             mask |= (starts >= start) & (ends <= end) & (ends > starts)
         return ids, mask
+
+
+    def _opening_prompt(self, rendered: str, tools: Any) -> str:
+        """What precedes the first message's content when the conversation opens with the
+        assistant: BOS, any default system prompt and the assistant header. Templates refuse an
+        empty conversation, so the header is taken from a one-message user conversation (the
+        generation prompt it adds) and looked up in ``rendered``."""
+        probe = [{"role": "user", "content": "\x00"}]
+        header = self._render(probe, tools, True)[len(self._render(probe, tools, False)):]
+        at = rendered.find(header) if header else -1
+        if at < 0:
+            raise _Untrainable("invalid", "cannot find where the opening assistant turn starts "
+                               "in the template's output")
+        return rendered[:at + len(header)]
 
 
 def _has_content(message: dict[str, Any]) -> bool:

@@ -1,8 +1,9 @@
 """Token estimation: how many tokens each dataset holds, before reading it all.
 
-Mixing by tokens is exact without it (the mixer counts real tokens after tokenization); the
-estimate sizes the read-ahead of each dataset and tells the user, before training, roughly how
-many tokens and passes each dataset will contribute.
+Passing a ``TokenEstimation`` to the work source turns on mixing by tokens, which is exact
+without any estimate (the mixer counts real tokens after tokenization). Its fields only shape
+``Pipeline.estimate()``, which tells the user before training roughly how many documents and
+tokens each dataset holds.
 
 ``primer="measure"`` tokenizes ``calibration_samples`` documents taken evenly from the first
 ``calibration_shards_max`` work units (in the seed's order) of each dataset and multiplies the

@@ -10,7 +10,7 @@ rows are read in an order permuted by ``(seed, d, e, unit)``.
 
 A dataset that is not repeated stops after its first epoch. What a lane does then is
 ``on_exhausted``: ``"stop"`` ends the lane (mixture shares stay exact; what the other datasets
-still hold is not read, and the report says so), ``"drain"`` goes on with the remaining
+still hold is not read), ``"drain"`` goes on with the remaining
 datasets (every document is read once; shares drift at the end). ``repeat`` names datasets
 (or ``True`` for all) that start a new epoch, reshuffled, instead; that is how a small dataset
 is upsampled. Defaults: nothing repeats, ``on_exhausted="stop"``, units and rows shuffled.
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -147,13 +146,6 @@ class StaticMixtureWorkSource:
             return None
         order = self._unit_order(dataset, epoch, len(units))
         return epoch, int(order[index]), units[int(order[index])]
-
-    def units_in_lane(self, dataset: int, lane: int, lanes: int) -> int | None:
-        """How many units a lane reads from a non-repeated dataset (None when repeated)."""
-        if self.repeated[dataset]:
-            return None
-        n = len(self.plan(lanes)[dataset])
-        return max(0, math.ceil((n - lane) / lanes))
 
     @functools.lru_cache(maxsize=64)  # noqa: B019 - one source lives as long as its pipeline
     def _unit_order(self, dataset: int, epoch: int, n: int) -> np.ndarray:
