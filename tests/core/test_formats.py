@@ -155,3 +155,5 @@ def test_non_data_files_are_skipped_with_a_warning(tmp_path, caplog):
         files = Dataset.from_path("d", tmp_path / "d").files()
     assert [f.path.rsplit("/", 1)[-1] for f in files] == ["x.jsonl"]
     assert "skipped 1 file(s)" in caplog.text and "dataset_info.json" in caplog.text
+    write_jsonl(tmp_path / "named.json", [{"text": "b"}])  # named directly: JSON Lines
+    assert [t for _, t in read_all(Dataset.from_path("n", tmp_path / "named.json"))] == ["b"]

@@ -88,8 +88,14 @@ class Dataset:
         if not candidates:
             raise DataError(f"Dataset {self.name!r}: no files match {self.path!r}")
         files = []
+        named = os.path.isfile(self.path)
         for candidate in candidates:
             detected = detect_format(candidate)
+            if detected and not named and ".json" in candidate.lower() and \
+                    ".jsonl" not in candidate.lower() and self.fmt is None:
+                # A .json file in a directory is more often metadata (dataset_info.json,
+                # state.json) than JSON Lines: read it only when named or with fmt="jsonl".
+                continue
             if self.fmt is not None:
                 fmt, compression = self.fmt, compression_of(candidate)
             elif detected is None:

@@ -30,9 +30,12 @@ FORMATS = ("parquet", "jsonl", "arrow")
 _SUFFIXES: dict[str, tuple[str, str | None]] = {
     ".parquet": ("parquet", None),
     ".jsonl": ("jsonl", None),
+    ".json": ("jsonl", None),
     ".ndjson": ("jsonl", None),
     ".jsonl.gz": ("jsonl", "gzip"),
+    ".json.gz": ("jsonl", "gzip"),
     ".jsonl.zst": ("jsonl", "zstd"),
+    ".json.zst": ("jsonl", "zstd"),
     ".arrow": ("arrow", None),
     ".feather": ("arrow", None),
     ".ipc": ("arrow", None),
