@@ -269,17 +269,23 @@ class DataRecipe:
                               "framework gave none")
         return pipeline.batch(size, **batch)
 
+    def eos_token_id(self) -> int:
+        """``[to_training] eos_token_id``, else the recipe tokenizer's EOS id."""
+        eos = self.to_training.get("eos_token_id")
+        if eos is None:
+            from zephon.tokenizer import resolve_encoder
+
+            eos = resolve_encoder(self.tokenize["tokenizer"], None).special.eos
+        if eos is None:
+            raise ConfigError(f"{self.source}: eos_mask_loss needs eos_token_id; the tokenizer "
+                              "has no EOS token")
+        return int(eos)
+
     def training_options(self) -> dict[str, Any]:
         """Keyword arguments for ``SampleBatch.to_training``, EOS id filled from the tokenizer."""
         options = dict(self.to_training)
-        if options.get("eos_mask_loss") and options.get("eos_token_id") is None:
-            from zephon.tokenizer import load_tokenizer
-
-            eos = load_tokenizer(self.tokenize["tokenizer"]).eos_token_id
-            if eos is None:
-                raise ConfigError(f"{self.source}: eos_mask_loss needs eos_token_id; the "
-                                  "tokenizer has no EOS token")
-            options["eos_token_id"] = int(eos)
+        if options.get("eos_mask_loss"):
+            options["eos_token_id"] = self.eos_token_id()
         return options
 
 

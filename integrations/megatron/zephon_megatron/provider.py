@@ -209,13 +209,9 @@ def read_dataloader_states(save_dir: str | os.PathLike[str],
 # -- provider ----------------------------------------------------------------------------------
 def preset_options(settings: ZephonSettings, recipe: Any) -> dict[str, Any]:
     """The ``to_training`` arguments of the Megatron preset under this run's masking."""
-    eos = recipe.to_training.get("eos_token_id")
-    if settings.masking.eos_mask_loss and eos is None:
-        from zephon.tokenizer import load_tokenizer
-
-        eos = load_tokenizer(recipe.tokenize["tokenizer"]).eos_token_id
+    eos = recipe.eos_token_id() if settings.masking.eos_mask_loss else None
     return settings.masking.to_training_kwargs(
-        eos_token_id=None if eos is None else int(eos),
+        eos_token_id=eos,
         ignore_index=recipe.to_training.get("ignore_index"))
 
 
