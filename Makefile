@@ -20,8 +20,10 @@ $(STAMP): $(PY) pyproject.toml
 
 install: $(STAMP)
 
+# The loader tour (core), then TorchTitan's debug model trained for 10 steps with it (adapter).
 demo: $(STAMP)
 	$(PY) -m zephon.demo
+	$(PY) -m zephon_torchtitan.demo --steps 10
 
 test: $(STAMP)
 	$(PY) -m ruff check .

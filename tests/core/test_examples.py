@@ -38,7 +38,7 @@ def test_example_runs(path, env):
 
 
 def test_demo_explains_a_row(env):
-    out = run(["-m", "zephon.demo", "--no-train"], env)
+    out = run(["-m", "zephon.demo"], env)
     assert "First batch after" in out
     assert "<- new document" in out
     assert "tokens/s" in out

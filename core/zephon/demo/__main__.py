@@ -1,9 +1,9 @@
-"""``make demo``: the seed's pipeline on the embedded corpus, explained, then a short training.
+"""``python -m zephon.demo``: the seed's pipeline on the embedded corpus, explained.
 
 Prints the first batch's tensor shapes, one packed row laid out token by token (where each
 document starts, its positions, and which labels count toward the loss), the loader's throughput
-and report, and then, when the TorchTitan adapter and its dependencies are installed, trains the
-TorchTitan debug model for a few steps on CPU with this loader.
+and report. ``make demo`` follows it with a short TorchTitan training
+(``python -m zephon_torchtitan.demo``); the core itself imports no adapter.
 """
 
 from __future__ import annotations
@@ -50,9 +50,7 @@ def explain_row(batch, tokenizer, eos_token_id: int, width: int = 24) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m zephon.demo", description=__doc__)
-    parser.add_argument("--no-train", action="store_true", help="skip the training part")
-    parser.add_argument("--steps", type=int, default=10, help="training steps")
-    args = parser.parse_args(argv)
+    parser.parse_args(argv)
 
     print("Building the embedded corpus and tokenizer (first run only)...")
     assets = build_demo_assets()
@@ -87,17 +85,6 @@ def main(argv: list[str] | None = None) -> int:
           f"({tokens / elapsed:,.0f} tokens/s)")
     print(pipeline.report())
 
-    if args.no_train:
-        return 0
-    try:
-        from zephon_torchtitan.demo import run_demo_training
-    except ImportError as exc:
-        print(f"\nSkipping the training demo: {exc}")
-        return 0
-    print(f"\nTraining the TorchTitan llama3 debug model on CPU for {args.steps} steps...")
-    losses = run_demo_training(steps=args.steps)
-    first, last = min(losses), max(losses)
-    print(f"loss {losses[first]:.2f} at step {first} -> {losses[last]:.2f} at step {last}")
     return 0
 
 

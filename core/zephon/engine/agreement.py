@@ -12,21 +12,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from zephon.distributed import world_gloo_group
+
 log = logging.getLogger(__name__)
-
-
-_WORLD_GLOO: Any = None
-
-
-def world_gloo_group() -> Any:
-    """A gloo group over the whole default group, created once per process (creating groups
-    is collective, so every pipeline of the process shares this one)."""
-    global _WORLD_GLOO
-    import torch.distributed as dist
-
-    if _WORLD_GLOO is None:
-        _WORLD_GLOO = dist.new_group(backend="gloo")
-    return _WORLD_GLOO
 
 
 class RoundAgreement:

@@ -338,7 +338,7 @@ def _agreement_process_group(dp_world_size: int) -> Any:
     """
     import torch.distributed as dist
 
-    from zephon.engine.agreement import world_gloo_group
+    from zephon.distributed import world_gloo_group
 
     if dp_world_size == 1 or not (dist.is_available() and dist.is_initialized()):
         return None

@@ -32,6 +32,16 @@ REPO_TYPE = "dataset"
 PROGRESS_EVERY_S = 5.0
 
 
+def _version() -> str:
+    """The installed distribution's version (without importing the package above io)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("zephon")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
 def default_endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
 
@@ -42,15 +52,13 @@ class HubClient:
     def __init__(self, repo_id: str, endpoint: str | None = None,
                  token: str | bool | None = None, policy: RetryPolicy | None = None,
                  timeout_s: float = 60.0):
-        from zephon import __version__
-
         self.repo_id = repo_id
         self.endpoint = (endpoint or default_endpoint()).rstrip("/")
         self.token = token
         self.policy = policy or RetryPolicy()
         self.timeout_s = timeout_s
         self.api = HfApi(endpoint=self.endpoint, token=token, library_name="zephon",
-                         library_version=__version__)
+                         library_version=_version())
 
     def has_token(self) -> bool:
         if self.token is False:
