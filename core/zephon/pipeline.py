@@ -1,51 +1,64 @@
-"""``Pipeline``: the public builder and iterator.
+"""``Pipeline``: the public, immutable builder.
 
-A pipeline is built by chaining operators on a work source, in this order: ``tokenize`` (or
-``tokenize_chat``),
-``pack_flat`` or ``pack_sequences``, ``shuffle``, ``batch`` (required, last). Each call returns a
-new pipeline; nothing is read until iteration. Iterating hands out SampleBatch objects for this
-rank (see :mod:`zephon.engine.rank`); a new ``iter()`` continues from the consumed state, and
-``reset()`` starts over.
+A pipeline is a work source, a chain of operators and the loader options. Every builder call
+(``tokenize``, ``map``, ``pack_flat``, ``batch``, ``options``, ``apply``, ...) returns a new
+pipeline and leaves this one unchanged; the operator methods take exactly their spec's fields
+(see :mod:`zephon.ops`), and ``apply(spec)`` adds any operator, including ones defined outside
+Zephon. Order rules (tokenize before pack, batch last, ...) are checked as operators are added.
+
+Nothing is read until the pipeline is used: ``loader()`` builds the runtime
+(:class:`zephon.runtime.Loader`) once per pipeline object, and iterating, ``state_dict``,
+``load_state_dict``, ``report`` and ``estimate`` go through it. A new ``iter()`` continues
+from the consumed state; ``reset()`` starts over.
+
+A pipeline derived from one whose loader had state loaded carries that state over: its loader
+starts from the parent's consumed state, or refuses it (StateMismatchError naming what changed)
+when the change alters the data. Nothing silently restarts from the beginning.
 """
 
 from __future__ import annotations
 
-import copy
-import logging
-import warnings
-from collections.abc import Iterator
-from dataclasses import asdict
+import dataclasses
+import inspect
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from zephon.batch import SampleBatch
-from zephon.engine.agreement import RoundAgreement
-from zephon.engine.lane import LanePlan
-from zephon.engine.rank import RankStream
-from zephon.engine.state import (
-    STATE_VERSION,
-    check_fingerprint,
-    lane_key,
-    lane_state_from_plain,
-    lane_state_to_plain,
-)
-from zephon.errors import ConfigError, StateMismatchError
+from zephon.errors import ConfigError
 from zephon.io.options import StoreOptions
+from zephon.ops.base import OperatorSpec, check_order
 from zephon.ops.batch import BatchSpec
+from zephon.ops.filter import FilterSpec
+from zephon.ops.map import MapSpec
 from zephon.ops.pack import PackSpec
 from zephon.ops.shuffle import ShuffleSpec
-from zephon.ops.tokenize import DocumentTokenizer, RowEncoder, TokenizeSpec
-from zephon.ops.tokenize_chat import ChatTokenizer, TokenizeChatSpec
-from zephon.report import DatasetReport, PipelineReport
-from zephon.work.estimation import DatasetEstimate, TokenEstimation, estimate_dataset
+from zephon.ops.tokenize import TokenizeSpec
+from zephon.ops.tokenize_chat import TokenizeChatSpec
+from zephon.options import LoaderOptions
+from zephon.report import PipelineReport
+from zephon.runtime import Loader
+from zephon.work.estimation import DatasetEstimate
 from zephon.work.source import StaticMixtureWorkSource
 
-log = logging.getLogger(__name__)
 
-_ORDER = ("tokenize", "pack", "shuffle", "batch")
+def _operator_method(spec_cls: type[OperatorSpec], name: str, doc: str, **fixed: Any
+                     ) -> Callable[..., Pipeline]:
+    """A builder method whose parameters are the spec's fields (less ``fixed`` ones)."""
 
+    def method(self: Pipeline, *args: Any, **kwargs: Any) -> Pipeline:
+        clash = sorted(set(kwargs) & set(fixed))
+        if clash:
+            raise TypeError(f"{name}() got an unexpected keyword argument {clash[0]!r}")
+        return self.apply(spec_cls(*args, **kwargs, **fixed))
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for p in inspect.signature(spec_cls).parameters.values():
+        if p.name not in fixed:
+            parameters.append(p)
+    method.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = f"{doc}\n\nOptions: see :class:`{spec_cls.__module__}.{spec_cls.__name__}`."
+    return method
 
 
 class Pipeline:
@@ -55,303 +68,113 @@ class Pipeline:
         if not isinstance(work_source, StaticMixtureWorkSource):
             raise ConfigError("Pipeline needs a work source such as StaticMixtureWorkSource, "
                               f"got {type(work_source).__name__}")
-        self.work_source = work_source
-        self._ops: dict[str, Any] = {}
-        self._io = StoreOptions()
-        self._lanes: int | None = None
-        self._rank = 0
-        self._world = 1
-        self._prefetch = 4
-        self._process_group: Any = None
-        self._stream: RankStream | None = None
-        self._pending_state: dict[str, Any] | None = None
-        self._fingerprint: dict[str, Any] | None = None
+        self._work_source = work_source
+        self._specs: tuple[OperatorSpec, ...] = ()
+        self._options = LoaderOptions()
+        self._carried: dict[str, Any] | None = None
+        self._loader: Loader | None = None
+
+    @property
+    def work_source(self) -> StaticMixtureWorkSource:
+        return self._work_source
+
+    @property
+    def operators(self) -> tuple[OperatorSpec, ...]:
+        """The operator specs, in order."""
+        return self._specs
+
+    @property
+    def loader_options(self) -> LoaderOptions:
+        return self._options
 
     # -- building --------------------------------------------------------------------------
-    def _with(self, stage: str, spec: Any) -> Pipeline:
-        if stage in self._ops:
-            raise ConfigError(f"{stage} is already in this pipeline")
-        later = [s for s in _ORDER[_ORDER.index(stage) + 1:] if s in self._ops]
-        if later:
-            raise ConfigError(f"{stage} must come before {later[0]} (operator order: "
-                              f"{' -> '.join(_ORDER)})")
-        clone = copy.copy(self)
-        clone._ops = {**self._ops, stage: spec}
-        clone._stream = None
+    def _derive(self, specs: tuple[OperatorSpec, ...], options: LoaderOptions) -> Pipeline:
+        clone = Pipeline.__new__(Pipeline)
+        clone._work_source = self._work_source
+        clone._specs = specs
+        clone._options = options
+        clone._loader = None
+        clone._carried = self._carried
+        if self._loader is not None and self._loader.state_loaded:
+            clone._carried = self._loader.state_dict()
         return clone
 
-    def options(self, io_options: StoreOptions | None = None, *, lanes: int | None = None,
-                dp_rank: int | None = None, dp_world_size: int | None = None,
-                prefetch: int | None = None, process_group: Any = None) -> Pipeline:
-        """Storage, lanes and this process's place among the data-parallel ranks.
+    def apply(self, spec: OperatorSpec) -> Pipeline:
+        """A pipeline with ``spec`` appended; any :class:`zephon.ops.base.OperatorSpec`."""
+        if not isinstance(spec, OperatorSpec):
+            raise ConfigError(f"apply() needs an operator spec (a zephon.ops.base.OperatorSpec),"
+                              f" got {type(spec).__name__}")
+        check_order(self._specs, spec)
+        return self._derive((*self._specs, spec), self._options)
 
-        ``lanes`` fixes the data for a run: it must stay the same across resumes, while the
-        data-parallel size may change to any divisor of it. ``prefetch`` is how many
-        microbatches a background thread prepares ahead (0: none); it never changes the data.
-        ``process_group`` is the data-parallel group used to agree on the end of data.
-        """
-        clone = copy.copy(self)
-        clone._stream = None
+    def options(self, io_options: StoreOptions | None = None, **options: Any) -> Pipeline:
+        """Storage, lanes, read-ahead and this process's place among the data-parallel ranks;
+        the keywords are :class:`zephon.options.LoaderOptions` fields (``lanes``, ``dp_rank``,
+        ``dp_world_size``, ``prefetch``, ``process_group``). Unset ones keep their value."""
         if io_options is not None:
-            if not isinstance(io_options, StoreOptions):
-                raise ConfigError("options: io_options must be a StoreOptions")
-            clone._io = io_options
-        for name, value, least in (("lanes", lanes, 1), ("dp_world_size", dp_world_size, 1),
-                                   ("prefetch", prefetch, 0), ("dp_rank", dp_rank, 0)):
-            if value is not None and (not isinstance(value, int) or value < least):
-                raise ConfigError(f"options: {name} must be an integer >= {least}, "
-                                  f"got {value!r}")
-        if lanes is not None:
-            clone._lanes = lanes
-        if dp_world_size is not None:
-            clone._world = dp_world_size
-        if dp_rank is not None:
-            clone._rank = dp_rank
-        if prefetch is not None:
-            clone._prefetch = prefetch
-        if process_group is not None:
-            clone._process_group = process_group
-        if clone._rank >= clone._world:
-            raise ConfigError(f"options: dp_rank={clone._rank} must be < dp_world_size="
-                              f"{clone._world}")
-        return clone
+            options["io_options"] = io_options
+        known = {f.name for f in dataclasses.fields(LoaderOptions)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise TypeError(f"options() got unexpected keyword argument(s) {unknown}; known: "
+                            f"{sorted(known)}")
+        changes = {k: v for k, v in options.items() if v is not None}
+        return self._derive(self._specs, dataclasses.replace(self._options, **changes))
 
-    def tokenize(self, tokenizer_id: str | None = None, field: str = "text", *,
-                 tokenizer: Any = None, add_bos: bool | None = None, add_eos: bool | None = None,
-                 max_document_tokens: int | None = None, batch_size: int = 256) -> Pipeline:
-        """Encode the text column ``field`` into token ids; see :mod:`zephon.ops.tokenize`."""
-        return self._with("tokenize", TokenizeSpec(
-            field=field, tokenizer_id=tokenizer_id, tokenizer=tokenizer, add_bos=add_bos,
-            add_eos=add_eos, max_document_tokens=max_document_tokens, batch_size=batch_size))
-
-    def tokenize_chat(self, tokenizer_id: str | None = None, field: str = "messages", *,
-                      tokenizer: Any = None, chat_template: str | None = None,
-                      tools_field: str | None = None, train_on: str = "all",
-                      on_untrainable: str = "drop", max_document_tokens: int | None = None,
-                      batch_size: int = 64) -> Pipeline:
-        """Render and encode conversations with assistant-only train masks; see
-        :mod:`zephon.ops.tokenize_chat`."""
-        return self._with("tokenize", TokenizeChatSpec(
-            field=field, tokenizer_id=tokenizer_id, tokenizer=tokenizer,
-            chat_template=chat_template, tools_field=tools_field, train_on=train_on,
-            on_untrainable=on_untrainable, max_document_tokens=max_document_tokens,
-            batch_size=batch_size))
-
-    def pack_flat(self, max_length: int, algorithm: str = "wrap", *,
-                  pad_token_id: int | None = None, max_open_bins: int = 8) -> Pipeline:
-        """Pack documents into fixed-length rows; see :mod:`zephon.ops.pack`."""
-        return self._with("pack", PackSpec(max_length, algorithm, pad_token_id, max_open_bins,
-                                           flat=True))
-
-    def pack_sequences(self, max_length: int, algorithm: str = "wrap", *,
-                       max_open_bins: int = 8) -> Pipeline:
-        """Group documents into rows of at most ``max_length`` tokens, kept as lists."""
-        return self._with("pack", PackSpec(max_length, algorithm, None, max_open_bins,
-                                           flat=False))
-
-    def shuffle(self, buffer_size: int, *, seed: int = 0) -> Pipeline:
-        """Seeded buffer shuffle of rows; see :mod:`zephon.ops.shuffle`."""
-        return self._with("shuffle", ShuffleSpec(buffer_size, seed))
-
-    def batch(self, microbatch_size: int, drop_last: bool = True) -> Pipeline:
-        """Group records into SampleBatch objects; see :mod:`zephon.ops.batch`."""
-        return self._with("batch", BatchSpec(microbatch_size, drop_last))
+    tokenize = _operator_method(
+        TokenizeSpec, "tokenize", "Encode the text column ``field`` into token ids.")
+    tokenize_chat = _operator_method(
+        TokenizeChatSpec, "tokenize_chat",
+        "Render and encode conversations with assistant-only train masks.")
+    map = _operator_method(MapSpec, "map", "Apply ``fn`` to every document before packing.")
+    filter = _operator_method(FilterSpec, "filter",
+                              "Keep the documents ``fn`` accepts; rejected ones are counted.")
+    pack_flat = _operator_method(PackSpec, "pack_flat",
+                                 "Pack documents into fixed-length rows.", flat=True)
+    pack_sequences = _operator_method(
+        PackSpec, "pack_sequences", "Group documents into rows of at most ``max_length`` "
+        "tokens, kept as lists.", flat=False)
+    shuffle = _operator_method(ShuffleSpec, "shuffle", "Seeded buffer shuffle of rows.")
+    batch = _operator_method(BatchSpec, "batch",
+                             "Group rows into SampleBatch objects; the last operator.")
 
     # -- runtime ---------------------------------------------------------------------------
+    def loader(self) -> Loader:
+        """This pipeline's runtime, built on first use (operators, tokenizer, unit plan)."""
+        if self._loader is None:
+            loader = Loader(self._work_source, self._specs, self._options)
+            if self._carried is not None:
+                loader.load_state_dict(self._carried)
+            self._loader = loader
+        return self._loader
+
     @property
     def lanes(self) -> int:
-        return self._lanes if self._lanes is not None else self._world
-
-    def _ensure_stream(self) -> RankStream:
-        if self._stream is not None:
-            return self._stream
-        if "batch" not in self._ops:
-            raise ConfigError("the pipeline needs a batch(...) operator to be iterated")
-        source = self.work_source
-        if self._lanes is None and self._world > 1:
-            warnings.warn(
-                f"zephon: lanes is not set, so it equals dp_world_size={self._world}; changing "
-                "the number of data-parallel ranks will then change the data. Set "
-                "options(lanes=...) to a multiple of every size you may use.", stacklevel=3)
-        lanes = self.lanes
-        if lanes % self._world:
-            raise ConfigError(
-                f"dp_world_size={self._world} does not divide lanes={lanes}; valid data-parallel "
-                f"sizes for {lanes} lanes are {_divisors(lanes)}")
-        tokenize = self._ops.get("tokenize")
-        pack = self._ops.get("pack")
-        if pack is not None and tokenize is None:
-            raise ConfigError("pack_flat/pack_sequences need tokenize(...) before them")
-        if source.by_tokens and tokenize is None:
-            raise ConfigError("token_estimation (mixing by tokens) needs tokenize(...)")
-        for dataset in source.datasets:
-            dataset.bind(self._io)
-        tokenizer: RowEncoder | None = None
-        if isinstance(tokenize, TokenizeChatSpec):
-            tokenizer = ChatTokenizer(tokenize)
-        elif tokenize is not None:
-            tokenizer = DocumentTokenizer(tokenize)
-        pad = 0
-        if pack is not None:
-            special = tokenizer.encoder.special
-            pad = next((p for p in (pack.pad_token_id, special.pad, special.eos) if p is not None),
-                       0)
-        plan = LanePlan(source, tokenizer, pack, pad, self._ops.get("shuffle"),
-                        self._ops["batch"], lanes)
-        source.plan(lanes)
-        self._fingerprint = {
-            "version": STATE_VERSION,
-            "lanes": lanes,
-            "work_source": source.fingerprint(),
-            "tokenize": tokenizer.fingerprint() if tokenizer else None,
-            "pack": {**_spec_dict(pack), "pad_token_id": pad} if pack else None,
-            "shuffle": _spec_dict(self._ops.get("shuffle")),
-            "batch": _spec_dict(self._ops["batch"]),
-        }
-        self._stream = RankStream(plan, self._rank, self._world, self._prefetch,
-                                  RoundAgreement(self._world, self._process_group))
-        if self._pending_state is not None:
-            state, self._pending_state = self._pending_state, None
-            self._apply_state(state)
-        return self._stream
+        return self._options.resolved_lanes
 
     def __iter__(self) -> Iterator[SampleBatch]:
-        return iter(self._ensure_stream())
+        return iter(self.loader())
 
     def reset(self) -> None:
         """Start over from the beginning of the data at the next ``iter()``."""
-        stream = self._ensure_stream()
-        stream.reset_to(dict.fromkeys(stream.owned), 0, False, dict.fromkeys(stream.leftover, 0))
+        self.loader().reset()
 
     def fingerprint(self) -> dict[str, Any]:
-        self._ensure_stream()
-        return copy.deepcopy(self._fingerprint)
+        """What a checkpoint must match to resume (datasets, operators, seed, lanes)."""
+        return self.loader().fingerprint()
 
-    # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """``{"lane_<l>": entry}`` for the lanes this rank owns; see :mod:`zephon.engine.state`.
-
-        Describes what the caller has consumed; prefetched microbatches are not in it.
-        """
-        stream = self._ensure_stream()
-        out = {}
-        for lane in stream.owned:
-            out[lane_key(lane)] = {
-                "version": STATE_VERSION,
-                "lane": lane,
-                "fingerprint": self._fingerprint,
-                "consumed_global": stream.consumed_global,
-                "finished": stream.finished,
-                "leftover": dict(stream.leftover) if lane == stream.owned[0] else None,
-                "lane_state": lane_state_to_plain(stream.consumed[lane]),
-            }
-        return out
+        """``{"lane_<l>": entry}`` for this rank's lanes; see :meth:`Loader.state_dict`."""
+        return self.loader().state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from ``state``: entries for (at least) this rank's lanes, written at any
-        data-parallel size that divides the lane count. Extra lanes' entries are ignored."""
-        if not isinstance(state, dict):
-            raise StateMismatchError(f"load_state_dict expects a dict, got {type(state).__name__}")
-        if self._stream is None:
-            self._pending_state = state
-            self._ensure_stream()
-            return
-        self._apply_state(state)
+        """Resume from ``state``, written at any data-parallel size dividing the lane count."""
+        self.loader().load_state_dict(state)
 
-    def _apply_state(self, state: dict[str, Any]) -> None:
-        stream = self._stream
-        assert stream is not None
-        lane_entries = {k: v for k, v in state.items() if k.startswith("lane_")}
-        if not lane_entries:
-            raise StateMismatchError("loader state has no lane entries (keys lane_<n>); was it "
-                                     "written by a zephon Pipeline?")
-        for key, entry in lane_entries.items():
-            if entry.get("version") != STATE_VERSION:
-                raise StateMismatchError(f"loader state {key!r} has version "
-                                         f"{entry.get('version')}, expected {STATE_VERSION}")
-            check_fingerprint(entry["fingerprint"], self._fingerprint, key)
-        missing = [lane_key(lane) for lane in stream.owned if lane_key(lane) not in lane_entries]
-        if missing:
-            raise StateMismatchError(
-                f"loader state lacks {missing} needed by rank {self._rank} of {self._world}; "
-                f"it holds {sorted(lane_entries)}. Merge the states of all ranks before loading "
-                "at another data-parallel size.")
-        consumed = {lane_entries[lane_key(lane)]["consumed_global"] for lane in stream.owned}
-        consumed |= {e["consumed_global"] for e in lane_entries.values()}
-        if len(consumed) != 1:
-            raise StateMismatchError(f"loader state entries disagree on how many microbatches "
-                                     f"were consumed ({sorted(consumed)}); they come from "
-                                     "different steps")
-        total = consumed.pop()
-        lanes = stream.lanes
-        for lane in stream.owned:
-            lane_state = lane_entries[lane_key(lane)]["lane_state"]
-            done = lane_state["microbatches"] if lane_state else 0
-            expected = max(0, -(-(total - lane) // lanes))
-            finished = lane_entries[lane_key(lane)]["finished"]
-            if done != expected and not finished:
-                raise StateMismatchError(
-                    f"loader state {lane_key(lane)!r} has {done} microbatches consumed, but "
-                    f"{total} global microbatches imply {expected}")
-        if total % self._world and not any(e["finished"] for e in lane_entries.values()):
-            raise StateMismatchError(
-                f"the checkpoint consumed {total} global microbatches, not a multiple of "
-                f"dp_world_size={self._world}; resume at a size that divides it")
-        leftover = next((e["leftover"] for e in lane_entries.values() if e["leftover"]),
-                        dict.fromkeys(stream.leftover, 0))
-        stream.reset_to({lane: lane_state_from_plain(lane_entries[lane_key(lane)]["lane_state"])
-                         for lane in stream.owned}, total,
-                        any(e["finished"] for e in lane_entries.values()), leftover)
-
-    # -- reporting -------------------------------------------------------------------------
     def estimate(self) -> list[DatasetEstimate]:
-        """Estimated documents and tokens per dataset (see :mod:`zephon.work.estimation`).
-
-        Uses the work source's ``token_estimation`` (``measure`` when it has none)."""
-        stream = self._ensure_stream()
-        spec = self.work_source.token_estimation or TokenEstimation()
-        return [estimate_dataset(self.work_source, i, self.lanes, stream.plan.tokenizer, spec)
-                for i in range(len(self.work_source.datasets))]
+        """Estimated documents and tokens per dataset, before training."""
+        return self.loader().estimate()
 
     def report(self) -> PipelineReport:
-        """Counts for this rank's lanes, as of the last consumed microbatch.
-
-        Documents and tokens count what the lanes had read by then (including what waits in
-        open rows or the shuffle buffer), so realized shares are shares of data read; rows
-        dropped at a flush and microbatches left over at the end of data are counted apart."""
-        stream = self._ensure_stream()
-        source = self.work_source
-        names = source.names()
-        documents = dict.fromkeys(names, 0)
-        tokens = dict.fromkeys(names, 0)
-        skipped: dict[str, dict[str, int]] = {name: {} for name in names}
-        dropped = {"rows": 0, "documents": 0, "tokens": 0}
-        padding = microbatches = 0
-        for lane in stream.owned:
-            snap = stream.consumed[lane]
-            if snap is None:
-                continue
-            counters = snap["counters"]
-            microbatches += snap["microbatches"]
-            padding += counters["padding_tokens"]
-            for name in names:
-                documents[name] += counters["documents"][name]
-                tokens[name] += counters["tokens"][name]
-            for comp, name in zip(snap["components"], names, strict=True):
-                for reason, count in comp["skipped"].items():
-                    skipped[name][reason] = skipped[name].get(reason, 0) + count
-            for key in dropped:
-                dropped[key] += counters["dropped"][key]
-        unit = tokens if source.by_tokens else documents
-        total = sum(unit.values()) or 1
-        datasets = [DatasetReport(name, float(w), documents[name], tokens[name],
-                                  skipped[name].get("empty", 0), unit[name] / total,
-                                  skipped[name])
-                    for name, w in zip(names, source.weights, strict=True)]
-        return PipelineReport("tokens" if source.by_tokens else "documents", datasets,
-                              microbatches, padding, dropped, dict(stream.leftover),
-                              stream.finished)
-
-
-def _spec_dict(spec: Any) -> dict[str, Any] | None:
-    return asdict(spec) if spec is not None else None
+        """Per-dataset documents, tokens, realized shares, drops, for this rank's lanes."""
+        return self.loader().report()

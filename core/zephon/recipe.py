@@ -19,9 +19,13 @@ data-parallel rank and size. Example::
     weight = 0.3
 
     [mixture]
-    by = "tokens"                   # or "documents"
+    by = "tokens"                   # or "documents" (the default without estimation keys)
     repeat = ["wiki"]               # datasets that start a new epoch when they run out
     on_exhausted = "stop"           # or "drain"
+
+    [[ops]]                         # per-document operators, in order, before tokenize
+    op = "filter"                   # map, filter, or a registered operator / "pkg.mod:Spec"
+    fn = "my_project.quality:keep"
 
     [tokenize]
     tokenizer = "demo:tokenizer"    # a directory (relative to this file), a Hub id, or demo:
@@ -37,7 +41,19 @@ data-parallel rank and size. Example::
     return_labels = true
     eos_mask_loss = true            # eos_token_id defaults to the tokenizer's EOS
 
-Every key is checked: an unknown one is an error naming the file and the key.
+Every key is checked: an unknown one, or a value of the wrong type, is an error naming the file,
+the section and the key. The keys are not listed here but derived from the classes that own
+them (:func:`recipe_schema`): the operator specs (``[tokenize]``, ``[pack]``, ``[shuffle]``,
+``[batch]``, ``[[ops]]``), ``TokenEstimation`` and the work source's options (``[mixture]``,
+``[work]``), ``CacheOptions`` (``[cache]``), ``TrainingOptions`` (``[to_training]``) and
+``LoaderOptions`` (top-level ``lanes``, ``prefetch``), so a new field is a new key.
+
+Mixing is by tokens when ``[mixture] by = "tokens"`` or any token-estimation key (``primer``,
+``calibration_samples``, ``calibration_shards_max``) is given, by documents otherwise: the
+same rule as the Python API, where passing ``token_estimation`` mixes by tokens.
+
+``[[ops]]`` entries run before tokenization unless they set ``after_tokenize = true`` (then
+they see ``input_ids``).
 ``demo:corpus`` and ``demo:tokenizer`` name the embedded demo corpus and tokenizer;
 ``demo:chat`` and ``demo:chat-tokenizer`` a synthetic chat corpus and a tokenizer with a
 ChatML-style template, for SFT recipes (``[tokenize] kind = "chat"``).
@@ -45,6 +61,8 @@ ChatML-style template, for SFT recipes (``[tokenize] kind = "chat"``).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -52,26 +70,24 @@ from pathlib import Path
 from typing import Any
 
 from zephon.errors import ConfigError
+from zephon.io.options import CacheOptions
+from zephon.ops.base import OperatorSpec, check_order, operator_spec_class
+from zephon.ops.batch import BatchSpec
+from zephon.ops.pack import PackSpec
+from zephon.ops.shuffle import ShuffleSpec
+from zephon.ops.tokenize import TokenizeSpec
+from zephon.ops.tokenize_chat import TokenizeChatSpec
+from zephon.options import LoaderOptions
+from zephon.schema import Key, dataclass_keys, parameter_keys, read_table
 from zephon.tokenizer import looks_local
+from zephon.training import TrainingOptions
+from zephon.work.estimation import TokenEstimation
+from zephon.work.source import EXHAUSTION, StaticMixtureWorkSource
 
-_TOP = {"seed", "lanes", "prefetch", "datasets", "mixture", "tokenize", "pack", "shuffle",
-        "batch", "to_training", "cache", "work"}
-_SECTIONS = {
-    "datasets": {"name", "path", "weight", "fmt"},
-    "mixture": {"by", "repeat", "on_exhausted", "primer", "calibration_samples",
-                "calibration_shards_max"},
-    "tokenize": {"kind", "tokenizer", "field", "add_bos", "add_eos", "max_document_tokens",
-                 "batch_size", "chat_template", "tools_field", "train_on", "on_untrainable"},
-    "pack": {"algorithm", "max_length", "pad_token_id", "max_open_bins", "flat"},
-    "shuffle": {"buffer_size", "seed"},
-    "batch": {"microbatch_size", "drop_last"},
-    "to_training": {"return_labels", "ignore_index", "eos_mask_loss", "eos_token_id",
-                    "return_loss_mask", "return_num_valid_tokens", "position_mode",
-                    "return_cu_seqlens", "return_padding_mask", "rename_fields",
-                    "exclude_fields", "flatten"},
-    "cache": {"root", "limit_bytes"},
-    "work": {"shuffle_units", "shuffle_rows", "unit_bytes", "arrow_unit_rows"},
-}
+_MIX_SOURCE_KEYS = ("repeat", "on_exhausted")
+_WORK_SOURCE_KEYS = ("shuffle_units", "shuffle_rows", "unit_bytes", "arrow_unit_rows")
+_ESTIMATION_KEYS = tuple(f.name for f in dataclasses.fields(TokenEstimation))
+_TOKENIZERS = {"text": TokenizeSpec, "chat": TokenizeChatSpec}
 
 
 @dataclass
@@ -86,17 +102,77 @@ class DatasetEntry:
     """Force a file format (parquet, jsonl, arrow)."""
 
 
+@dataclass(frozen=True)
+class _TopLevel:
+    seed: int = 0
+    """Seed of the unit and row orders (and of shuffles)."""
+
+
+@dataclass(frozen=True)
+class _MixtureChoice:
+    by: str | None = None
+    """``"tokens"`` or ``"documents"``. Default: tokens when a token-estimation key is given,
+    documents otherwise."""
+
+
+@dataclass(frozen=True)
+class _TokenizeChoice:
+    kind: str = "text"
+    """``"text"`` (tokenize) or ``"chat"`` (tokenize_chat)."""
+    tokenizer: str = ""
+    """A tokenizer directory (relative to the recipe), a Hub id, ``demo:tokenizer`` or
+    ``demo:chat-tokenizer``."""
+
+
+@dataclass(frozen=True)
+class _OpsEntry:
+    op: str = ""
+    """``map``, ``filter``, a registered operator's name, or ``"package.module:SpecClass"``."""
+    after_tokenize: bool = False
+    """Run after tokenization (the operator sees ``input_ids``) instead of before."""
+
+
+@functools.cache
+def recipe_schema() -> dict[str, dict[str, Key]]:
+    """Every section's keys: ``""`` is the top level, ``tokenize.chat`` the chat variant and
+    ``ops`` the keys every ``[[ops]]`` entry has besides its operator's own."""
+    cache = {k: v for k, v in dataclass_keys(CacheOptions).items() if k != "enabled"}
+    return {
+        "": {**dataclass_keys(_TopLevel), **dataclass_keys(LoaderOptions)},
+        "datasets": dataclass_keys(DatasetEntry),
+        "mixture": {**dataclass_keys(_MixtureChoice), **dataclass_keys(TokenEstimation),
+                    **parameter_keys(StaticMixtureWorkSource, _MIX_SOURCE_KEYS)},
+        "tokenize": {**dataclass_keys(_TokenizeChoice),
+                     **dataclass_keys(TokenizeSpec, exclude=("tokenizer_id",))},
+        "tokenize.chat": {**dataclass_keys(_TokenizeChoice),
+                          **dataclass_keys(TokenizeChatSpec, exclude=("tokenizer_id",))},
+        "ops": dataclass_keys(_OpsEntry),
+        "pack": dataclass_keys(PackSpec),
+        "shuffle": dataclass_keys(ShuffleSpec),
+        "batch": dataclass_keys(BatchSpec),
+        "to_training": dataclass_keys(TrainingOptions),
+        "cache": cache,
+        "work": parameter_keys(StaticMixtureWorkSource, _WORK_SOURCE_KEYS),
+    }
+
+
+_SECTIONS = ("datasets", "mixture", "tokenize", "ops", "pack", "shuffle", "batch",
+             "to_training", "cache", "work")
+
+
 @dataclass
 class DataRecipe:
-    """A validated data recipe; build a Pipeline with :meth:`build`."""
+    """A validated data recipe; build a Pipeline with :meth:`build`. Sections hold the values
+    the recipe gave, checked against :func:`recipe_schema`."""
 
     datasets: list[DatasetEntry]
     seed: int = 0
     lanes: int | None = None
     """Lanes of the run; None lets it default to the data-parallel size (with a warning)."""
-    prefetch: int = 4
+    prefetch: int | None = None
     mixture: dict[str, Any] = field(default_factory=dict)
     tokenize: dict[str, Any] = field(default_factory=dict)
+    ops: list[dict[str, Any]] = field(default_factory=list)
     pack: dict[str, Any] | None = field(default_factory=lambda: {"algorithm": "wrap"})
     shuffle: dict[str, Any] | None = None
     batch: dict[str, Any] = field(default_factory=dict)
@@ -115,62 +191,68 @@ class DataRecipe:
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "<dict>",
                   base_dir: str | os.PathLike[str] | None = None) -> DataRecipe:
-        unknown = sorted(set(data) - _TOP)
-        if unknown:
-            raise ConfigError(f"{source}: unknown key(s) {unknown}; known: {sorted(_TOP)}")
-        for section, allowed in _SECTIONS.items():
-            value = data.get(section)
-            if value is None:
-                continue
-            items = value if section == "datasets" else [value]
-            if not isinstance(items, list):
-                raise ConfigError(f"{source}: [[datasets]] must be a list of tables")
-            for item in items:
-                if not isinstance(item, dict):
-                    raise ConfigError(f"{source}: [{section}] must be a table")
-                bad = sorted(set(item) - allowed)
-                if bad:
-                    raise ConfigError(f"{source}: unknown key(s) {bad} in [{section}]; "
-                                      f"known: {sorted(allowed)}")
+        schema = recipe_schema()
+        top = {k: v for k, v in data.items() if k not in _SECTIONS}
+        read_table(top, schema[""], source)
+        sections = {}
+        for name in ("mixture", "pack", "shuffle", "batch", "to_training", "cache", "work"):
+            if data.get(name) is not None:
+                sections[name] = read_table(data[name], schema[name], source, name)
         raw_sets = data.get("datasets") or []
-        if not raw_sets:
+        if not isinstance(raw_sets, list) or not raw_sets:
             raise ConfigError(f"{source}: the recipe names no [[datasets]]")
         base = Path(base_dir) if base_dir is not None else Path.cwd()
         entries = []
         for raw in raw_sets:
+            raw = read_table(raw, schema["datasets"], source, "datasets")
             if "name" not in raw or "path" not in raw:
                 raise ConfigError(f"{source}: every [[datasets]] entry needs name and path, "
                                   f"got {raw}")
-            entries.append(DatasetEntry(str(raw["name"]), _resolve_path(raw["path"], base),
+            entries.append(DatasetEntry(raw["name"], _resolve_path(raw["path"], base),
                                         float(raw.get("weight", 1.0)), raw.get("fmt")))
-        tokenize = dict(data.get("tokenize") or {})
+        tokenize = _read_tokenize(data.get("tokenize") or {}, source)
         if "tokenizer" in tokenize:
             tokenize["tokenizer"] = _resolve_tokenizer(tokenize["tokenizer"], base)
-        cache = dict(data["cache"]) if data.get("cache") else None
+        ops = [read_table(entry, {**schema["ops"], **_op_keys(entry, source)}, source, "ops")
+               for entry in _as_list(data.get("ops"), source)]
+        cache = sections.get("cache")
         if cache and "root" in cache:
             cache["root"] = str(base / os.path.expanduser(cache["root"]))
         recipe = cls(
             datasets=entries,
-            seed=int(data.get("seed", 0)),
-            lanes=data.get("lanes"),
-            prefetch=int(data.get("prefetch", 4)),
-            mixture=dict(data.get("mixture") or {}),
+            seed=top.get("seed", 0),
+            lanes=top.get("lanes"),
+            prefetch=top.get("prefetch"),
+            mixture=sections.get("mixture", {}),
             tokenize=tokenize,
-            pack=dict(data["pack"]) if "pack" in data else {"algorithm": "wrap"},
-            shuffle=dict(data["shuffle"]) if data.get("shuffle") else None,
-            batch=dict(data.get("batch") or {}),
-            to_training=dict(data.get("to_training") or {}),
+            ops=ops,
+            pack=sections["pack"] if "pack" in data else {"algorithm": "wrap"},
+            shuffle=sections.get("shuffle"),
+            batch=sections.get("batch", {}),
+            to_training=sections.get("to_training", {}),
             cache=cache,
-            work=dict(data.get("work") or {}),
+            work=sections.get("work", {}),
             source=source,
         )
         recipe.validate()
         return recipe
 
+    @property
+    def mix_by(self) -> str:
+        """``"tokens"`` or ``"documents"``; see the module docstring for the default."""
+        by = self.mixture.get("by")
+        if by is None:
+            by = "tokens" if any(k in self.mixture for k in _ESTIMATION_KEYS) else "documents"
+        return by
+
+    @property
+    def tokenizer(self) -> str:
+        """The tokenizer as resolved (a directory path or a Hub id)."""
+        return self.tokenize["tokenizer"]
+
     def validate(self) -> None:
         """Cheap checks that fail before training starts: files, tokenizer, option values."""
         from zephon.io.dataset import Dataset
-        from zephon.training import TrainingOptions
 
         for entry in self.datasets:
             if not entry.path.startswith("hf://"):
@@ -185,54 +267,92 @@ class DataRecipe:
             raise ConfigError(f"{self.source}: [tokenize] needs tokenizer = <dir or Hub id>")
         if looks_local(tokenizer) and not Path(tokenizer).is_dir():
             raise ConfigError(f"{self.source}: tokenizer directory {tokenizer!r} does not exist")
-        kind = self.tokenize.get("kind", "text")
-        if kind not in ("text", "chat"):
-            raise ConfigError(f"{self.source}: [tokenize] kind={kind!r} is not 'text' or 'chat'")
-        chat_only = {"chat_template", "tools_field", "train_on", "on_untrainable"}
-        text_only = {"add_bos", "add_eos"}
-        wrong = sorted(set(self.tokenize) & (text_only if kind == "chat" else chat_only))
-        if wrong:
-            raise ConfigError(f"{self.source}: [tokenize] {wrong} do not apply to "
-                              f"kind={kind!r}")
-        by = self.mixture.get("by", "tokens")
-        if by not in ("tokens", "documents"):
-            raise ConfigError(f"{self.source}: [mixture] by={by!r} is not 'tokens' or "
+        if self.mix_by not in ("tokens", "documents"):
+            raise ConfigError(f"{self.source}: [mixture] by={self.mix_by!r} is not 'tokens' or "
                               "'documents'")
-        if self.lanes is not None and (not isinstance(self.lanes, int) or self.lanes <= 0):
+        if self.lanes is not None and self.lanes <= 0:
             raise ConfigError(f"{self.source}: lanes must be a positive integer")
+        self._checked("[mixture]", self._check_mixture)
+        tokenize = self._checked("[tokenize]", self._tokenize_spec)
+        before, after = self._checked("[[ops]]", self._op_specs)
+        chain = [*before, tokenize, *after]
+        if self.pack is not None:
+            chain.append(self._checked("[pack]", lambda: PackSpec(
+                **{"max_length": 2, **self.pack})))
+        if self.shuffle:
+            chain.append(self._checked("[shuffle]", lambda: ShuffleSpec(**self.shuffle)))
+        chain.append(self._checked("[batch]", lambda: BatchSpec(
+            **{"microbatch_size": 1, **self.batch})))
+        for i, spec in enumerate(chain):
+            self._checked("operators:", lambda i=i, spec=spec: check_order(chain[:i], spec))
+        if self.cache:
+            self._checked("[cache]", lambda: CacheOptions(enabled=True, **self.cache))
         options = {k: v for k, v in self.to_training.items() if k != "eos_token_id"}
         if options.get("eos_mask_loss"):
             options["eos_token_id"] = self.to_training.get("eos_token_id", 0)
+        self._checked("[to_training]", lambda: TrainingOptions(**{
+            **options, "rename_fields": dict(options.get("rename_fields", {})),
+            "exclude_fields": tuple(options.get("exclude_fields", ()))}))
+
+    def _check_mixture(self) -> None:
+        self._work_source([])
+        on_exhausted = self.mixture.get("on_exhausted", "stop")
+        if on_exhausted not in EXHAUSTION:
+            raise ConfigError(f"on_exhausted={on_exhausted!r} is not one of {EXHAUSTION}")
+        repeat = self.mixture.get("repeat", False)
+        names = {e.name for e in self.datasets}
+        unknown = sorted(set(repeat) - names) if not isinstance(repeat, bool) else []
+        if unknown:
+            raise ConfigError(f"repeat names unknown datasets {unknown} (datasets: "
+                              f"{sorted(names)})")
+
+    def _checked(self, section: str, make: Any) -> Any:
         try:
-            TrainingOptions(**{**options,
-                               "rename_fields": dict(options.get("rename_fields", {})),
-                               "exclude_fields": tuple(options.get("exclude_fields", ()))})
+            return make()
         except ConfigError as exc:
-            raise ConfigError(f"{self.source}: [to_training] {exc}") from None
+            raise ConfigError(f"{self.source}: {section} {exc}") from None
 
     # -- building --------------------------------------------------------------------------
+    def _work_source(self, datasets: list[Any]) -> StaticMixtureWorkSource | None:
+        estimation = None
+        if self.mix_by == "tokens":
+            estimation = TokenEstimation(**{k: self.mixture[k] for k in _ESTIMATION_KEYS
+                                            if k in self.mixture})
+        if not datasets:
+            return None
+        from zephon.work import MixtureSpec
+
+        mixture = MixtureSpec({e.name: e.weight for e in self.datasets})
+        options = {k: self.mixture[k] for k in _MIX_SOURCE_KEYS if k in self.mixture}
+        return StaticMixtureWorkSource(datasets, mixture, seed=self.seed,
+                                       token_estimation=estimation, **options, **self.work)
+
+    def _tokenize_spec(self) -> OperatorSpec:
+        options = dict(self.tokenize)
+        kind = options.pop("kind", "text")
+        tokenizer = options.pop("tokenizer")
+        return _TOKENIZERS[kind](tokenizer_id=tokenizer, **options)
+
+    def _op_specs(self) -> tuple[list[OperatorSpec], list[OperatorSpec]]:
+        """(operators before tokenization, operators after it)."""
+        before, after = [], []
+        for entry in self.ops:
+            options = dict(entry)
+            cls = operator_spec_class(options.pop("op"))
+            (after if options.pop("after_tokenize", False) else before).append(cls(**options))
+        return before, after
+
     def build(self, *, seq_len: int | None = None, microbatch_size: int | None = None,
               dp_rank: int = 0, dp_world_size: int = 1, lanes: int | None = None,
               process_group: Any = None, prefetch: int | None = None) -> Any:
         """A Pipeline for this rank. ``seq_len`` packs rows to ``seq_len + 1`` tokens unless
         the recipe fixes ``[pack] max_length``; the framework's values win over the recipe's
         only where the recipe leaves them open, and a conflict is an error."""
-        from zephon.io import CacheOptions, Dataset, StoreOptions
+        from zephon.io import Dataset, StoreOptions
         from zephon.pipeline import Pipeline
-        from zephon.work import MixtureSpec, StaticMixtureWorkSource, TokenEstimation
 
         datasets = [Dataset.from_path(e.name, e.path, e.fmt) for e in self.datasets]
-        mixture = MixtureSpec({e.name: e.weight for e in self.datasets})
-        by = self.mixture.get("by", "tokens")
-        estimation = None
-        if by == "tokens":
-            estimation = TokenEstimation(**{k: self.mixture[k] for k in
-                                            ("primer", "calibration_samples",
-                                             "calibration_shards_max") if k in self.mixture})
-        source = StaticMixtureWorkSource(
-            datasets, mixture, seed=self.seed, token_estimation=estimation,
-            repeat=self.mixture.get("repeat", False),
-            on_exhausted=self.mixture.get("on_exhausted", "stop"), **self.work)
+        source = self._work_source(datasets)
         chosen_lanes = _agree("lanes", self.lanes, lanes, self.source)
         pipeline = Pipeline(source).options(
             io_options=StoreOptions(cache=CacheOptions(enabled=True, **self.cache))
@@ -240,12 +360,9 @@ class DataRecipe:
             lanes=chosen_lanes, dp_rank=dp_rank, dp_world_size=dp_world_size,
             prefetch=prefetch if prefetch is not None else self.prefetch,
             process_group=process_group)
-        tokenize = dict(self.tokenize)
-        tokenizer = tokenize.pop("tokenizer")
-        if tokenize.pop("kind", "text") == "chat":
-            pipeline = pipeline.tokenize_chat(tokenizer_id=tokenizer, **tokenize)
-        else:
-            pipeline = pipeline.tokenize(tokenizer_id=tokenizer, **tokenize)
+        before, after = self._op_specs()
+        for spec in (*before, self._tokenize_spec(), *after):
+            pipeline = pipeline.apply(spec)
         if self.pack is not None:
             pack = dict(self.pack)
             flat = pack.pop("flat", True)
@@ -275,7 +392,7 @@ class DataRecipe:
         if eos is None:
             from zephon.tokenizer import resolve_encoder
 
-            eos = resolve_encoder(self.tokenize["tokenizer"], None).special.eos
+            eos = resolve_encoder(self.tokenizer, None).special.eos
         if eos is None:
             raise ConfigError(f"{self.source}: eos_mask_loss needs eos_token_id; the tokenizer "
                               "has no EOS token")
@@ -287,6 +404,43 @@ class DataRecipe:
         if options.get("eos_mask_loss"):
             options["eos_token_id"] = self.eos_token_id()
         return options
+
+
+def _as_list(value: Any, source: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ConfigError(f"{source}: [[ops]] must be a list of tables")
+    return value
+
+
+def _op_keys(entry: Any, source: str) -> dict[str, Key]:
+    if not isinstance(entry, dict) or not isinstance(entry.get("op"), str):
+        raise ConfigError(f"{source}: every [[ops]] entry needs op = <operator name>, "
+                          f"got {entry!r}")
+    try:
+        cls = operator_spec_class(entry["op"])
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: [[ops]] {exc}") from None
+    if cls.stage != "document":
+        raise ConfigError(f"{source}: [[ops]] op = {entry['op']!r} is a {cls.stage} operator; "
+                          "[[ops]] holds per-document operators (its own section sets the rest)")
+    return dataclass_keys(cls)
+
+
+def _read_tokenize(table: Any, source: str) -> dict[str, Any]:
+    schema = recipe_schema()
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: [tokenize] must be a table")
+    kind = table.get("kind", "text")
+    if kind not in _TOKENIZERS:
+        raise ConfigError(f"{source}: [tokenize] kind={kind!r} is not 'text' or 'chat'")
+    own = schema["tokenize.chat" if kind == "chat" else "tokenize"]
+    other = schema["tokenize" if kind == "chat" else "tokenize.chat"]
+    wrong = sorted(k for k in table if k not in own and k in other)
+    if wrong:
+        raise ConfigError(f"{source}: [tokenize] {wrong} do not apply to kind={kind!r}")
+    return read_table(table, own, source, "tokenize")
 
 
 def read_toml(path: str | os.PathLike[str], what: str = "recipe") -> dict[str, Any]:

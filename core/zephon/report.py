@@ -1,8 +1,17 @@
-"""What a pipeline delivered, dropped and left over, per dataset: nothing is lost silently."""
+"""What a pipeline delivered, dropped and left over, per dataset: nothing is lost silently.
+
+Reports are built from the ``"stats"`` entries of the nodes' snapshots in the lanes' consumed
+state, summed over the lanes a rank owns (:func:`sum_stats`), so a report always describes what
+the trainer consumed.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
+
+FILTERED_PREFIX = "filtered:"
 
 
 @dataclass
@@ -17,8 +26,15 @@ class DatasetReport:
     realized_share: float = 0.0
     """Delivered share in the mixing unit (tokens or documents)."""
     skipped: dict[str, int] = field(default_factory=dict)
-    """Rows that produced no document, by reason (``empty``; for chat data also
-    ``no_assistant``, ``unknown_role``, ``missing_field``, ``invalid``)."""
+    """Rows (or pieces) that went no further, by reason (``empty``; for chat data also
+    ``no_assistant``, ``unknown_role``, ``missing_field``, ``invalid``; ``filtered:<fn>`` for
+    each filter)."""
+
+    @property
+    def filtered(self) -> int:
+        """Documents that filters rejected."""
+        return sum(n for reason, n in self.skipped.items()
+                   if reason.startswith(FILTERED_PREFIX))
 
 
 @dataclass
@@ -48,3 +64,36 @@ class PipelineReport:
                      f"{self.padding_tokens:,}; dropped at flush {self.dropped}; "
                      f"left over at end {self.leftover}")
         return "\n".join(lines)
+
+
+def sum_stats(stats: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Nested dicts of counts added key by key."""
+    total: dict[str, Any] = {}
+    for entry in stats:
+        _add(total, entry)
+    return total
+
+
+def _add(into: dict[str, Any], entry: dict[str, Any]) -> None:
+    for key, value in entry.items():
+        if isinstance(value, dict):
+            _add(into.setdefault(key, {}), value)
+        else:
+            into[key] = into.get(key, 0) + value
+
+
+def build_report(stats: dict[str, Any], names: list[str], weights: Iterable[float],
+                 by_tokens: bool, microbatches: int, leftover: dict[str, int],
+                 finished: bool) -> PipelineReport:
+    """A report from summed node stats (see :func:`sum_stats`)."""
+    documents = {n: stats.get("documents", {}).get(n, 0) for n in names}
+    tokens = {n: stats.get("tokens", {}).get(n, 0) for n in names}
+    skipped = {n: dict(stats.get("skipped", {}).get(n, {})) for n in names}
+    unit = tokens if by_tokens else documents
+    total = sum(unit.values()) or 1
+    datasets = [DatasetReport(n, float(w), documents[n], tokens[n], skipped[n].get("empty", 0),
+                              unit[n] / total, skipped[n])
+                for n, w in zip(names, weights, strict=True)]
+    dropped = {"rows": 0, "documents": 0, "tokens": 0, **stats.get("dropped", {})}
+    return PipelineReport("tokens" if by_tokens else "documents", datasets, microbatches,
+                          stats.get("padding_tokens", 0), dropped, dict(leftover), finished)

@@ -40,17 +40,29 @@ class TrainingOptions:
     """The options of ``to_training``; contradictory or incomplete sets raise ConfigError."""
 
     return_labels: bool = False
+    """Return ``labels`` (inputs shifted by one); rows of length S give S - 1 positions."""
     ignore_index: int = -100
+    """Label value of positions that carry no loss (padding, masked tokens)."""
     eos_mask_loss: bool = False
+    """Ignore the label that predicts the next document from an EOS token."""
     eos_token_id: int | None = None
+    """The EOS id used by ``eos_mask_loss`` (recipes fill it from the tokenizer)."""
     return_loss_mask: bool = False
+    """Return ``loss_mask`` (float, 1 where the label counts)."""
     return_num_valid_tokens: bool = False
+    """Return ``num_valid_tokens``, the number of labels that count."""
     position_mode: str = "preserve"
+    """``preserve`` (positions restart at each document) or ``sequence`` (0..S-1 per row)."""
     return_cu_seqlens: bool = False
+    """Return ``cu_seqlens``, cumulative document boundaries (and ``max_seqlen``)."""
     return_padding_mask: bool = False
+    """Return ``padding_mask`` (True on padding)."""
     rename_fields: dict[str, str] = field(default_factory=dict)
+    """Output names to rename, ``{produced: wanted}``."""
     exclude_fields: tuple[str, ...] = ()
+    """Produced fields to leave out."""
     flatten: bool = False
+    """Return 1-D tensors over the whole microbatch (``[B * S]``) instead of ``[B, S]``."""
 
     def __post_init__(self) -> None:
         if self.position_mode not in POSITION_MODES:

@@ -153,7 +153,7 @@ def test_resume_after_several_epochs_and_at_epoch_end(two_datasets, tokenizer_di
     reference = run(base, 1, steps=steps)
     pipelines, _ = stream(base, 1, 0, steps)
     epochs = [c["epoch"] for p in pipelines for lane in p.state_dict().values()
-              for c in lane["lane_state"]["components"]]
+              for c in lane["lane_state"]["nodes"][0]["sources"]]
     assert max(epochs) >= 2, "the test should run through several epochs"
     produced, state = [], None
     for cut in (3, 11, 9, 17):
@@ -362,9 +362,11 @@ def test_state_is_plain_data(two_datasets, tokenizer_dir):
             return super().find_class(module, name)
 
     state = PlainOnly(io.BytesIO(blob)).load()
-    assert isinstance(state["lane_0"]["lane_state"]["out"], list)
-    assert any(isinstance(v, np.ndarray) for r in state["lane_0"]["lane_state"]["shuffler"][
-        "buffer"] for v in r["payload"].values())
+    nodes = state["lane_0"]["lane_state"]["nodes"]
+    assert all(isinstance(node, dict) for node in nodes)
+    shuffler = next(node["shuffler"] for node in nodes if "shuffler" in node)
+    assert any(isinstance(v, np.ndarray) for r in shuffler["buffer"]
+               for v in r["payload"].values())
 
 
 def test_superseded_iterator_stops_and_leaves_state_alone(two_datasets, tokenizer_dir):

@@ -111,8 +111,10 @@ def test_missing_field_surfaces_from_iteration(tmp_path, tokenizer_dir):
 
 def test_operator_order_and_required_batch(two_datasets, tokenizer_dir):
     base = Pipeline(source_for(two_datasets))
-    with pytest.raises(ConfigError, match="tokenize must come before pack"):
+    with pytest.raises(ConfigError, match=r"need tokenize\(\.\.\.\) .*before pack_flat"):
         base.pack_flat(16).tokenize(tokenizer_id=tokenizer_dir)
+    with pytest.raises(ConfigError, match="tokenize must come before shuffle"):
+        base.shuffle(4).tokenize(tokenizer_id=tokenizer_dir)
     with pytest.raises(ConfigError, match="needs a batch"):
         iter(base.tokenize(tokenizer_id=tokenizer_dir))
     with pytest.raises(ConfigError, match="need tokenize"):

@@ -107,3 +107,48 @@ def test_chat_recipe(tmp_path):
         DataRecipe.from_dict({"datasets": [{"name": "c", "path": assets["chat"]}],
                               "tokenize": {"kind": "chat", "tokenizer": assets["tokenizer"],
                                            "add_bos": True}})
+
+
+def test_one_mixing_default_for_recipes_and_python(recipe_file):
+    from zephon.work import StaticMixtureWorkSource
+
+    text = recipe_file.read_text()
+    by_documents = DataRecipe.from_toml(recipe_file)
+    assert by_documents.mix_by == "documents"
+    source = by_documents.build(seq_len=64, microbatch_size=2).work_source
+    assert source.token_estimation is None and not source.by_tokens
+    recipe_file.write_text(text + '\n[mixture]\nprimer = "bytes"\n')
+    by_tokens = DataRecipe.from_toml(recipe_file)
+    assert by_tokens.mix_by == "tokens"
+    assert by_tokens.build(seq_len=64, microbatch_size=2).work_source.by_tokens
+    assert isinstance(source, StaticMixtureWorkSource)
+
+
+@pytest.mark.parametrize("section, message", [
+    ('[mixture]\non_exhausted = "drian"\n', r"\[mixture\] on_exhausted='drian' is not one of"),
+    ('[mixture]\nrepeat = ["wiki"]\n', r"repeat names unknown datasets \['wiki'\]"),
+    ("[shuffle]\nbuffer_size = 0\n", r"\[shuffle\] shuffle: buffer_size"),
+    ("[batch]\nmicrobatch_size = '4'\n", r"microbatch_size = '4' in \[batch\] must be an"),
+    ('[[ops]]\nop = "filter"\nfn = "tests.core.toy_ops:missing"\n', "has no 'missing'"),
+])
+def test_option_values_fail_when_the_recipe_is_read(recipe_file, section, message):
+    text = recipe_file.read_text().replace("[shuffle]\nbuffer_size = 4\n", "")
+    recipe_file.write_text(text + "\n" + section)
+    with pytest.raises(ConfigError, match=message) as info:
+        DataRecipe.from_toml(recipe_file)
+    assert "recipe.toml" in str(info.value)
+
+
+def test_chat_roles_from_a_recipe(tmp_path):
+    from zephon.demo.assets import build_chat_assets
+
+    assets = build_chat_assets(tmp_path, n=30)
+    base = {"datasets": [{"name": "chat", "path": assets["chat"]}],
+            "tokenize": {"kind": "chat", "tokenizer": assets["tokenizer"]}}
+    everything = DataRecipe.from_dict(base).build(seq_len=96, microbatch_size=2)
+    list(everything)
+    strict = DataRecipe.from_dict({**base, "tokenize": {
+        **base["tokenize"], "roles": ["user", "assistant"]}}).build(seq_len=96, microbatch_size=2)
+    list(strict)
+    [loose], [tight] = everything.report().datasets, strict.report().datasets
+    assert tight.skipped.get("unknown_role", 0) > loose.skipped.get("unknown_role", 0)

@@ -161,8 +161,10 @@ def test_limit_holds_under_eviction_while_a_pipeline_runs(hub, tmp_path):
         stop.set()
         watcher.join()
     assert peak[0] <= limit
-    assert dataset.cache.stats.evictions > 0
-    assert dataset.cache.stats.downloads > 8  # evicted shards came back when needed again
+    cache = pipeline.loader().source.datasets[0].cache  # the copy bound to `small`
+    assert dataset._cache is None  # the user's dataset object is left unchanged
+    assert cache.stats.evictions > 0
+    assert cache.stats.downloads > 8  # evicted shards came back when needed again
     roomy = _pipeline(Dataset.from_path("d", "hf://org/big/train"),
                       fast_options(tmp_path / "roomy"))
     assert limited == [r.payload["id"] for batch in roomy for r in batch.records]

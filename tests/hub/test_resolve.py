@@ -39,9 +39,7 @@ def read_texts(dataset, min_units: int = 1) -> list[str]:
 
 
 def load(path: str, options, **kwargs):
-    dataset = Dataset.from_path("d", path, **kwargs)
-    dataset.bind(options)
-    return dataset
+    return Dataset.from_path("d", path, **kwargs).bound(options)
 
 
 @pytest.mark.parametrize("path, revision, source, config, texts", [

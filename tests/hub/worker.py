@@ -32,7 +32,7 @@ def _pipeline(args: dict) -> dict:
                 .batch(microbatch_size=4, drop_last=False))
     ids = [record.payload["id"] for batch in pipeline for record in batch.records]
     out = {"commit": dataset.commit, "ids": ids, "fingerprint": pipeline.fingerprint(),
-           "downloads": dataset.cache.stats.downloads}
+           "downloads": pipeline.loader().source.datasets[0].cache.stats.downloads}
     if args.get("world", 1) > 1 and args.get("distributed"):
         import torch.distributed as dist
 

@@ -14,6 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from zephon.engine.source import DatasetSource
+from zephon.ops.base import Node
+from zephon.records import Doc
+
 
 class DeficitMixer:
     def __init__(self, weights: Sequence[float]):
@@ -53,3 +57,65 @@ class DeficitMixer:
     def deactivate(self, index: int) -> None:
         self.active[index] = False
         self._normalized = self._normalize()
+
+
+class MixNode(Node):
+    """The lane's documents: the deficit mixer's choice among the dataset sources.
+
+    ``on_exhausted="stop"`` ends the lane when the chosen dataset has run out; ``"drain"``
+    drops that dataset from the mixture and goes on with the others. Counts per dataset the
+    documents (first pieces) and tokens it hands on.
+    """
+
+    def __init__(self, sources: list[DatasetSource], weights: Sequence[float], by_tokens: bool,
+                 on_exhausted: str):
+        self.sources = sources
+        self.mixer = DeficitMixer(weights)
+        self.by_tokens = by_tokens
+        self.stop_when_one_ends = on_exhausted == "stop"
+        names = [s.name for s in sources]
+        self.documents = dict.fromkeys(names, 0)
+        self.tokens = dict.fromkeys(names, 0)
+        self._ended = False
+
+    def next(self) -> Doc | None:
+        while not self._ended:
+            index = self.mixer.choose()
+            if index is None:
+                break
+            source = self.sources[index]
+            doc = source.next()
+            if doc is None:
+                if self.stop_when_one_ends:
+                    break
+                self.mixer.deactivate(index)
+                continue
+            first = doc.doc_start == 0
+            if doc.tokens is None:
+                self.documents[source.name] += 1
+                self.mixer.record(index, 1)
+                return doc
+            tokens = len(doc.tokens)
+            self.tokens[source.name] += tokens
+            self.documents[source.name] += first
+            self.mixer.record(index, tokens if self.by_tokens else int(first))
+            return doc
+        self._ended = True
+        return None
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "mixer": self.mixer.snapshot(),
+            "sources": [s.snapshot() for s in self.sources],
+            "ended": self._ended,
+            "stats": {"documents": dict(self.documents), "tokens": dict(self.tokens),
+                      "skipped": {s.name: dict(s.skipped) for s in self.sources}},
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.mixer.restore(state["mixer"])
+        for source, saved in zip(self.sources, state["sources"], strict=True):
+            source.restore(saved)
+        self._ended = state["ended"]
+        self.documents = dict(state["stats"]["documents"])
+        self.tokens = dict(state["stats"]["tokens"])

@@ -27,6 +27,7 @@ from typing import Any
 
 from zephon.batch import SampleBatch
 from zephon.engine.lane import Lane, LanePlan
+from zephon.records import record_counts
 
 log = logging.getLogger(__name__)
 
@@ -208,10 +209,10 @@ class RankStream:
                 continue
             self.leftover["microbatches"] += 1
             for record in batch.records:
-                spans = record.meta.get("documents", ())
+                documents, tokens = record_counts(record)
                 self.leftover["rows"] += 1
-                self.leftover["documents"] += sum(1 for s in spans if s.doc_start == 0)
-                self.leftover["tokens"] += sum(s.length for s in spans)
+                self.leftover["documents"] += documents
+                self.leftover["tokens"] += tokens
         self.finished = True
         if self.leftover["microbatches"]:
             log.warning("zephon: end of data; rank %d left over %d microbatch(es) "

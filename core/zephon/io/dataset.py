@@ -149,8 +149,11 @@ class Dataset:
         """A local path to read ``data_file`` from, valid inside the ``with`` block."""
         yield data_file.path
 
-    def bind(self, io_options: StoreOptions) -> None:
-        """Attach the pipeline's storage options (used by remote datasets)."""
+    def bound(self, io_options: StoreOptions) -> Dataset:
+        """This dataset read with ``io_options``: a bound copy for remote datasets; local ones
+        need no options and return themselves. The dataset itself never changes, so pipelines
+        built from one dataset object do not affect each other."""
+        return self
 
 
 def _tail_digest(path: str, size: int = 4096) -> str:

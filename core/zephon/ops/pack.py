@@ -18,7 +18,7 @@ and meta ``documents`` (every contributing piece as a DocSpan) and ``padding``. 
 keeps the documents of a row as a list instead (``to_training`` refuses such rows).
 
 State between rows is the open rows themselves, so a snapshot holds at most
-``max_open_bins * max_length`` tokens per lane. Rows already made wait in the lane for their
+``max_open_bins * max_length`` tokens per lane. Rows already made wait in the node for their
 microbatch: after a document of ``n`` tokens that is up to ``n / max_length`` rows, so cap
 document length (``tokenize(max_document_tokens=...)``) to bound checkpoints on corpora with
 very long documents.
@@ -26,20 +26,27 @@ very long documents.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from zephon.errors import ConfigError
-from zephon.records import DocSpan, Record
+from zephon.ops.base import BuildContext, Node, OperatorSpec, RowOperator
+from zephon.records import Doc, DocSpan, Record
 
 ALGORITHMS = ("wrap", "first_fit", "best_fit")
 
 
 @dataclass(frozen=True)
-class PackSpec:
+class PackSpec(OperatorSpec):
     """Options of ``pack_flat`` / ``pack_sequences``."""
+
+    title: ClassVar[str] = "packing"
+    stage: ClassVar[str] = "row"
+    needs_tokens: ClassVar[bool] = True
+    makes_rows: ClassVar[bool] = True
 
     max_length: int
     """Tokens per row. For next-token training pack to context length + 1."""
@@ -59,26 +66,73 @@ class PackSpec:
             raise ConfigError(f"{op}: max_length must be an integer >= 2, got {self.max_length!r}")
         if self.algorithm not in ALGORITHMS:
             raise ConfigError(f"{op}: algorithm={self.algorithm!r} is not one of {ALGORITHMS}")
-        if self.max_open_bins <= 0:
+        if not isinstance(self.max_open_bins, int) or self.max_open_bins <= 0:
             raise ConfigError(f"{op}: max_open_bins must be positive, got {self.max_open_bins}")
+        if not self.flat and self.pad_token_id is not None:
+            raise ConfigError("pack_sequences: pad_token_id does not apply (rows are not padded)")
+
+    @property
+    def op_name(self) -> str:  # type: ignore[override]
+        return "pack_flat" if self.flat else "pack_sequences"
+
+    def build(self, context: BuildContext) -> PackOperator:
+        special = context.encoder.special if context.encoder is not None else None
+        candidates = (self.pad_token_id, special.pad if special else None,
+                      special.eos if special else None)
+        return PackOperator(self, next((p for p in candidates if p is not None), 0))
 
 
-@dataclass(slots=True)
-class Doc:
-    """A tokenized document (or piece) on its way to the packer."""
+class PackOperator(RowOperator):
+    """:class:`PackSpec` with its padding token resolved against the tokenizer."""
 
-    tokens: np.ndarray
-    doc_id: str
-    dataset: str
-    doc_start: int = 0
-    train_mask: np.ndarray | None = None
+    def __init__(self, spec: PackSpec, pad_token_id: int):
+        super().__init__(spec)
+        self.spec: PackSpec = spec
+        self.pad_token_id = int(pad_token_id)
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {**super().fingerprint(), "pad_token_id": self.pad_token_id}
+
+    def node(self, upstream: Node, lane: int) -> PackNode:
+        return PackNode(Packer(self.spec, self.pad_token_id, lane), upstream)
+
+
+class PackNode(Node):
+    """Pulls documents until a row is ready; at the end of its input it emits the open rows."""
+
+    def __init__(self, packer: Packer, upstream: Node):
+        self.packer = packer
+        self.upstream = upstream
+        self._out: deque[Record] = deque()
+        self._ended = False
+
+    def next(self) -> Record | None:
+        while not self._out:
+            if self._ended:
+                return None
+            doc = self.upstream.next()
+            if doc is None:
+                self._ended = True
+                self._out.extend(self.packer.flush())
+            else:
+                self._out.extend(self.packer.add(doc))
+        return self._out.popleft()
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"packer": self.packer.snapshot(), "out": [r.to_plain() for r in self._out],
+                "ended": self._ended, "stats": {"padding_tokens": self.packer.padding_tokens}}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.packer.restore(state["packer"])
+        self._out = deque(Record.from_plain(r) for r in state["out"])
+        self._ended = state["ended"]
 
 
 _Segment = tuple[Doc, int, int]  # (doc, start inside doc.tokens, length)
 
 
 class Packer:
-    """Runtime side of :class:`PackSpec` for one lane."""
+    """The packing algorithm for one lane (see the module docstring)."""
 
     def __init__(self, spec: PackSpec, pad_token_id: int, lane: int):
         self.spec = spec
@@ -93,7 +147,7 @@ class Packer:
     # -- state -----------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         return {
-            "bins": [[(_piece_state(d, s, n), 0, n) for d, s, n in b] for b in self._bins],
+            "bins": [[[_piece_state(d, s, n), 0, n] for d, s, n in b] for b in self._bins],
             "rows_made": self.rows_made,
             "padding_tokens": self.padding_tokens,
         }
@@ -204,13 +258,13 @@ def _mask_of(doc: Doc, start: int, length: int) -> np.ndarray:
     return doc.train_mask[start:start + length]
 
 
-def _piece_state(doc: Doc, start: int, length: int) -> tuple:
+def _piece_state(doc: Doc, start: int, length: int) -> list[Any]:
     """Only the piece of a document that sits in an open row: a checkpoint holds at most
     ``max_open_bins * max_length`` tokens of open rows, however long the documents."""
     mask = doc.train_mask[start:start + length] if doc.train_mask is not None else None
-    return (doc.tokens[start:start + length], doc.doc_id, doc.dataset, doc.doc_start + start,
-            mask)
+    return Doc(doc.tokens[start:start + length], doc.doc_id, doc.dataset,
+               doc.doc_start + start, mask).to_plain()
 
 
-def _doc_from_state(state: tuple) -> Doc:
-    return Doc(*state)
+def _doc_from_state(state: list[Any]) -> Doc:
+    return Doc.from_plain(list(state))

@@ -12,17 +12,25 @@ size grow linearly with ``buffer_size`` (a 2049-token row is 8 KiB of tokens plu
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from zephon.errors import ConfigError
+from zephon.ops.base import BuildContext, Node, OperatorSpec, RowOperator
 from zephon.records import Record
 
 
 @dataclass(frozen=True)
-class ShuffleSpec:
+class ShuffleSpec(OperatorSpec):
+    """Options of ``shuffle``."""
+
+    op_name: ClassVar[str] = "shuffle"
+    title: ClassVar[str] = "shuffle"
+    stage: ClassVar[str] = "row"
+
     buffer_size: int
     """Records held for shuffling."""
     seed: int = 0
@@ -32,19 +40,68 @@ class ShuffleSpec:
         if not isinstance(self.buffer_size, int) or self.buffer_size <= 0:
             raise ConfigError(f"shuffle: buffer_size must be a positive integer, "
                               f"got {self.buffer_size!r}")
+        if not isinstance(self.seed, int):
+            raise ConfigError(f"shuffle: seed must be an integer, got {self.seed!r}")
+
+    def build(self, context: BuildContext) -> ShuffleOperator:
+        return ShuffleOperator(self, context.seed)
+
+
+class ShuffleOperator(RowOperator):
+    def __init__(self, spec: ShuffleSpec, base_seed: int):
+        super().__init__(spec)
+        self.spec: ShuffleSpec = spec
+        self.base_seed = base_seed
+
+    def node(self, upstream: Node, lane: int) -> ShuffleNode:
+        return ShuffleNode(Shuffler(self.spec, self.base_seed, lane), upstream)
+
+
+class ShuffleNode(Node):
+    """Pulls rows through the shuffle buffer; at the end of its input emits the buffer."""
+
+    def __init__(self, shuffler: Shuffler, upstream: Node):
+        self.shuffler = shuffler
+        self.upstream = upstream
+        self._out: deque[Record] = deque()
+        self._ended = False
+
+    def next(self) -> Record | None:
+        while not self._out:
+            if self._ended:
+                return None
+            record = self.upstream.next()
+            if record is None:
+                self._ended = True
+                self._out.extend(self.shuffler.flush())
+            else:
+                self._out.extend(self.shuffler.add(record))
+        return self._out.popleft()
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"shuffler": self.shuffler.snapshot(), "out": [r.to_plain() for r in self._out],
+                "ended": self._ended}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.shuffler.restore(state["shuffler"])
+        self._out = deque(Record.from_plain(r) for r in state["out"])
+        self._ended = state["ended"]
 
 
 class Shuffler:
+    """The buffer shuffle for one lane (see the module docstring)."""
+
     def __init__(self, spec: ShuffleSpec, base_seed: int, lane: int):
         self.spec = spec
         self._rng = np.random.Generator(np.random.PCG64([base_seed, lane, spec.seed, 0x5F]))
         self._buffer: list[Record] = []
 
     def snapshot(self) -> dict[str, Any]:
-        return {"buffer": list(self._buffer), "rng": self._rng.bit_generator.state}
+        return {"buffer": [r.to_plain() for r in self._buffer],
+                "rng": self._rng.bit_generator.state}
 
     def restore(self, state: dict[str, Any]) -> None:
-        self._buffer = list(state["buffer"])
+        self._buffer = [Record.from_plain(r) for r in state["buffer"]]
         self._rng.bit_generator.state = state["rng"]
 
     def add(self, record: Record) -> list[Record]:

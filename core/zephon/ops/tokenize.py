@@ -9,56 +9,43 @@ last carries EOS. Empty or null texts produce no document and are counted.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar
 
 import numpy as np
 
 from zephon.errors import ConfigError, DataError
+from zephon.ops.base import BuildContext, DocumentOperator, Dropped, OperatorSpec, Outcome
+from zephon.records import Doc
 from zephon.tokenizer import TextEncoder, resolve_encoder
 
 
-@dataclass(slots=True)
-class Encoded:
-    """One input row after tokenization: its document pieces (with per-token train masks for
-    chat data), or the reason it produced no document."""
-
-    pieces: list[np.ndarray]
-    masks: list[np.ndarray] | None = None
-    skipped: str | None = None
-
-
-class RowEncoder(Protocol):
-    """What a lane needs from a tokenizing operator."""
-
-    columns: list[str]
-    encoder: TextEncoder
-
-    def encode_rows(self, rows: Sequence[tuple[Any, ...]], where: Sequence[str]
-                    ) -> list[Encoded]: ...
-
-    def fingerprint(self) -> dict[str, Any]: ...
-
-
 @dataclass(frozen=True)
-class TokenizeSpec:
+class TokenizeSpec(OperatorSpec):
     """The ``tokenize`` operator's options."""
 
-    field: str = "text"
-    """Column holding the document text."""
+    op_name: ClassVar[str] = "tokenize"
+    title: ClassVar[str] = "tokenizer or tokenize"
+    stage: ClassVar[str] = "document"
+    makes_tokens: ClassVar[bool] = True
+
     tokenizer_id: str | None = None
     """A local tokenizer directory or a Hub id (loaded through transformers)."""
-    tokenizer: Any = None
-    """A tokenizer object instead of ``tokenizer_id``."""
+    field: str = "text"
+    """Column holding the document text."""
+    tokenizer: Any = dataclasses.field(default=None, metadata={"recipe": False,
+                                                              "fingerprint": False})
+    """A tokenizer object instead of ``tokenizer_id`` (Python only)."""
     add_bos: bool | None = None
     """Prefix each document with BOS. None: when the tokenizer defines a BOS token."""
     add_eos: bool | None = None
     """Suffix each document with EOS. None: when the tokenizer defines an EOS token."""
     max_document_tokens: int | None = None
     """Split longer documents into pieces of at most this many tokens (None: never split)."""
-    batch_size: int = 256
-    """Documents per backend call; affects speed only."""
+    batch_size: int = dataclasses.field(default=256, metadata={"fingerprint": False})
+    """Documents per backend call; affects speed only, never the tokens."""
 
     def __post_init__(self) -> None:
         if not self.field or not isinstance(self.field, str):
@@ -71,13 +58,20 @@ class TokenizeSpec:
         if self.batch_size <= 0:
             raise ConfigError(f"tokenize: batch_size must be positive, got {self.batch_size}")
 
+    def build(self, context: BuildContext) -> DocumentTokenizer:
+        tokenizer = DocumentTokenizer(self)
+        context.encoder = tokenizer.encoder
+        return tokenizer
 
-class DocumentTokenizer:
+
+class DocumentTokenizer(DocumentOperator):
     """Runtime side of :class:`TokenizeSpec`."""
 
     def __init__(self, spec: TokenizeSpec):
-        self.spec = spec
+        super().__init__(spec)
+        self.spec: TokenizeSpec = spec
         self.columns = [spec.field]
+        self.batch_size = spec.batch_size
         self.encoder: TextEncoder = resolve_encoder(spec.tokenizer_id, spec.tokenizer)
         special = self.encoder.special
         self.bos = _special(spec.add_bos, special.bos, "add_bos", "BOS")
@@ -85,6 +79,7 @@ class DocumentTokenizer:
 
     def fingerprint(self) -> dict[str, Any]:
         return {
+            "op": self.spec.op_name,
             "tokenizer": self.encoder.digest,
             "field": self.spec.field,
             "bos": self.bos,
@@ -92,17 +87,27 @@ class DocumentTokenizer:
             "max_document_tokens": self.spec.max_document_tokens,
         }
 
-    def encode_rows(self, rows: Sequence[tuple[Any, ...]], where: Sequence[str]
-                    ) -> list[Encoded]:
-        """Rows of (text,) -> documents; ``where`` names each row for error messages."""
+    def apply(self, docs: Sequence[Doc], where: Sequence[str]) -> list[Outcome]:
+        """Documents with text in ``field`` -> their token pieces (offsets in ``doc_start``);
+        an empty or null text is dropped as ``empty``."""
+        name = self.spec.field
         texts = []
-        for (value,), label in zip(rows, where, strict=True):
+        for doc, label in zip(docs, where, strict=True):
+            fields = doc.fields or {}
+            if name not in fields:
+                raise DataError(f"{label}: missing field {name!r} (has {sorted(fields)})")
+            value = fields[name]
             if value is not None and not isinstance(value, str):
-                raise DataError(f"{label}: field {self.spec.field!r} is "
-                                f"{type(value).__name__}, expected text")
+                raise DataError(f"{label}: field {name!r} is {type(value).__name__}, "
+                                "expected text")
             texts.append(value or "")
-        return [Encoded(pieces) if pieces else Encoded([], skipped="empty")
-                for pieces in self.encode(texts)]
+        out: list[Outcome] = []
+        for doc, pieces in zip(docs, self.encode(texts), strict=True):
+            if not pieces:
+                out.append(Dropped("empty"))
+                continue
+            out.append(split_pieces(doc, pieces, None))
+        return out
 
     def encode(self, texts: list[str]) -> list[list[np.ndarray]]:
         """Each text -> its pieces (an empty list for an empty document)."""
@@ -122,6 +127,17 @@ class DocumentTokenizer:
             else:
                 out.append([doc[i:i + limit] for i in range(0, doc.size, limit)])
         return out
+
+
+def split_pieces(doc: Doc, pieces: list[np.ndarray], masks: list[np.ndarray] | None
+                 ) -> list[Doc]:
+    """Tokenized pieces of ``doc`` as documents carrying their offsets; fields are dropped."""
+    out, offset = [], doc.doc_start
+    for i, piece in enumerate(pieces):
+        out.append(Doc(piece, doc.doc_id, doc.dataset, offset,
+                       masks[i] if masks is not None else None))
+        offset += len(piece)
+    return out
 
 
 def _special(asked: bool | None, token: int | None, option: str, name: str) -> int | None:

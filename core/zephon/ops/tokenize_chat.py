@@ -24,17 +24,20 @@ unknown role, a missing or malformed field) is dropped and counted by reason, or
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from zephon.errors import ConfigError, DataError
-from zephon.ops.tokenize import Encoded
+from zephon.ops.base import BuildContext, DocumentOperator, Dropped, OperatorSpec, Outcome
+from zephon.ops.tokenize import split_pieces
+from zephon.records import Doc
 from zephon.tokenizer import TextEncoder, load_tokenizer
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -42,15 +45,21 @@ _MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
 @dataclass(frozen=True)
-class TokenizeChatSpec:
+class TokenizeChatSpec(OperatorSpec):
     """Options of ``tokenize_chat``."""
 
-    field: str = "messages"
-    """Column holding the conversation (a list of role/content messages)."""
+    op_name: ClassVar[str] = "tokenize_chat"
+    title: ClassVar[str] = "tokenizer or tokenize_chat"
+    stage: ClassVar[str] = "document"
+    makes_tokens: ClassVar[bool] = True
+
     tokenizer_id: str | None = None
     """A local tokenizer directory or Hub id (transformers, with a chat template)."""
-    tokenizer: Any = None
-    """A transformers tokenizer object instead of ``tokenizer_id``."""
+    field: str = "messages"
+    """Column holding the conversation (a list of role/content messages)."""
+    tokenizer: Any = dataclasses.field(default=None, metadata={"recipe": False,
+                                                              "fingerprint": False})
+    """A transformers tokenizer object instead of ``tokenizer_id`` (Python only)."""
     chat_template: str | None = None
     """A Jinja chat template overriding the tokenizer's."""
     tools_field: str | None = None
@@ -63,10 +72,12 @@ class TokenizeChatSpec:
     """Roles accepted in a conversation; others make it untrainable (``unknown_role``)."""
     max_document_tokens: int | None = None
     """Split longer conversations into pieces of at most this many tokens."""
-    batch_size: int = 64
+    batch_size: int = dataclasses.field(default=64, metadata={"fingerprint": False})
     """Conversations rendered per read-ahead batch; affects speed only."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.roles, list):
+            object.__setattr__(self, "roles", tuple(self.roles))
         if (self.tokenizer_id is None) == (self.tokenizer is None):
             raise ConfigError("tokenize_chat: give exactly one of tokenizer_id=... or "
                               "tokenizer=...")
@@ -83,6 +94,11 @@ class TokenizeChatSpec:
         if self.batch_size <= 0:
             raise ConfigError("tokenize_chat: batch_size must be positive")
 
+    def build(self, context: BuildContext) -> ChatTokenizer:
+        tokenizer = ChatTokenizer(self)
+        context.encoder = tokenizer.encoder
+        return tokenizer
+
 
 class _Untrainable(Exception):
     def __init__(self, reason: str, detail: str):
@@ -90,11 +106,13 @@ class _Untrainable(Exception):
         self.reason = reason
 
 
-class ChatTokenizer:
+class ChatTokenizer(DocumentOperator):
     """Runtime side of :class:`TokenizeChatSpec`."""
 
     def __init__(self, spec: TokenizeChatSpec):
-        self.spec = spec
+        super().__init__(spec)
+        self.spec: TokenizeChatSpec = spec
+        self.batch_size = spec.batch_size
         tokenizer = spec.tokenizer if spec.tokenizer is not None else \
             load_tokenizer(spec.tokenizer_id)
         if not hasattr(tokenizer, "apply_chat_template"):
@@ -112,6 +130,7 @@ class ChatTokenizer:
 
     def fingerprint(self) -> dict[str, Any]:
         return {
+            "op": self.spec.op_name,
             "tokenizer": self.encoder.digest,
             "chat_template": hashlib.sha256(self.template.encode()).hexdigest()[:16],
             "field": self.spec.field,
@@ -122,10 +141,14 @@ class ChatTokenizer:
         }
 
     # -- encoding --------------------------------------------------------------------------
-    def encode_rows(self, rows: Sequence[tuple[Any, ...]], where: Sequence[str]
-                    ) -> list[Encoded]:
-        out = []
-        for row, label in zip(rows, where, strict=True):
+    def apply(self, docs: Sequence[Doc], where: Sequence[str]) -> list[Outcome]:
+        out: list[Outcome] = []
+        for doc, label in zip(docs, where, strict=True):
+            fields = doc.fields or {}
+            if self.spec.field not in fields:
+                raise DataError(f"{label}: missing field {self.spec.field!r} "
+                                f"(has {sorted(fields)})")
+            row = tuple(fields.get(c) for c in self.columns)
             try:
                 messages, tools = self._parse(row)
                 ids, mask = self.encode_conversation(messages, tools)
@@ -133,17 +156,17 @@ class ChatTokenizer:
                 if self.spec.on_untrainable == "raise":
                     raise DataError(f"{label}: conversation has nothing to train on "
                                     f"({exc.reason}: {exc})") from None
-                out.append(Encoded([], skipped=exc.reason))
+                out.append(Dropped(exc.reason))
                 continue
             except ConfigError as exc:
                 raise ConfigError(f"{label}: {exc}") from None
             limit = self.spec.max_document_tokens
             if limit is None or len(ids) <= limit:
-                out.append(Encoded([ids], [mask]))
+                out.append(split_pieces(doc, [ids], [mask]))
             else:
                 cuts = range(0, len(ids), limit)
-                out.append(Encoded([ids[i:i + limit] for i in cuts],
-                                   [mask[i:i + limit] for i in cuts]))
+                out.append(split_pieces(doc, [ids[i:i + limit] for i in cuts],
+                                        [mask[i:i + limit] for i in cuts]))
         return out
 
     def _parse(self, row: tuple[Any, ...]) -> tuple[list[dict[str, Any]], Any]:

@@ -14,6 +14,7 @@ rough for compressed files. ``Pipeline.estimate()`` runs it; iteration never wai
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,9 +55,13 @@ class DatasetEstimate:
     tokens: float | None
 
 
-def estimate_dataset(source: Any, index: int, lanes: int, tokenizer: Any,
+def estimate_dataset(source: Any, index: int, lanes: int, columns: list[str] | None,
+                     measure: Callable[[list[dict[str, Any]], list[str]], list[int]] | None,
                      spec: TokenEstimation) -> DatasetEstimate:
-    """Estimate one dataset of ``source`` (a StaticMixtureWorkSource) for ``lanes`` lanes."""
+    """Estimate one dataset of ``source`` (a StaticMixtureWorkSource) for ``lanes`` lanes.
+
+    ``measure`` gives the tokens of each sampled row (its fields, projected to ``columns``, and
+    a label naming it); None (no tokenizer) estimates from bytes."""
     from zephon.io.formats import read_unit
 
     dataset = source.datasets[index]
@@ -64,14 +69,15 @@ def estimate_dataset(source: Any, index: int, lanes: int, tokenizer: Any,
     counts = [u.stop - u.start if u.kind in ("row_group", "rows") else None for _, u in units]
     documents = sum(counts) if None not in counts else None
     total_bytes = sum(f.size for f in dataset.files())
-    if spec.primer == "bytes" or tokenizer is None:
+    if spec.primer == "bytes" or measure is None:
         tokens = total_bytes / 4
         per_doc = tokens / documents if documents else float("nan")
         return DatasetEstimate(dataset.name, documents, per_doc, tokens)
     order = source._unit_order(index, 0, len(units))
     sampled = [units[int(i)] for i in order[:spec.calibration_shards_max]]
     per_unit = -(-spec.calibration_samples // len(sampled))
-    rows: list[tuple[Any, ...]] = []
+    rows: list[dict[str, Any]] = []
+    labels: list[str] = []
     sampled_rows = 0
     sampled_bytes = 0
     for file_index, unit in sampled:
@@ -79,14 +85,14 @@ def estimate_dataset(source: Any, index: int, lanes: int, tokenizer: Any,
         display = dataset.display_name(data_file)
         with dataset.local_file(data_file) as local:
             table, keys = read_unit(local, data_file.fmt, data_file.compression, unit,
-                                    tokenizer.columns, display)
+                                    columns, display)
         step = max(1, len(keys) // per_unit)
         picked = list(range(0, len(keys), step))[:per_unit]
-        rows += [tuple(table[c][r] for c in tokenizer.columns) for r in picked]
+        rows += [{c: values[r] for c, values in table.items()} for r in picked]
+        labels += [f"{display}: row {keys[r]}" for r in picked]
         sampled_rows += len(keys)
         sampled_bytes += unit.stop - unit.start if unit.kind == "bytes" else 0
-    encoded = tokenizer.encode_rows(rows, [dataset.name] * len(rows))
-    lengths = [sum(len(p) for p in e.pieces) for e in encoded]
+    lengths = measure(rows, labels)
     per_doc = float(np.mean(lengths)) if lengths else 0.0
     if documents is None and sampled_bytes:
         documents = round(total_bytes * sampled_rows / sampled_bytes)

@@ -21,6 +21,7 @@ Mixing is by documents unless ``token_estimation`` is given, then by tokens; see
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 from collections.abc import Collection, Sequence
@@ -31,6 +32,7 @@ import numpy as np
 from zephon.errors import ConfigError
 from zephon.io.dataset import Dataset
 from zephon.io.formats import PlanHints, UnitSpec
+from zephon.io.options import StoreOptions
 from zephon.work.estimation import TokenEstimation
 from zephon.work.mixture import MixtureSpec
 
@@ -41,7 +43,24 @@ UNITS_PER_LANE = 4
 
 
 class StaticMixtureWorkSource:
-    """Datasets, their target mixture, and the seeded order in which lanes read them."""
+    """Datasets, their target mixture, and the seeded order in which lanes read them.
+
+    Keyword options (a data recipe's ``[mixture]`` and ``[work]`` keys):
+
+    repeat
+        Datasets (or ``True`` for all) that start a new, reshuffled epoch when they run out.
+    on_exhausted
+        ``"stop"`` ends a lane when a dataset that is not repeated runs out; ``"drain"`` goes
+        on with the others.
+    shuffle_units
+        Visit work units in a seeded order (else in file order).
+    shuffle_rows
+        Read the rows of each unit in a seeded order (else in file order).
+    unit_bytes
+        Target bytes of a JSONL work unit (byte ranges split at line ends).
+    arrow_unit_rows
+        Rows of an Arrow work unit.
+    """
 
     def __init__(
         self,
@@ -110,6 +129,14 @@ class StaticMixtureWorkSource:
         self.shuffle_rows = shuffle_rows
         self.hints = PlanHints(unit_bytes=unit_bytes, arrow_unit_rows=arrow_unit_rows)
         self._plans: dict[int, list[list[tuple[int, UnitSpec]]]] = {}
+
+    def bound(self, io_options: StoreOptions) -> StaticMixtureWorkSource:
+        """This work source with its datasets bound to ``io_options`` (see
+        :meth:`zephon.io.Dataset.bound`); the source itself is left unchanged."""
+        clone = copy.copy(self)
+        clone.datasets = [ds.bound(io_options) for ds in self.datasets]
+        clone._plans = {}
+        return clone
 
     @property
     def by_tokens(self) -> bool:

@@ -16,12 +16,14 @@ planned. Reading a unit downloads its whole file into the shard cache first
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import math
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from zephon.errors import ConfigError, DataError
@@ -54,7 +56,7 @@ class HubDataset(Dataset):
         self._io = StoreOptions()
         self._client = self._make_client()
         self._cache: ShardCache | None = None
-        self._resolution: Resolution | None = None
+        self._shared = SimpleNamespace(resolution=None)  # shared by bound copies
         self._lock = threading.Lock()
 
     def _make_client(self) -> HubClient:
@@ -67,8 +69,15 @@ class HubDataset(Dataset):
         return f"HubDataset({self.name!r}, {self.path!r})"
 
     # -- options ----------------------------------------------------------------------------
+    def bound(self, io_options: StoreOptions) -> HubDataset:
+        """A copy that reads through ``io_options``; Hub data needs its shard cache enabled.
+        Copies share the pinned resolution, so every pipeline reads the same commit."""
+        clone = copy.copy(self)
+        clone.bind(io_options)
+        return clone
+
     def bind(self, io_options: StoreOptions) -> None:
-        """Use ``io_options``; Hub data needs its shard cache enabled."""
+        """Use ``io_options`` (in place); Hub data needs its shard cache enabled."""
         if not io_options.cache.enabled:
             raise ConfigError(
                 f"dataset {self.name!r} ({self.path}) is read from the Hugging Face Hub through "
@@ -91,10 +100,11 @@ class HubDataset(Dataset):
     def resolution(self) -> Resolution:
         """The pinned commit and the split's files (resolved on first use)."""
         with self._lock:
-            if self._resolution is None:
+            if self._shared.resolution is None:
                 root = self._cache.root if self._cache is not None else None
-                self._resolution = resolve(self.hub_path, self._client, root, self.fmt)
-            return self._resolution
+                self._shared.resolution = resolve(self.hub_path, self._client, root,
+                                                  self.fmt)
+            return self._shared.resolution
 
     @property
     def commit(self) -> str:

@@ -1,0 +1,196 @@
+"""One dataset's documents inside one lane: the source node under the mixer.
+
+The source reads the lane's units of the dataset in the work source's order and the rows of
+each unit in their seeded order, and runs the pipeline's document operators (map, filter,
+tokenize, ...) over them in read-ahead batches, ahead of the mixer. Each row yields zero or
+more documents (a long document may be split into pieces, a filter may drop it).
+
+State is only the position of the next document the mixer has not taken, ``(k, row, piece)``:
+the k-th unit of this lane, the row inside the unit's order, the document among that row's
+outputs. Documents read ahead are not state: a restore reads the unit again from that position
+and re-applies the (pure) document operators, so restoring costs at most one unit read, never
+a replay. Drops are counted by reason when the mixer moves past them.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from zephon.io.formats import read_unit
+from zephon.ops.base import DocumentOperator, Dropped
+from zephon.records import Doc
+from zephon.work.source import StaticMixtureWorkSource
+
+Position = tuple[int, int, int]
+# Read-ahead starts small and doubles up to the operators' batch size, so the first batch does
+# not wait for a full batch of documents to be encoded (the output is the same either way).
+_FIRST_CHUNK = 8
+_DEFAULT_CHUNK = 256
+
+
+def projected_columns(ops: Sequence[DocumentOperator]) -> list[str] | None:
+    """The columns a source must read for ``ops``: those the operators before the first
+    tokenizing one read (None: all columns)."""
+    columns: list[str] = []
+    for op in ops:
+        if op.columns is None:
+            return None
+        columns += [c for c in op.columns if c not in columns]
+        if op.spec.makes_tokens:
+            return columns
+    return None
+
+
+class _LoadedUnit:
+    __slots__ = ("columns", "display", "epoch", "file_index", "k", "keys", "order")
+
+    def __init__(self, k: int, epoch: int, columns: dict[str, list[Any]], keys: list[int],
+                 order: np.ndarray, file_index: int, display: str):
+        self.k, self.epoch, self.columns, self.keys, self.order = k, epoch, columns, keys, order
+        self.file_index, self.display = file_index, display
+
+
+class _Ahead:
+    """A document read ahead (or None for a row that yielded none), the position after it,
+    its unit's epoch and the drops to count when the mixer passes it."""
+
+    __slots__ = ("after", "doc", "drops", "epoch")
+
+    def __init__(self, doc: Doc | None, after: Position, epoch: int, drops: list[str]):
+        self.doc, self.after, self.epoch, self.drops = doc, after, epoch, drops
+
+
+class DatasetSource:
+    """Documents of dataset ``index`` for ``lane`` of ``lanes``; see the module docstring."""
+
+    def __init__(self, source: StaticMixtureWorkSource, index: int, lane: int, lanes: int,
+                 ops: Sequence[DocumentOperator]):
+        self.source = source
+        self.index = index
+        self.dataset = source.datasets[index]
+        self.name = self.dataset.name
+        self.lane, self.lanes = lane, lanes
+        self.ops = list(ops)
+        self.columns = projected_columns(self.ops)
+        sizes = [op.batch_size for op in self.ops if op.batch_size]
+        self.chunk = min(sizes) if sizes else _DEFAULT_CHUNK
+        self._next_chunk = min(self.chunk, _FIRST_CHUNK)
+        self.position: Position = (0, 0, 0)
+        self.skipped: dict[str, int] = {}
+        self.epoch = 0
+        self._read: Position = (0, 0, 0)
+        self._ahead: deque[_Ahead] = deque()
+        self._unit: _LoadedUnit | None = None
+        self._exhausted = False
+
+    # -- state -----------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        return {"position": list(self.position), "skipped": dict(self.skipped),
+                "epoch": self.epoch}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.position = tuple(state["position"])
+        self.skipped = dict(state["skipped"])
+        self.epoch = state["epoch"]
+        self._read = self.position
+        self._next_chunk = min(self.chunk, _FIRST_CHUNK)
+        self._ahead.clear()
+        self._exhausted = False
+
+    # -- reading ---------------------------------------------------------------------------
+    def next(self) -> Doc | None:
+        """The next document, or None when this lane's share of the dataset is read."""
+        while True:
+            if not self._ahead and not self._fill():
+                return None
+            item = self._ahead.popleft()
+            self.position = item.after
+            self.epoch = item.epoch
+            for reason in item.drops:
+                self.skipped[reason] = self.skipped.get(reason, 0) + 1
+            if item.doc is not None:
+                return item.doc
+
+    def _load(self, k: int) -> _LoadedUnit | None:
+        if self._unit is not None and self._unit.k == k:
+            return self._unit
+        found = self.source.unit_at(self.index, self.lane, k, self.lanes)
+        if found is None:
+            return None
+        epoch, unit_index, (file_index, spec) = found
+        data_file = self.dataset.files()[file_index]
+        display = self.dataset.display_name(data_file)
+        with self.dataset.local_file(data_file) as local:
+            table, keys = read_unit(local, data_file.fmt, data_file.compression, spec,
+                                    self.columns, display)
+        order = self.source.row_order(self.index, epoch, unit_index, len(keys))
+        self._unit = _LoadedUnit(k, epoch, table, keys, order, file_index, display)
+        return self._unit
+
+    def _fill(self) -> bool:
+        if self._exhausted:
+            return False
+        k, row, skip = self._read
+        docs: list[Doc] = []
+        labels: list[str] = []
+        where: list[tuple[int, int, int, int]] = []  # k, row, pieces to skip, epoch
+        chunk = self._next_chunk
+        self._next_chunk = min(self.chunk, chunk * 2)
+        while len(docs) < chunk:
+            unit = self._load(k)
+            if unit is None:
+                self._exhausted = True
+                break
+            n = len(unit.keys)
+            names = list(unit.columns)
+            while row < n and len(docs) < chunk:
+                r = int(unit.order[row])
+                doc_id = f"{self.name}:{unit.file_index}:{unit.keys[r]}"
+                if unit.epoch:  # a repeated dataset's documents come back once per epoch
+                    doc_id += f"#e{unit.epoch}"
+                docs.append(Doc(None, doc_id, self.name,
+                                fields={c: unit.columns[c][r] for c in names}))
+                labels.append(f"{unit.display}: row {unit.keys[r]}")
+                where.append((k, row, skip, unit.epoch))
+                row += 1
+                skip = 0
+            if row >= n:
+                k, row = k + 1, 0
+        self._read = (k, row, 0)
+        if not docs:
+            return False
+        for (wk, wrow, wskip, epoch), (outputs, drops) in zip(
+                where, transform_documents(self.ops, docs, labels), strict=True):
+            if wskip:  # resumed inside this row: its drops were counted before
+                outputs, drops = outputs[wskip:], []
+            if not outputs:
+                self._ahead.append(_Ahead(None, (wk, wrow + 1, 0), epoch, drops))
+                continue
+            for p, doc in enumerate(outputs, start=wskip):
+                last = p + 1 == wskip + len(outputs)
+                after = (wk, wrow + 1, 0) if last else (wk, wrow, p + 1)
+                self._ahead.append(_Ahead(doc, after, epoch, drops if p == wskip else []))
+        return True
+
+
+def transform_documents(ops: Sequence[DocumentOperator], docs: list[Doc], labels: list[str]
+                        ) -> list[tuple[list[Doc], list[str]]]:
+    """Each row's documents after every document operator, and the drop reasons on the way."""
+    rows: list[tuple[list[Doc], list[str]]] = [([d], []) for d in docs]
+    for op in ops:
+        items = [(i, d) for i, (outputs, _) in enumerate(rows) for d in outputs]
+        if not items:
+            break
+        outcomes = op.apply([d for _, d in items], [labels[i] for i, _ in items])
+        fresh: list[tuple[list[Doc], list[str]]] = [([], drops) for _, drops in rows]
+        for (i, _), outcome in zip(items, outcomes, strict=True):
+            if isinstance(outcome, Dropped):
+                fresh[i][1].append(outcome.reason)
+            else:
+                fresh[i][0].extend(outcome)
+        rows = fresh
+    return rows

@@ -1,0 +1,213 @@
+"""The operator contract: specs, the operators built from them, and the nodes lanes run.
+
+An operator lives in one module under ``zephon.ops`` and has three parts:
+
+- a **spec**: a frozen dataclass subclassing :class:`OperatorSpec`, one documented field per
+  option, validated in ``__post_init__``. The recipe schema is derived from these fields (see
+  :mod:`zephon.recipe`), so a new field is a new recipe key.
+- an **operator**: what ``spec.build(context)`` returns once per loader, shared by its lanes.
+  It holds loaded resources (a tokenizer) and gives the fingerprint fields that a resume must
+  find unchanged (:meth:`Operator.fingerprint`; by default the spec's fields).
+- for row operators, a **node** per lane: a pull iterator over its upstream node with
+  ``next()`` and plain-data ``snapshot()`` / ``restore()``.
+
+Two kinds of operator:
+
+- **Document operators** (``stage = "document"``: map, filter, tokenize, tokenize_chat) act on
+  one document at a time, before mixing, inside each dataset's source. They must be pure
+  functions of the document (no state, no randomness of their own); that is what makes them
+  free to checkpoint: a resumed source re-reads its unit and re-applies them. They take
+  documents in batches (``apply``) so that tokenizers can batch-encode.
+- **Row operators** (``stage = "row"``: pack, shuffle; ``stage = "batch"``: batch) run after the
+  mixer, one node per lane; their state is what their snapshots hold.
+
+Order rules are declared, not fixed: a spec says its stage (document < row < batch), whether it
+needs token ids (``needs_tokens``), makes them (``makes_tokens``), makes rows from documents
+(``makes_rows``) and whether it may appear once (``once``). :func:`check_order` turns
+violations into errors naming both operators.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from zephon.errors import ConfigError
+from zephon.records import Doc
+
+STAGES = ("document", "row", "batch")
+
+
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    """A document operator's verdict that a document goes no further, and why.
+
+    ``reason`` becomes a count in the pipeline report (``skipped`` per dataset)."""
+
+    reason: str
+
+
+Outcome = list[Doc] | Dropped
+"""What a document operator makes of one document: zero or more documents, or a drop."""
+
+
+@dataclass
+class BuildContext:
+    """What operators may need when built: filled in as the chain is built, in order."""
+
+    seed: int
+    """The work source's seed."""
+    lanes: int
+    """Lanes of the run."""
+    encoder: Any = None
+    """The tokenizing operator's text encoder (``zephon.tokenizer.TextEncoder``), once built."""
+
+
+_REGISTRY: dict[str, type[OperatorSpec]] = {}
+
+
+class OperatorSpec:
+    """Base of every operator spec. Subclasses are frozen dataclasses and set the class
+    attributes below; defining one registers its ``op_name`` for recipes' ``[[ops]]``."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        name = cls.__dict__.get("op_name")
+        if not isinstance(name, str):
+            return
+        known = _REGISTRY.get(name)
+        if known is not None and (known.__module__, known.__qualname__) != (
+                cls.__module__, cls.__qualname__):
+            raise ConfigError(f"operator name {name!r} of {cls.__module__}.{cls.__qualname__} "
+                              f"is taken by {known.__module__}.{known.__qualname__}")
+        _REGISTRY[name] = cls
+
+    op_name: ClassVar[str]
+    """The builder method and recipe name, e.g. ``"pack_flat"``."""
+    title: ClassVar[str]
+    """How messages name the operator's options, e.g. ``"packing"``."""
+    stage: ClassVar[str]
+    """``"document"``, ``"row"`` or ``"batch"``."""
+    needs_tokens: ClassVar[bool] = False
+    """Only valid after a tokenizing operator."""
+    makes_tokens: ClassVar[bool] = False
+    """Turns text into token ids (at most one such operator per pipeline)."""
+    once: ClassVar[bool] = True
+    """May appear at most once in a pipeline."""
+    makes_rows: ClassVar[bool] = False
+    """Turns documents into rows (packing); comes first among row operators. Without one,
+    each document becomes a row of its own."""
+
+    def build(self, context: BuildContext) -> Operator:
+        raise NotImplementedError
+
+    def fields(self) -> dict[str, Any]:
+        """The spec's options as a dict (what the default fingerprint holds)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)  # type: ignore
+                if f.metadata.get("fingerprint", True)}
+
+
+class Operator:
+    """An operator built for one loader, shared by all its lanes."""
+
+    def __init__(self, spec: OperatorSpec):
+        self.spec = spec
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Everything a resume must find unchanged; ``op`` names the operator."""
+        return {"op": self.spec.op_name, **self.spec.fields()}
+
+
+class DocumentOperator(Operator):
+    """A pure per-document transformation; see the module docstring."""
+
+    columns: list[str] | None = None
+    """Columns this operator reads from ``Doc.fields`` (None: all). Used to project reads."""
+    batch_size: int | None = None
+    """Documents it prefers per ``apply`` call (None: no preference); affects speed only."""
+
+    @abstractmethod
+    def apply(self, docs: Sequence[Doc], where: Sequence[str]) -> list[Outcome]:
+        """One outcome per document; ``where`` names each document's row for messages."""
+
+
+class Node(ABC):
+    """One lane's runtime side of a row operator: pulls from ``upstream``, which ends with
+    ``None``. Snapshots are plain data; a ``"stats"`` entry, if present, is summed into the
+    pipeline report (see :mod:`zephon.report`)."""
+
+    @abstractmethod
+    def next(self) -> Any | None:
+        """The next item, or None once the upstream has ended and everything was emitted."""
+
+    @abstractmethod
+    def snapshot(self) -> dict[str, Any]:
+        """This node's state as plain data; later work never changes a taken snapshot."""
+
+    @abstractmethod
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue exactly after the snapshot ``state``."""
+
+
+class RowOperator(Operator):
+    """An operator that runs after the mixer as one :class:`Node` per lane."""
+
+    @abstractmethod
+    def node(self, upstream: Node, lane: int) -> Node:
+        """A fresh node for ``lane`` reading from ``upstream``."""
+
+
+def operator_spec_class(name: str) -> type[OperatorSpec]:
+    """The spec class registered as ``name``, or imported from ``"package.module:Class"``."""
+    import importlib
+
+    import zephon.ops  # noqa: F401 - registers the built-in operators
+
+    if ":" not in name:
+        if name not in _REGISTRY:
+            raise ConfigError(f"unknown operator {name!r}; known: {sorted(_REGISTRY)} (or "
+                              "'package.module:SpecClass')")
+        return _REGISTRY[name]
+    module_name, _, attr = name.partition(":")
+    try:
+        target = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot import operator {name!r}: {exc}") from None
+    if not (isinstance(target, type) and issubclass(target, OperatorSpec)):
+        raise ConfigError(f"{name!r} is not an operator spec (a zephon.ops.base.OperatorSpec)")
+    return target
+
+
+def check_order(specs: Sequence[OperatorSpec], new: OperatorSpec) -> None:
+    """Refuse ``new`` after ``specs`` when it breaks a declared order rule."""
+    name = new.op_name
+    if new.stage not in STAGES:
+        raise ConfigError(f"{name}: stage {new.stage!r} is not one of {STAGES}")
+    if new.needs_tokens and not any(spec.makes_tokens for spec in specs):
+        raise ConfigError(f"{name} works on token ids: pipelines need tokenize(...) or "
+                          f"tokenize_chat(...) before {name}")
+    for spec in specs:
+        if new.once and type(spec) is type(new) and spec.op_name == name:
+            raise ConfigError(f"{name} is already in this pipeline")
+        if spec.stage == "batch":
+            raise ConfigError(f"{name} cannot come after {spec.op_name}: batch is the last "
+                              "operator")
+        if STAGES.index(spec.stage) > STAGES.index(new.stage):
+            raise ConfigError(f"{name} must come before {spec.op_name} ({new.stage} "
+                              f"operators come before {spec.stage} operators)")
+        if new.makes_tokens and spec.makes_tokens:
+            raise ConfigError(f"{name}: {spec.op_name} already tokenizes this pipeline")
+        if new.makes_rows and spec.makes_rows:
+            raise ConfigError(f"{name}: {spec.op_name} already packs this pipeline")
+        if new.makes_rows and spec.stage == "row":
+            raise ConfigError(f"{name} must come before {spec.op_name} (rows are made before "
+                              "they are reordered)")
+
+
+def check_chain(specs: Sequence[OperatorSpec]) -> None:
+    """Rules that only a complete chain can check (run when a loader is built)."""
+    if not specs or specs[-1].stage != "batch":
+        raise ConfigError("the pipeline needs a batch(...) operator to be iterated")

@@ -1,0 +1,90 @@
+"""User functions for ``map`` and ``filter``: given as callables or as import paths.
+
+A function is named by ``"package.module:function"`` in recipes (``"package.module.function"``
+also works) and by its module and qualified name in Python. The name, not the code, is what the
+pipeline fingerprint records: renaming a function refuses a resume, editing its body does not
+(keep functions that change their output under a new name).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from zephon.errors import ConfigError, DataError
+from zephon.records import Doc
+
+
+def resolve_function(ref: Callable[..., Any] | str, op: str) -> tuple[Callable[..., Any], str]:
+    """(the function, its fingerprint name) for a callable or an import path."""
+    if callable(ref):
+        owner = getattr(ref, "__objclass__", None)  # methods of built-in types
+        module = getattr(ref, "__module__", None) or getattr(owner, "__module__", None) or "?"
+        qualname = getattr(ref, "__qualname__", None) or type(ref).__qualname__
+        return ref, f"{module}:{qualname}"
+    if not isinstance(ref, str) or not ref.strip():
+        raise ConfigError(f"{op}: fn must be a function or 'package.module:function', "
+                          f"got {ref!r}")
+    module_name, sep, attr = ref.partition(":")
+    if not sep:
+        module_name, _, attr = ref.rpartition(".")
+    if not module_name or not attr:
+        raise ConfigError(f"{op}: fn={ref!r} is not 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"{op}: cannot import module {module_name!r} for fn={ref!r}: "
+                          f"{exc}") from None
+    target: Any = module
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise ConfigError(f"{op}: module {module_name!r} has no {attr!r} (fn={ref!r})")
+        target = getattr(target, part)
+    if not callable(target):
+        raise ConfigError(f"{op}: fn={ref!r} is not callable")
+    return target, f"{module_name}:{attr}"
+
+
+def check_function_options(spec: Any) -> None:
+    """Validate the ``fn`` and ``columns`` options shared by ``map`` and ``filter``."""
+    resolve_function(spec.fn, spec.op_name)
+    if isinstance(spec.columns, list):
+        object.__setattr__(spec, "columns", tuple(spec.columns))
+    if spec.columns is not None and not all(isinstance(c, str) for c in spec.columns):
+        raise ConfigError(f"{spec.op_name}: columns must be column names, got {spec.columns!r}")
+
+
+def doc_view(doc: Doc) -> dict[str, Any]:
+    """What a user function sees: the row's fields before tokenization; ``input_ids`` (and
+    ``train_mask`` for chat data) after it."""
+    if doc.tokens is None:
+        return dict(doc.fields or {})
+    view: dict[str, Any] = {"input_ids": doc.tokens}
+    if doc.train_mask is not None:
+        view["train_mask"] = doc.train_mask
+    return view
+
+
+def doc_from_view(doc: Doc, view: Any, name: str, where: str) -> Doc:
+    """``doc`` with the fields (or tokens) a map function returned."""
+    if not isinstance(view, dict):
+        raise DataError(f"{where}: map {name} returned {type(view).__name__}, expected a dict")
+    if doc.tokens is None:
+        return Doc(None, doc.doc_id, doc.dataset, doc.doc_start, None, view)
+    if "input_ids" not in view:
+        raise DataError(f"{where}: map {name} returned no 'input_ids' for a tokenized document")
+    tokens = np.asarray(view["input_ids"])
+    if tokens.ndim != 1 or (tokens.size and not np.issubdtype(tokens.dtype, np.integer)):
+        raise DataError(f"{where}: map {name} returned input_ids of shape {tokens.shape} and "
+                        f"dtype {tokens.dtype}, expected a 1-D integer array")
+    mask = view.get("train_mask")
+    if mask is not None:
+        mask = np.asarray(mask, dtype=bool)
+        if mask.shape != tokens.shape:
+            raise DataError(f"{where}: map {name} returned a train_mask of shape {mask.shape} "
+                            f"for input_ids of shape {tokens.shape}")
+    return Doc(tokens.astype(np.int32, copy=False), doc.doc_id, doc.dataset, doc.doc_start,
+               mask)

@@ -1,0 +1,51 @@
+"""``LoaderOptions``: how a pipeline runs on this process, as opposed to what it reads."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from zephon.errors import ConfigError
+from zephon.io.options import StoreOptions
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """Lanes, this process's place among the data-parallel ranks, read-ahead and storage."""
+
+    lanes: int | None = None
+    """Lanes of the run: fixed for the run, while the data-parallel size may change to any
+    divisor of it. None: equal to ``dp_world_size`` (with a warning, since changing the number
+    of ranks then changes the data)."""
+    dp_rank: int = dataclasses.field(default=0, metadata={"recipe": False})
+    """This process's data-parallel rank (given by the framework)."""
+    dp_world_size: int = dataclasses.field(default=1, metadata={"recipe": False})
+    """Number of data-parallel ranks (given by the framework)."""
+    prefetch: int = 4
+    """Microbatches a background thread prepares ahead (0: none); never changes the data."""
+    process_group: Any = dataclasses.field(default=None, metadata={"recipe": False})
+    """The data-parallel group used to agree on the end of data (None: the whole world, over
+    a gloo group)."""
+    io_options: StoreOptions = dataclasses.field(default_factory=StoreOptions,
+                                                 metadata={"recipe": False})
+    """Storage options: the shard cache for Hub data (a recipe's ``[cache]`` section)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.io_options, StoreOptions):
+            raise ConfigError("options: io_options must be a StoreOptions")
+        for name, least in (("lanes", 1), ("dp_world_size", 1), ("prefetch", 0),
+                            ("dp_rank", 0)):
+            value = getattr(self, name)
+            if value is None and name == "lanes":
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ConfigError(f"options: {name} must be an integer >= {least}, "
+                                  f"got {value!r}")
+        if self.dp_rank >= self.dp_world_size:
+            raise ConfigError(f"options: dp_rank={self.dp_rank} must be < dp_world_size="
+                              f"{self.dp_world_size}")
+
+    @property
+    def resolved_lanes(self) -> int:
+        return self.lanes if self.lanes is not None else self.dp_world_size

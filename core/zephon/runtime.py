@@ -1,0 +1,196 @@
+"""``Loader``: the runtime a Pipeline creates to iterate, hold state and report.
+
+A Pipeline (the immutable builder) describes what to read and how; ``Pipeline.loader()``
+builds its operators once (loading the tokenizer, resolving Hub revisions, planning units) and
+returns this object, which owns the rank's stream, its consumed state and its report. The
+pipeline's own ``__iter__``, ``state_dict``, ``load_state_dict`` and ``report`` delegate to it.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from zephon.batch import SampleBatch
+from zephon.engine.agreement import RoundAgreement
+from zephon.engine.lane import LanePlan
+from zephon.engine.rank import RankStream
+from zephon.engine.source import projected_columns, transform_documents
+from zephon.engine.state import STATE_VERSION, check_fingerprint, lane_key
+from zephon.errors import ConfigError, StateMismatchError
+from zephon.ops.base import (
+    BuildContext,
+    DocumentOperator,
+    OperatorSpec,
+    RowOperator,
+    check_chain,
+)
+from zephon.options import LoaderOptions
+from zephon.records import Doc
+from zephon.report import PipelineReport, build_report, sum_stats
+from zephon.work.estimation import DatasetEstimate, TokenEstimation, estimate_dataset
+from zephon.work.source import StaticMixtureWorkSource
+
+log = logging.getLogger(__name__)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+class Loader:
+    """One rank's view of a built pipeline; see the module docstring."""
+
+    def __init__(self, work_source: StaticMixtureWorkSource, specs: Sequence[OperatorSpec],
+                 options: LoaderOptions):
+        check_chain(specs)
+        self.options = options
+        world = options.dp_world_size
+        if options.lanes is None and world > 1:
+            warnings.warn(
+                f"zephon: lanes is not set, so it equals dp_world_size={world}; changing "
+                "the number of data-parallel ranks will then change the data. Set "
+                "options(lanes=...) to a multiple of every size you may use.", stacklevel=4)
+        self.lanes = options.resolved_lanes
+        if self.lanes % world:
+            raise ConfigError(
+                f"dp_world_size={world} does not divide lanes={self.lanes}; valid data-parallel "
+                f"sizes for {self.lanes} lanes are {_divisors(self.lanes)}")
+        if work_source.by_tokens and not any(s.makes_tokens for s in specs):
+            raise ConfigError("token_estimation (mixing by tokens) needs tokenize(...)")
+        self.source = work_source.bound(options.io_options)
+        context = BuildContext(seed=work_source.seed, lanes=self.lanes)
+        built = [spec.build(context) for spec in specs]
+        self.specs = list(specs)
+        self.document_ops = tuple(op for op in built if isinstance(op, DocumentOperator))
+        row_ops = tuple(op for op in built if isinstance(op, RowOperator))
+        self.plan = LanePlan(self.source, self.document_ops, row_ops,
+                             any(s.makes_rows for s in specs), self.lanes)
+        self.source.plan(self.lanes)
+        self._titles = [spec.title for spec in specs]
+        self._fingerprint = {
+            "version": STATE_VERSION,
+            "lanes": self.lanes,
+            "work_source": self.source.fingerprint(),
+            "ops": [op.fingerprint() for op in built],
+        }
+        self.stream = RankStream(self.plan, options.dp_rank, world, options.prefetch,
+                                 RoundAgreement(world, options.process_group))
+        self.state_loaded = False
+
+    # -- iteration -------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[SampleBatch]:
+        return iter(self.stream)
+
+    def reset(self) -> None:
+        """Start over from the beginning of the data at the next ``iter()``."""
+        stream = self.stream
+        stream.reset_to(dict.fromkeys(stream.owned), 0, False, dict.fromkeys(stream.leftover, 0))
+        self.state_loaded = False
+
+    def fingerprint(self) -> dict[str, Any]:
+        return copy.deepcopy(self._fingerprint)
+
+    # -- state -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """``{"lane_<l>": entry}`` for the lanes this rank owns; see :mod:`zephon.engine.state`.
+
+        Describes what the caller has consumed; prefetched microbatches are not in it.
+        """
+        stream = self.stream
+        out = {}
+        for lane in stream.owned:
+            out[lane_key(lane)] = {
+                "version": STATE_VERSION,
+                "lane": lane,
+                "fingerprint": self._fingerprint,
+                "consumed_global": stream.consumed_global,
+                "finished": stream.finished,
+                "leftover": dict(stream.leftover) if lane == stream.owned[0] else None,
+                "lane_state": stream.consumed[lane],
+            }
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from ``state``: entries for (at least) this rank's lanes, written at any
+        data-parallel size that divides the lane count. Extra lanes' entries are ignored."""
+        if not isinstance(state, dict):
+            raise StateMismatchError(f"load_state_dict expects a dict, got {type(state).__name__}")
+        stream = self.stream
+        world, rank = self.options.dp_world_size, self.options.dp_rank
+        lane_entries = {k: v for k, v in state.items() if k.startswith("lane_")}
+        if not lane_entries:
+            raise StateMismatchError("loader state has no lane entries (keys lane_<n>); was it "
+                                     "written by a zephon Pipeline?")
+        for key, entry in lane_entries.items():
+            if entry.get("version") != STATE_VERSION:
+                raise StateMismatchError(f"loader state {key!r} has version "
+                                         f"{entry.get('version')}, expected {STATE_VERSION}")
+            check_fingerprint(entry["fingerprint"], self._fingerprint, key, self._titles)
+        missing = [lane_key(lane) for lane in stream.owned if lane_key(lane) not in lane_entries]
+        if missing:
+            raise StateMismatchError(
+                f"loader state lacks {missing} needed by rank {rank} of {world}; "
+                f"it holds {sorted(lane_entries)}. Merge the states of all ranks before loading "
+                "at another data-parallel size.")
+        consumed = {e["consumed_global"] for e in lane_entries.values()}
+        if len(consumed) != 1:
+            raise StateMismatchError(f"loader state entries disagree on how many microbatches "
+                                     f"were consumed ({sorted(consumed)}); they come from "
+                                     "different steps")
+        total = consumed.pop()
+        finished = any(e["finished"] for e in lane_entries.values())
+        for lane in stream.owned:
+            lane_state = lane_entries[lane_key(lane)]["lane_state"]
+            done = lane_state["microbatches"] if lane_state else 0
+            expected = max(0, -(-(total - lane) // self.lanes))
+            if done != expected and not lane_entries[lane_key(lane)]["finished"]:
+                raise StateMismatchError(
+                    f"loader state {lane_key(lane)!r} has {done} microbatches consumed, but "
+                    f"{total} global microbatches imply {expected}")
+        if total % world and not finished:
+            raise StateMismatchError(
+                f"the checkpoint consumed {total} global microbatches, not a multiple of "
+                f"dp_world_size={world}; resume at a size that divides it")
+        leftover = next((e["leftover"] for e in lane_entries.values() if e["leftover"]),
+                        dict.fromkeys(stream.leftover, 0))
+        stream.reset_to({lane: lane_entries[lane_key(lane)]["lane_state"]
+                         for lane in stream.owned}, total, finished, leftover)
+        self.state_loaded = True
+
+    # -- reporting -------------------------------------------------------------------------
+    def estimate(self) -> list[DatasetEstimate]:
+        """Estimated documents and tokens per dataset (see :mod:`zephon.work.estimation`).
+
+        Uses the work source's ``token_estimation`` (``measure`` when it has none)."""
+        spec = self.source.token_estimation or TokenEstimation()
+        ops = self.document_ops
+        measure = None
+        if any(op.spec.makes_tokens for op in ops):
+            def measure(rows: list[dict[str, Any]], labels: list[str]) -> list[int]:
+                docs = [Doc(None, label, "", fields=row) for row, label in zip(
+                    rows, labels, strict=True)]
+                return [sum(len(d.tokens) for d in outputs if d.tokens is not None)
+                        for outputs, _ in transform_documents(ops, docs, labels)]
+        return [estimate_dataset(self.source, i, self.lanes, projected_columns(ops), measure,
+                                 spec) for i in range(len(self.source.datasets))]
+
+    def report(self) -> PipelineReport:
+        """Counts for this rank's lanes, as of the last consumed microbatch.
+
+        Documents and tokens count what the lanes had read by then (including what waits in
+        open rows or the shuffle buffer), so realized shares are shares of data read; rows
+        dropped at a flush and microbatches left over at the end of data are counted apart."""
+        stream = self.stream
+        snapshots = [s for s in (stream.consumed[lane] for lane in stream.owned) if s]
+        stats = sum_stats(_node_stats(s["nodes"]) for s in snapshots)
+        return build_report(stats, self.source.names(), self.source.weights,
+                            self.source.by_tokens, sum(s["microbatches"] for s in snapshots),
+                            stream.leftover, stream.finished)
+
+
+def _node_stats(nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    return sum_stats(node["stats"] for node in nodes if "stats" in node)

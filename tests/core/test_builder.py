@@ -1,0 +1,78 @@
+"""``Pipeline`` is an immutable builder; its loader owns iteration, state and report."""
+
+from __future__ import annotations
+
+import inspect
+import pickle
+
+import pytest
+
+from tests.core.test_elastic import build, digest
+from zephon import Pipeline, StateMismatchError
+from zephon.io import CacheOptions, Dataset, StoreOptions
+from zephon.ops.pack import PackSpec
+from zephon.ops.tokenize import TokenizeSpec
+from zephon.work import StaticMixtureWorkSource
+
+
+def test_builder_calls_leave_the_pipeline_unchanged(two_datasets, tokenizer_dir):
+    base = Pipeline(StaticMixtureWorkSource(
+        [Dataset.from_path("s", two_datasets["short"])])).tokenize(tokenizer_id=tokenizer_dir)
+    packed = base.pack_flat(33)
+    assert [s.op_name for s in base.operators] == ["tokenize"]
+    assert [s.op_name for s in packed.operators] == ["tokenize", "pack_flat"]
+    wider = packed.options(lanes=4)
+    assert packed.loader_options.lanes is None and wider.loader_options.lanes == 4
+    one, two = packed.batch(2), packed.batch(3)
+    assert len(next(iter(one))) == 2 and len(next(iter(two))) == 3
+    assert one.loader() is one.loader() and one.loader() is not two.loader()
+
+
+def test_operator_methods_take_exactly_the_spec_fields():
+    tokenize = inspect.signature(Pipeline.tokenize).parameters
+    assert list(tokenize)[1:] == [f for f in inspect.signature(TokenizeSpec).parameters]
+    pack_flat = inspect.signature(Pipeline.pack_flat).parameters
+    assert "flat" not in pack_flat and "max_length" in pack_flat
+    assert set(pack_flat) - {"self"} == set(inspect.signature(PackSpec).parameters) - {"flat"}
+    with pytest.raises(TypeError):
+        Pipeline.pack_flat(None, 33, flat=False)
+
+
+def test_options_after_load_state_dict_carry_the_state(two_datasets, tokenizer_dir):
+    base = build(two_datasets, tokenizer_dir).options(lanes=2)
+    reference = [digest(b) for _, b in zip(range(8), base, strict=False)]
+    first = build(two_datasets, tokenizer_dir).options(lanes=2)
+    iterator = iter(first)
+    head = [digest(next(iterator)) for _ in range(4)]
+    state = pickle.loads(pickle.dumps(first.state_dict()))
+    resumed = build(two_datasets, tokenizer_dir).options(lanes=2)
+    resumed.load_state_dict(state)
+    # Derived pipelines keep the loaded state instead of restarting from row 0.
+    more = resumed.options(prefetch=0)
+    assert head + [digest(b) for _, b in zip(range(4), more, strict=False)] == reference
+    # A change that alters the data refuses the carried state by name.
+    with pytest.raises(StateMismatchError, match="the lane count changed"):
+        iter(resumed.options(lanes=4))
+
+
+def test_pipelines_never_share_bound_datasets(tmp_path):
+    hub = Dataset.from_path("h", "hf://org/name/train")
+    source = StaticMixtureWorkSource([hub])
+    options = StoreOptions(cache=CacheOptions(enabled=True, root=str(tmp_path / "c")))
+    bound = source.bound(options)
+    assert bound.datasets[0] is not hub and str(bound.datasets[0].cache.root) == str(tmp_path / "c")
+    assert hub._cache is None and source.datasets[0] is hub
+    other = source.bound(StoreOptions(cache=CacheOptions(enabled=True,
+                                                         root=str(tmp_path / "d"))))
+    assert other.datasets[0].cache.root != bound.datasets[0].cache.root
+    assert other.datasets[0]._shared is bound.datasets[0]._shared  # one pinned revision
+
+
+def test_loader_is_the_runtime(two_datasets, tokenizer_dir):
+    pipeline = build(two_datasets, tokenizer_dir).options(lanes=2)
+    loader = pipeline.loader()
+    batches = [digest(b) for _, b in zip(range(2), loader, strict=False)]
+    assert pipeline.state_dict() == loader.state_dict()
+    assert pipeline.report().microbatches == 2
+    assert batches == [digest(b) for _, b in zip(range(2), build(
+        two_datasets, tokenizer_dir).options(lanes=2), strict=False)]

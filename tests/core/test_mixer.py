@@ -1,0 +1,75 @@
+"""The mixer node over dataset sources: exact deficits, stop or drain, counts per dataset."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from zephon.engine.mixer import DeficitMixer, MixNode
+from zephon.records import Doc
+
+
+class FakeSource:
+    def __init__(self, name, lengths):
+        self.name, self.lengths, self.i, self.skipped = name, lengths, 0, {}
+
+    def next(self):
+        if self.i >= len(self.lengths):
+            return None
+        self.i += 1
+        return Doc(np.zeros(self.lengths[self.i - 1], np.int32), f"{self.name}{self.i}",
+                   self.name)
+
+    def snapshot(self):
+        return {"i": self.i}
+
+    def restore(self, state):
+        self.i = state["i"]
+
+
+def drain(node):
+    out = []
+    while (doc := node.next()) is not None:
+        out.append(doc)
+    return out
+
+
+def test_token_shares_stay_within_one_document():
+    node = MixNode([FakeSource("a", [10] * 100), FakeSource("b", [50] * 100)], [0.5, 0.5],
+                   by_tokens=True, on_exhausted="stop")
+    tokens = {"a": 0, "b": 0}
+    for _ in range(60):
+        doc = node.next()
+        tokens[doc.dataset] += len(doc.tokens)
+        assert abs(tokens["a"] - tokens["b"]) <= 50
+    assert node.snapshot()["stats"]["tokens"] == tokens
+
+
+@pytest.mark.parametrize("policy, expected", [("stop", 2 * 3), ("drain", 3 + 10)])
+def test_stop_or_drain_when_a_dataset_ends(policy, expected):
+    node = MixNode([FakeSource("a", [1] * 3), FakeSource("b", [1] * 10)], [0.5, 0.5],
+                   by_tokens=False, on_exhausted=policy)
+    assert len(drain(node)) == expected
+    assert node.next() is None and node.snapshot()["ended"]
+
+
+def test_restore_continues_the_same_choices():
+    def make():
+        return MixNode([FakeSource("a", [3, 9, 1] * 10), FakeSource("b", [5] * 30)],
+                       [0.3, 0.7], by_tokens=True, on_exhausted="drain")
+
+    node = make()
+    head = [d.doc_id for d in (node.next() for _ in range(11))]
+    saved = node.snapshot()
+    rest = [d.doc_id for d in drain(node)]
+    again = make()
+    again.restore(saved)
+    assert [d.doc_id for d in drain(again)] == rest
+    assert len(head + rest) == 60
+
+
+def test_deficit_mixer_ties_go_to_the_lowest_index():
+    mixer = DeficitMixer([1, 1])
+    assert mixer.choose() == 0
+    mixer.record(0, 1)
+    assert mixer.choose() == 1
