@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from zephon.errors import ConfigError
-from zephon.records import Doc
+from zephon.records import Doc, Record
 
 STAGES = ("document", "row", "batch")
 
@@ -150,6 +151,51 @@ class Node(ABC):
     @abstractmethod
     def restore(self, state: dict[str, Any]) -> None:
         """Continue exactly after the snapshot ``state``."""
+
+
+class BufferedNode(Node):
+    """A node over an algorithm that takes one upstream item at a time and emits any number
+    of records (``push``), and emits what it still holds when the upstream ends (``flush``).
+    Its snapshot holds the records made but not yet pulled, whether the upstream ended, and
+    the algorithm's own state (``algorithm_snapshot``)."""
+
+    def __init__(self, upstream: Node):
+        self.upstream = upstream
+        self._out: deque[Record] = deque()
+        self._ended = False
+
+    @abstractmethod
+    def push(self, item: Any) -> list[Record]: ...
+
+    @abstractmethod
+    def flush(self) -> list[Record]: ...
+
+    @abstractmethod
+    def algorithm_snapshot(self) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def algorithm_restore(self, state: dict[str, Any]) -> None: ...
+
+    def next(self) -> Record | None:
+        while not self._out:
+            if self._ended:
+                return None
+            item = self.upstream.next()
+            if item is None:
+                self._ended = True
+                self._out.extend(self.flush())
+            else:
+                self._out.extend(self.push(item))
+        return self._out.popleft()
+
+    def snapshot(self) -> dict[str, Any]:
+        return {**self.algorithm_snapshot(), "out": [r.to_plain() for r in self._out],
+                "ended": self._ended}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.algorithm_restore(state)
+        self._out = deque(Record.from_plain(r) for r in state["out"])
+        self._ended = state["ended"]
 
 
 class RowOperator(Operator):

@@ -26,14 +26,13 @@ very long documents.
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
 from zephon.errors import ConfigError
-from zephon.ops.base import BuildContext, Node, OperatorSpec, RowOperator
+from zephon.ops.base import BufferedNode, BuildContext, Node, OperatorSpec, RowOperator
 from zephon.records import Doc, DocSpan, Record
 
 ALGORITHMS = ("wrap", "first_fit", "best_fit")
@@ -97,35 +96,25 @@ class PackOperator(RowOperator):
         return PackNode(Packer(self.spec, self.pad_token_id, lane), upstream)
 
 
-class PackNode(Node):
+class PackNode(BufferedNode):
     """Pulls documents until a row is ready; at the end of its input it emits the open rows."""
 
     def __init__(self, packer: Packer, upstream: Node):
+        super().__init__(upstream)
         self.packer = packer
-        self.upstream = upstream
-        self._out: deque[Record] = deque()
-        self._ended = False
 
-    def next(self) -> Record | None:
-        while not self._out:
-            if self._ended:
-                return None
-            doc = self.upstream.next()
-            if doc is None:
-                self._ended = True
-                self._out.extend(self.packer.flush())
-            else:
-                self._out.extend(self.packer.add(doc))
-        return self._out.popleft()
+    def push(self, item: Doc) -> list[Record]:
+        return self.packer.add(item)
 
-    def snapshot(self) -> dict[str, Any]:
-        return {"packer": self.packer.snapshot(), "out": [r.to_plain() for r in self._out],
-                "ended": self._ended, "stats": {"padding_tokens": self.packer.padding_tokens}}
+    def flush(self) -> list[Record]:
+        return self.packer.flush()
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def algorithm_snapshot(self) -> dict[str, Any]:
+        return {"packer": self.packer.snapshot(),
+                "stats": {"padding_tokens": self.packer.padding_tokens}}
+
+    def algorithm_restore(self, state: dict[str, Any]) -> None:
         self.packer.restore(state["packer"])
-        self._out = deque(Record.from_plain(r) for r in state["out"])
-        self._ended = state["ended"]
 
 
 _Segment = tuple[Doc, int, int]  # (doc, start inside doc.tokens, length)

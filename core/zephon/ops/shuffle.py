@@ -12,14 +12,13 @@ size grow linearly with ``buffer_size`` (a 2049-token row is 8 KiB of tokens plu
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
 from zephon.errors import ConfigError
-from zephon.ops.base import BuildContext, Node, OperatorSpec, RowOperator
+from zephon.ops.base import BufferedNode, BuildContext, Node, OperatorSpec, RowOperator
 from zephon.records import Record
 
 
@@ -57,35 +56,24 @@ class ShuffleOperator(RowOperator):
         return ShuffleNode(Shuffler(self.spec, self.base_seed, lane), upstream)
 
 
-class ShuffleNode(Node):
+class ShuffleNode(BufferedNode):
     """Pulls rows through the shuffle buffer; at the end of its input emits the buffer."""
 
     def __init__(self, shuffler: Shuffler, upstream: Node):
+        super().__init__(upstream)
         self.shuffler = shuffler
-        self.upstream = upstream
-        self._out: deque[Record] = deque()
-        self._ended = False
 
-    def next(self) -> Record | None:
-        while not self._out:
-            if self._ended:
-                return None
-            record = self.upstream.next()
-            if record is None:
-                self._ended = True
-                self._out.extend(self.shuffler.flush())
-            else:
-                self._out.extend(self.shuffler.add(record))
-        return self._out.popleft()
+    def push(self, item: Record) -> list[Record]:
+        return self.shuffler.add(item)
 
-    def snapshot(self) -> dict[str, Any]:
-        return {"shuffler": self.shuffler.snapshot(), "out": [r.to_plain() for r in self._out],
-                "ended": self._ended}
+    def flush(self) -> list[Record]:
+        return self.shuffler.flush()
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def algorithm_snapshot(self) -> dict[str, Any]:
+        return {"shuffler": self.shuffler.snapshot()}
+
+    def algorithm_restore(self, state: dict[str, Any]) -> None:
         self.shuffler.restore(state["shuffler"])
-        self._out = deque(Record.from_plain(r) for r in state["out"])
-        self._ended = state["ended"]
 
 
 class Shuffler:
