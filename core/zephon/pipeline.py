@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -73,6 +74,7 @@ class Pipeline:
         self._options = LoaderOptions()
         self._carried: dict[str, Any] | None = None
         self._loader: Loader | None = None
+        self._lock = threading.Lock()
 
     @property
     def work_source(self) -> StaticMixtureWorkSource:
@@ -94,6 +96,7 @@ class Pipeline:
         clone._specs = specs
         clone._options = options
         clone._loader = None
+        clone._lock = threading.Lock()
         clone._carried = self._carried
         if self._loader is not None and self._loader.state_loaded:
             clone._carried = self._loader.state_dict()
@@ -141,11 +144,12 @@ class Pipeline:
     # -- runtime ---------------------------------------------------------------------------
     def loader(self) -> Loader:
         """This pipeline's runtime, built on first use (operators, tokenizer, unit plan)."""
-        if self._loader is None:
-            loader = Loader(self._work_source, self._specs, self._options)
-            if self._carried is not None:
-                loader.load_state_dict(self._carried)
-            self._loader = loader
+        with self._lock:
+            if self._loader is None:
+                loader = Loader(self._work_source, self._specs, self._options)
+                if self._carried is not None:
+                    loader.load_state_dict(self._carried)
+                self._loader = loader
         return self._loader
 
     @property

@@ -19,7 +19,13 @@ from zephon.engine.agreement import RoundAgreement
 from zephon.engine.lane import LanePlan
 from zephon.engine.rank import RankStream
 from zephon.engine.source import projected_columns, transform_documents
-from zephon.engine.state import STATE_VERSION, check_fingerprint, lane_key
+from zephon.engine.state import (
+    STATE_VERSION,
+    check_fingerprint,
+    from_portable,
+    lane_key,
+    to_portable,
+)
 from zephon.errors import ConfigError, StateMismatchError
 from zephon.ops.base import (
     BuildContext,
@@ -106,17 +112,22 @@ class Loader:
             out[lane_key(lane)] = {
                 "version": STATE_VERSION,
                 "lane": lane,
-                "fingerprint": self._fingerprint,
+                "fingerprint": to_portable(self._fingerprint),
                 "consumed_global": stream.consumed_global,
                 "finished": stream.finished,
                 "leftover": dict(stream.leftover) if lane == stream.owned[0] else None,
-                "lane_state": stream.consumed[lane],
+                "lane_state": to_portable(stream.consumed[lane]),
             }
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state``: entries for (at least) this rank's lanes, written at any
-        data-parallel size that divides the lane count. Extra lanes' entries are ignored."""
+        data-parallel size that divides the lane count. Extra lanes' entries are ignored.
+
+        Any consumed count ``s`` resumes, whatever the size now: the next global microbatches
+        are ``s, s + 1, ...`` and rank ``r`` takes those with ``m % W == r`` (its lanes, since
+        ``W`` divides ``L``), so a run checkpointed after 10 microbatches at 2 ranks goes on at
+        4 ranks with ranks 2 and 3 taking microbatches 10 and 11."""
         if not isinstance(state, dict):
             raise StateMismatchError(f"load_state_dict expects a dict, got {type(state).__name__}")
         stream = self.stream
@@ -151,14 +162,10 @@ class Loader:
                 raise StateMismatchError(
                     f"loader state {lane_key(lane)!r} has {done} microbatches consumed, but "
                     f"{total} global microbatches imply {expected}")
-        if total % world and not finished:
-            raise StateMismatchError(
-                f"the checkpoint consumed {total} global microbatches, not a multiple of "
-                f"dp_world_size={world}; resume at a size that divides it")
         leftover = next((e["leftover"] for e in lane_entries.values() if e["leftover"]),
                         dict.fromkeys(stream.leftover, 0))
-        stream.reset_to({lane: lane_entries[lane_key(lane)]["lane_state"]
-                         for lane in stream.owned}, total, finished, leftover)
+        stream.reset_to({lane: from_portable(lane_entries[lane_key(lane)]["lane_state"])
+                         for lane in stream.owned}, total, finished, dict(leftover))
         self.state_loaded = True
 
     # -- reporting -------------------------------------------------------------------------

@@ -76,3 +76,42 @@ def test_loader_is_the_runtime(two_datasets, tokenizer_dir):
     assert pipeline.report().microbatches == 2
     assert batches == [digest(b) for _, b in zip(range(2), build(
         two_datasets, tokenizer_dir).options(lanes=2), strict=False)]
+
+
+def test_one_consumer_at_a_time(two_datasets, tokenizer_dir):
+    import threading
+
+    from zephon.errors import ZephonError
+
+    pipeline = build(two_datasets, tokenizer_dir).options(lanes=2)
+    loaders, errors, batches = [], [], []
+
+    def first_loader():
+        loaders.append(pipeline.loader())
+
+    threads = [threading.Thread(target=first_loader) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(loader is loaders[0] for loader in loaders)  # built once, not once per thread
+
+    iterator = iter(pipeline)
+    batches.append(next(iterator))
+
+    def second_consumer():
+        try:
+            iter(pipeline)
+        except ZephonError as exc:
+            errors.append(str(exc))
+
+    other = threading.Thread(target=second_consumer, name="reader-2")
+    other.start()
+    other.join()
+    assert errors and "is being iterated by thread 'MainThread'" in errors[0]
+    batches.append(next(iterator))  # the first consumer is unaffected
+    iterator.close()
+    other = threading.Thread(target=lambda: batches.append(next(iter(pipeline))))
+    other.start()
+    other.join()
+    assert len(batches) == 3 and batches[2].index == 1  # continues after a close()

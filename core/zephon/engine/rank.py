@@ -10,6 +10,10 @@ microbatch to the caller makes that snapshot the lane's consumed state, so the s
 describes what the trainer received, never what was prefetched. ``prefetch=0`` runs the lanes
 in the caller's thread. Either way the lanes produce the same microbatches.
 
+One consumer at a time: a new ``iter()`` from the thread that iterates retires the previous
+iterator (it ends) and continues from the consumed state; ``iter()`` from another thread while
+an iterator is live raises, since two consumers would each get part of the stream.
+
 A round is complete when every lane has its microbatch; the run ends on all ranks at the first
 incomplete round (see :mod:`zephon.engine.agreement`). Each rank then runs its lanes to their
 end and reports every microbatch no rank handed out as left over, so the report accounts for
@@ -27,6 +31,7 @@ from typing import Any
 
 from zephon.batch import SampleBatch
 from zephon.engine.lane import Lane, LanePlan
+from zephon.errors import ZephonError
 from zephon.records import record_counts
 
 log = logging.getLogger(__name__)
@@ -63,6 +68,7 @@ class RankStream:
         self.finished = False
         self.leftover = {"microbatches": 0, "rows": 0, "documents": 0, "tokens": 0}
         self._stop: threading.Event | None = None
+        self._owner: threading.Thread | None = None
 
     @property
     def consumed_global(self) -> int:
@@ -85,6 +91,15 @@ class RankStream:
 
     # -- iteration -------------------------------------------------------------------------
     def __iter__(self) -> Iterator[SampleBatch]:
+        owner, me = self._owner, threading.current_thread()
+        if (self._stop is not None and not self._stop.is_set() and owner is not None
+                and owner is not me and owner.is_alive()):
+            raise ZephonError(
+                f"this pipeline is being iterated by thread {owner.name!r}; a pipeline hands "
+                f"its batches to one consumer at a time, so {me.name!r} would silently split "
+                "the stream with it. Finish or close() the other iterator first, or build one "
+                "pipeline per consumer.")
+        self._owner = me
         self.close()
         if self.finished:
             return iter(())

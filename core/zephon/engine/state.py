@@ -5,20 +5,55 @@ holds the lane's snapshot after its last *consumed* microbatch (every node's sna
 order), the number of global microbatches the run had consumed when the state was taken, and
 the fingerprint of everything that must not change across a resume. Keys are lane-unique, so
 checkpoints written by any number of ranks can be merged and loaded at any data-parallel size
-that divides the lane count. Entries are plain data (dicts, lists, numbers, strings and numpy
-arrays), so a checkpoint does not depend on the names or layout of Zephon's classes;
-``STATE_VERSION`` changes when their meaning does.
+that divides the lane count.
+
+Entries are portable plain data: dicts with string keys, lists, strings, numbers, booleans and
+None. Token arrays are stored as ``{"__ndarray__": [dtype, shape, base64 bytes]}`` (4 bytes of
+text per 3 bytes of array, no Python object per token), so a state survives ``json.dumps``,
+``torch.load(weights_only=True)`` and any pickle-free checkpointer, and never depends on the
+names or layout of Zephon's classes. ``STATE_VERSION`` changes when the meaning of entries does.
 """
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from zephon.errors import StateMismatchError
 
 STATE_VERSION = 2
+_ARRAY = "__ndarray__"
+
+
+def to_portable(value: Any) -> Any:
+    """``value`` with numpy arrays encoded and tuples as lists (see the module docstring)."""
+    if isinstance(value, np.ndarray):
+        data = base64.b64encode(np.ascontiguousarray(value).tobytes()).decode("ascii")
+        return {_ARRAY: [value.dtype.str, list(value.shape), data]}
+    if isinstance(value, dict):
+        return {key: to_portable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_portable(item) for item in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def from_portable(value: Any) -> Any:
+    """The inverse of :func:`to_portable` (tuples come back as lists)."""
+    if isinstance(value, dict):
+        if len(value) == 1 and _ARRAY in value:
+            dtype, shape, data = value[_ARRAY]
+            array = np.frombuffer(base64.b64decode(data), dtype=np.dtype(dtype))
+            return array.reshape(shape).copy()
+        return {key: from_portable(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [from_portable(item) for item in value]
+    return value
 
 
 def lane_key(lane: int) -> str:
