@@ -29,6 +29,8 @@ class DatasetReport:
     """Rows (or pieces) that went no further, by reason (``empty``; for chat data also
     ``no_assistant``, ``unknown_role``, ``missing_field``, ``invalid``; ``filtered:<fn>`` for
     each filter)."""
+    skipped_files: tuple[str, ...] = ()
+    """Paths found under the dataset's path but not read, each with its reason."""
 
     @property
     def filtered(self) -> int:
@@ -60,6 +62,11 @@ class PipelineReport:
             others = {k: v for k, v in d.skipped.items() if k != "empty"}
             if others:
                 lines.append(f"{'':<24}skipped rows: {others}")
+            if d.skipped_files:
+                shown = ", ".join(d.skipped_files[:3])
+                more = len(d.skipped_files) - 3
+                lines.append(f"{'':<24}skipped files: {shown}"
+                             + (f" and {more} more" if more > 0 else ""))
         lines.append(f"microbatches {self.microbatches:,}; padding tokens "
                      f"{self.padding_tokens:,}; dropped at flush {self.dropped}; "
                      f"left over at end {self.leftover}")
@@ -84,15 +91,18 @@ def _add(into: dict[str, Any], entry: dict[str, Any]) -> None:
 
 def build_report(stats: dict[str, Any], names: list[str], weights: Iterable[float],
                  by_tokens: bool, microbatches: int, leftover: dict[str, int],
-                 finished: bool) -> PipelineReport:
-    """A report from summed node stats (see :func:`sum_stats`)."""
+                 finished: bool, skipped_files: dict[str, tuple[str, ...]] | None = None
+                 ) -> PipelineReport:
+    """A report from summed node stats (see :func:`sum_stats`). ``names`` may include
+    datasets of weight 0, which read nothing and are listed with their target of 0."""
     documents = {n: stats.get("documents", {}).get(n, 0) for n in names}
     tokens = {n: stats.get("tokens", {}).get(n, 0) for n in names}
     skipped = {n: dict(stats.get("skipped", {}).get(n, {})) for n in names}
     unit = tokens if by_tokens else documents
     total = sum(unit.values()) or 1
+    files = skipped_files or {}
     datasets = [DatasetReport(n, float(w), documents[n], tokens[n], skipped[n].get("empty", 0),
-                              unit[n] / total, skipped[n])
+                              unit[n] / total, skipped[n], files.get(n, ()))
                 for n, w in zip(names, weights, strict=True)]
     dropped = {"rows": 0, "documents": 0, "tokens": 0, **stats.get("dropped", {})}
     return PipelineReport("tokens" if by_tokens else "documents", datasets, microbatches,

@@ -178,8 +178,7 @@ class Loader:
         measure = None
         if any(op.spec.makes_tokens for op in ops):
             def measure(rows: list[dict[str, Any]], labels: list[str]) -> list[int]:
-                docs = [Doc(None, label, "", fields=row) for row, label in zip(
-                    rows, labels, strict=True)]
+                docs = [Doc(None, "estimate", "", fields=row) for row in rows]
                 return [sum(len(d.tokens) for d in outputs if d.tokens is not None)
                         for outputs, _ in transform_documents(ops, docs, labels)]
         return [estimate_dataset(self.source, i, self.lanes, projected_columns(ops), measure,
@@ -194,9 +193,12 @@ class Loader:
         stream = self.stream
         snapshots = [s for s in (stream.consumed[lane] for lane in stream.owned) if s]
         stats = sum_stats(_node_stats(s["nodes"]) for s in snapshots)
-        return build_report(stats, self.source.names(), self.source.weights,
-                            self.source.by_tokens, sum(s["microbatches"] for s in snapshots),
-                            stream.leftover, stream.finished)
+        source = self.source
+        return build_report(
+            stats, source.names() + source.unused,
+            [*source.weights, *[0.0] * len(source.unused)], source.by_tokens,
+            sum(s["microbatches"] for s in snapshots), stream.leftover, stream.finished,
+            {ds.name: ds.skipped_files() for ds in source.datasets})
 
 
 def _node_stats(nodes: list[dict[str, Any]]) -> dict[str, Any]:

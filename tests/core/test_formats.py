@@ -151,9 +151,54 @@ def test_fingerprint_ignores_location_and_mtime(tmp_path, monkeypatch):
 def test_non_data_files_are_skipped_with_a_warning(tmp_path, caplog):
     write_jsonl(tmp_path / "d" / "x.jsonl", [{"text": "a"}])
     (tmp_path / "d" / "dataset_info.json").write_text("{}")
+    (tmp_path / "d" / "notes.txt").write_text("hello")
     with caplog.at_level("WARNING"):
-        files = Dataset.from_path("d", tmp_path / "d").files()
+        dataset = Dataset.from_path("d", tmp_path / "d")
+        files = dataset.files()
     assert [f.path.rsplit("/", 1)[-1] for f in files] == ["x.jsonl"]
-    assert "skipped 1 file(s)" in caplog.text and "dataset_info.json" in caplog.text
+    assert "skipped 2 path(s)" in caplog.text and "dataset_info.json" in caplog.text
+    assert sorted(s.rsplit("/", 1)[-1] for s in dataset.skipped_files()) == [
+        "dataset_info.json (dataset metadata)", "notes.txt (not a data file)"]
     write_jsonl(tmp_path / "named.json", [{"text": "b"}])  # named directly: JSON Lines
     assert [t for _, t in read_all(Dataset.from_path("n", tmp_path / "named.json"))] == ["b"]
+
+
+@pytest.mark.parametrize("name", ["found.json", "found.json.gz"])
+def test_json_files_found_in_a_directory_are_read(tmp_path, name):
+    rows = "".join(json.dumps({"text": t}) + "\n" for t in ("a", "b"))
+    path = tmp_path / "d" / name
+    path.parent.mkdir()
+    path.write_bytes(gzip.compress(rows.encode()) if name.endswith(".gz") else rows.encode())
+    assert sorted(t for _, t in read_all(Dataset.from_path("d", tmp_path / "d"))) == ["a", "b"]
+
+
+def test_files_reached_twice_are_read_once(tmp_path):
+    data = tmp_path / "d"
+    write_jsonl(data / "a.jsonl", [{"text": t} for t in "abc"])
+    (data / "b.jsonl").symlink_to(data / "a.jsonl")  # a second name for the same file
+    (data / "loop").symlink_to(data)  # a directory link loop
+    write_jsonl(tmp_path / "elsewhere" / "c.jsonl", [{"text": "z"}])
+    (data / "linked").symlink_to(tmp_path / "elsewhere")  # a linked directory is followed
+    for path in (data, str(data / "**" / "*.jsonl")):
+        dataset = Dataset.from_path("d", path)
+        assert sorted(t for _, t in read_all(dataset)) == ["a", "b", "c", "z"]
+        skipped = " ".join(dataset.skipped_files())
+        assert "b.jsonl (same file as" in skipped or "a.jsonl (same file as" in skipped
+
+
+def test_fifos_and_broken_links_are_errors_naming_them(tmp_path):
+    import os
+
+    write_jsonl(tmp_path / "d" / "ok.jsonl", [{"text": "a"}])
+    os.mkfifo(tmp_path / "d" / "pipe.jsonl")
+    with pytest.raises(DataError, match=r"pipe\.jsonl is a FIFO, not a regular file"):
+        Dataset.from_path("d", tmp_path / "d").files()
+    with pytest.raises(DataError, match=r"pipe\.jsonl is a FIFO"):
+        Dataset.from_path("p", tmp_path / "d" / "pipe.jsonl").files()
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "gone.jsonl").symlink_to(tmp_path / "nowhere.jsonl")
+    with pytest.raises(DataError, match=r"gone\.jsonl: broken symbolic link"):
+        Dataset.from_path("e", tmp_path / "e").files()
+    (tmp_path / "self.jsonl").symlink_to(tmp_path / "self.jsonl")
+    with pytest.raises(DataError, match=r"self\.jsonl: symbolic link that cannot be followed"):
+        Dataset.from_path("s", tmp_path / "self.jsonl").files()

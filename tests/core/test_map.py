@@ -116,13 +116,13 @@ def test_map_resumes_exactly_at_another_size(two_datasets, tokenizer_dir):
 def test_map_errors_name_the_row_and_function(tmp_path, texts, tokenizer_dir):
     write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in texts])
     pipeline = Pipeline(source(tmp_path / "d.jsonl")).map(not_a_dict).batch(2)
-    with pytest.raises(DataError, match=r"d\.jsonl: row \d+: map tests\.core\.toy_ops:not_a_dict "
+    with pytest.raises(DataError, match=r"d\.jsonl:\d+: map tests\.core\.toy_ops:not_a_dict "
                                         r"returned list, expected a dict"):
         next(iter(pipeline))
     dropped_field = (Pipeline(source(tmp_path / "d.jsonl")).map(lambda d: {"body": d["text"]})
                      .tokenize(tokenizer_id=tokenizer_dir).batch(2))
     with pytest.raises(DataError,
-                       match=r"d\.jsonl: row \d+: missing field 'text' \(has \['body'\]"):
+                       match=r"d\.jsonl:\d+: missing field 'text' \(has \['body'\]"):
         next(iter(dropped_field))
     with pytest.raises(ConfigError, match="fn must be a function"):
         Pipeline(source(tmp_path / "d.jsonl")).map(42)

@@ -97,7 +97,7 @@ def test_non_text_field_is_an_error_naming_the_row(tmp_path, tokenizer_dir):
     write_jsonl(tmp_path / "d.jsonl", [{"text": "ok"}, {"text": 5}])
     pipeline = (Pipeline(source_for({"d": tmp_path / "d.jsonl"}))
                 .tokenize(tokenizer_id=tokenizer_dir).batch(1))
-    with pytest.raises(DataError, match=r"d\.jsonl: row \d+: field .text. is int"):
+    with pytest.raises(DataError, match=r"d\.jsonl:2: field .text. is int"):
         list(pipeline)
 
 

@@ -161,7 +161,7 @@ def test_untrainable_can_raise(tmp_path, chat_tokenizers):
     write_jsonl(tmp_path / "chat.jsonl", ROWS[:2])
     pipeline = chat_pipeline(tmp_path / "chat.jsonl", chat_tokenizers["chatml"],
                              on_untrainable="raise").batch(1)
-    with pytest.raises(DataError, match=r"chat\.jsonl: row \d+: conversation has nothing to "
+    with pytest.raises(DataError, match=r"chat\.jsonl:\d+: conversation has nothing to "
                                         r"train on \(no_assistant"):
         list(pipeline)
 

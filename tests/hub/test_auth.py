@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 
 import pytest
 from huggingface_hub import constants
@@ -88,15 +89,28 @@ def test_missing_file_404_names_the_file(hub, gated, io_options, monkeypatch):
     assert hub.count("/resolve/.*train-00001") == 2  # the footer read, then one refused download
 
 
-def test_429_waits_as_long_as_retry_after_says(hub, gated, io_options, monkeypatch):
+def test_429_waits_as_long_as_retry_after_says(hub, gated, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_good")
     hub.fail(r"/revision/main$", 429, times=2, headers={"Retry-After": "1"})
-    dataset = load(PATH, io_options)
+    dataset = load(PATH, fast_options(tmp_path / "c", retry_max_wait_s=2.0))
     assert dataset.files()
     attempts = hub.log(r"/revision/main$")
     assert [r.status for r in attempts] == [429, 429, 200]
     gaps = [b.time - a.time for a, b in itertools.pairwise(attempts)]
     assert all(gap >= 0.95 for gap in gaps), gaps  # the backoff alone would wait ~0.01 s
+
+
+def test_retry_after_is_capped_by_the_maximum_wait(hub, gated, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_good")
+    hub.fail(r"/revision/main$", 429, times=2, headers={"Retry-After": "3600"})
+    started = time.monotonic()
+    dataset = load(PATH, fast_options(tmp_path / "c", retry_max_wait_s=0.2))
+    assert dataset.files()
+    assert time.monotonic() - started < 10  # not two hours
+    attempts = hub.log(r"/revision/main$")
+    assert [r.status for r in attempts] == [429, 429, 200]
+    gaps = [b.time - a.time for a, b in itertools.pairwise(attempts)]
+    assert all(0.15 <= gap < 5 for gap in gaps), gaps
 
 
 def test_500_then_recovery_on_listing_and_download(hub, gated, io_options, monkeypatch):

@@ -14,13 +14,14 @@ a replay. Drops are counted by reason when the mixer moves past them.
 
 from __future__ import annotations
 
+import functools
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from zephon.io.formats import read_unit
+from zephon.io.formats import RowLabel, read_unit
 from zephon.ops.base import DocumentOperator, Dropped
 from zephon.records import Doc
 from zephon.work.source import StaticMixtureWorkSource
@@ -46,12 +47,12 @@ def projected_columns(ops: Sequence[DocumentOperator]) -> list[str] | None:
 
 
 class _LoadedUnit:
-    __slots__ = ("columns", "display", "epoch", "file_index", "k", "keys", "order")
+    __slots__ = ("columns", "epoch", "file_index", "k", "keys", "label", "order")
 
     def __init__(self, k: int, epoch: int, columns: dict[str, list[Any]], keys: list[int],
-                 order: np.ndarray, file_index: int, display: str):
+                 order: np.ndarray, file_index: int, label: Callable[[int], RowLabel]):
         self.k, self.epoch, self.columns, self.keys, self.order = k, epoch, columns, keys, order
-        self.file_index, self.display = file_index, display
+        self.file_index, self.label = file_index, label
 
 
 class _Ahead:
@@ -128,7 +129,8 @@ class DatasetSource:
             table, keys = read_unit(local, data_file.fmt, data_file.compression, spec,
                                     self.columns, display)
         order = self.source.row_order(self.index, epoch, unit_index, len(keys))
-        self._unit = _LoadedUnit(k, epoch, table, keys, order, file_index, display)
+        self._unit = _LoadedUnit(k, epoch, table, keys, order, file_index, functools.partial(
+            RowLabel, display, local, data_file.fmt, data_file.compression))
         return self._unit
 
     def _fill(self) -> bool:
@@ -136,7 +138,7 @@ class DatasetSource:
             return False
         k, row, skip = self._read
         docs: list[Doc] = []
-        labels: list[str] = []
+        labels: list[Any] = []
         where: list[tuple[int, int, int, int]] = []  # k, row, pieces to skip, epoch
         chunk = self._next_chunk
         self._next_chunk = min(self.chunk, chunk * 2)
@@ -154,7 +156,7 @@ class DatasetSource:
                     doc_id += f"#e{unit.epoch}"
                 docs.append(Doc(None, doc_id, self.name,
                                 fields={c: unit.columns[c][r] for c in names}))
-                labels.append(f"{unit.display}: row {unit.keys[r]}")
+                labels.append(unit.label(unit.keys[r]))
                 where.append((k, row, skip, unit.epoch))
                 row += 1
                 skip = 0

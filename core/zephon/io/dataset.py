@@ -2,8 +2,19 @@
 
 ``Dataset.from_path(name, path)`` accepts a file, a directory (searched recursively), a glob,
 or an ``hf://`` path (see :mod:`zephon.io.hub`). Local files are listed once, sorted by path,
-and fingerprinted by path, size and modification time: a checkpoint taken over one version of
-the files refuses to load over another.
+and fingerprinted by relative path, size and a digest of their tail: a checkpoint taken over
+one version of the files refuses to load over another.
+
+Local listing rules, the same for files, directories and globs:
+
+- symbolic links are followed, to files and to directories; a file reached by several paths
+  (a link to it, a glob matching it twice, a loop of directory links) is read once, under its
+  first path in sorted order, and the other paths are reported as skipped;
+- every suffix of the format table is read, named or found (``.json`` files are read as JSON
+  Lines), except the metadata files ``datasets`` writes beside Arrow data
+  (``dataset_info.json``, ``state.json``, ``dataset_dict.json``); other files, hidden ones and
+  duplicates are skipped, logged and listed in ``skipped_files()`` (and the pipeline report);
+- a FIFO, device or socket, a broken link and a link loop are errors naming the path.
 """
 
 from __future__ import annotations
@@ -14,6 +25,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +66,7 @@ class Dataset:
         self.path = str(path)
         self.fmt = fmt
         self._files: tuple[DataFile, ...] | None = None
+        self._skipped: tuple[str, ...] = ()
 
     @classmethod
     def from_path(cls, name: str, path: str | os.PathLike[str], fmt: str | None = None,
@@ -83,36 +96,38 @@ class Dataset:
             self._files = tuple(self._list_files())
         return self._files
 
+    def skipped_files(self) -> tuple[str, ...]:
+        """Paths found but not read, each with the reason: ``"path (reason)"``."""
+        self.files()
+        return self._skipped
+
     def _list_files(self) -> list[DataFile]:
-        candidates = _expand_local(self.path)
-        if not candidates:
+        candidates, skipped = _expand_local(self.path)
+        if not candidates and not skipped:
             raise DataError(f"Dataset {self.name!r}: no files match {self.path!r}")
         files = []
-        named = os.path.isfile(self.path)
         for candidate in candidates:
-            detected = detect_format(candidate)
-            if detected and not named and ".json" in candidate.lower() and \
-                    ".jsonl" not in candidate.lower() and self.fmt is None:
-                # A .json file in a directory is more often metadata (dataset_info.json,
-                # state.json) than JSON Lines: read it only when named or with fmt="jsonl".
-                continue
             if self.fmt is not None:
                 fmt, compression = self.fmt, compression_of(candidate)
-            elif detected is None:
+            elif os.path.basename(candidate) in _METADATA and candidate != self.path:
+                skipped.append(f"{candidate} (dataset metadata)")
+                continue
+            elif (detected := detect_format(candidate)) is None:
+                skipped.append(f"{candidate} (not a data file)")
                 continue
             else:
                 fmt, compression = detected
             files.append(DataFile(candidate, Path(candidate).stat().st_size, fmt, compression,
                                   _tail_digest(candidate)))
-        skipped = len(candidates) - len(files)
         if not files:
             raise DataError(
-                f"Dataset {self.name!r}: no .parquet, .jsonl(.gz/.zst) or .arrow files under "
-                f"{self.path!r} (pass fmt=... to read other suffixes)")
+                f"Dataset {self.name!r}: no .parquet, .jsonl(.gz/.zst), .json or .arrow files "
+                f"under {self.path!r} (pass fmt=... to read other suffixes); skipped: "
+                f"{skipped[:5]}")
+        self._skipped = tuple(skipped)
         if skipped:
-            examples = sorted(set(candidates) - {f.path for f in files})[:3]
-            log.warning("Dataset %r: skipped %d file(s) that are not data files, e.g. %s",
-                        self.name, skipped, examples)
+            log.warning("Dataset %r: skipped %d path(s), e.g. %s", self.name, len(skipped),
+                        skipped[:3])
         return files
 
     def fingerprint(self) -> dict[str, Any]:
@@ -172,19 +187,77 @@ def _root_of(path: str) -> str:
     return path if os.path.isdir(path) else os.path.dirname(path) or "."
 
 
-def _expand_local(path: str) -> list[str]:
+_METADATA = frozenset({"dataset_info.json", "state.json", "dataset_dict.json"})
+
+
+def _expand_local(path: str) -> tuple[list[str], list[str]]:
+    """(files to consider, in sorted order, each real file once; skipped ``"path (reason)"``)."""
+    skipped: list[str] = []
     if any(ch in path for ch in "*?["):
-        matches = glob.glob(path, recursive=True)
-        out: list[str] = []
-        for match in matches:
-            out.extend(_expand_local(match) if os.path.isdir(match) else [match])
-        return sorted(set(out))
-    if os.path.isdir(path):
         found = []
-        for root, dirs, names in os.walk(path):
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            found.extend(os.path.join(root, n) for n in names if not n.startswith("."))
-        return sorted(found)
-    if os.path.exists(path):
-        return [path]
-    raise DataError(f"dataset path {path!r} does not exist")
+        for match in sorted(glob.glob(path, recursive=True)):
+            found.extend(_walk(match, skipped) if os.path.isdir(match) else [match])
+    elif os.path.isdir(path):
+        found = _walk(path, skipped)
+    elif os.path.lexists(path):
+        found = [path]
+    else:
+        raise DataError(f"dataset path {path!r} does not exist")
+    files: list[str] = []
+    first: dict[str, str] = {}
+    for candidate in sorted(set(found)):
+        name = os.path.basename(candidate)
+        if name.startswith(".") and candidate != path:
+            skipped.append(f"{candidate} (hidden)")
+            continue
+        real = _regular_file(candidate)
+        if real in first:
+            skipped.append(f"{candidate} (same file as {first[real]})")
+            continue
+        first[real] = candidate
+        files.append(candidate)
+    return files, skipped
+
+
+def _walk(root: str, skipped: list[str]) -> list[str]:
+    """Every file under ``root``, following directory links; a directory reached again (a
+    link loop or a second link to it) is not walked twice. Adds what it passes over to
+    ``skipped``."""
+    found = []
+    seen: dict[str, str] = {}
+    for current, dirs, names in os.walk(root, followlinks=True):
+        real = os.path.realpath(current)
+        if real in seen:
+            skipped.append(f"{current}/ (same directory as {seen[real]}/)")
+            dirs[:] = []
+            continue
+        seen[real] = current
+        skipped.extend(f"{os.path.join(current, d)}/ (hidden)" for d in dirs
+                       if d.startswith("."))
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        found.extend(os.path.join(current, n) for n in names)
+    return found
+
+
+def _regular_file(path: str) -> str:
+    """The real path of ``path``, which must be a regular file (after links)."""
+    real = os.path.realpath(path)  # resolves link chains (and loops) component by component
+    try:
+        info = os.stat(real)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise DataError(f"{path}: broken symbolic link (points to "
+                            f"{os.readlink(path)!r})") from None
+        raise DataError(f"dataset file {path!r} does not exist") from None
+    except OSError as exc:
+        if os.path.islink(path):
+            raise DataError(f"{path}: symbolic link that cannot be followed ({exc.strerror})"
+                            ) from None
+        raise DataError(f"{path}: cannot be read ({exc.strerror})") from None
+    if not stat.S_ISREG(info.st_mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(info.st_mode) else "a socket"
+                if stat.S_ISSOCK(info.st_mode) else "a device"
+                if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode) else "not a file")
+        raise DataError(f"{path} is {kind}, not a regular file; datasets read regular files "
+                        "(reading it could block forever)")
+    return real

@@ -243,6 +243,30 @@ class _LineReader:
             yield rest
 
 
+class RowLabel:
+    """Names one row of a file in messages: ``file:line`` for JSON Lines (from a byte offset
+    the line is counted only when a message is made, so labelling every row costs nothing),
+    ``file: row n`` for Parquet and Arrow."""
+
+    __slots__ = ("display", "key", "kind", "path")
+
+    def __init__(self, display: str, path: str, fmt: str, compression: str | None, key: int):
+        self.display, self.path, self.key = display, path, key
+        self.kind = "row" if fmt != "jsonl" else "line" if compression else "offset"
+
+    def __str__(self) -> str:
+        if self.kind == "offset":
+            try:
+                return f"{self.display}:{_line_number(self.path, self.key)}"
+            except OSError:  # the file went away (an evicted shard): say where in bytes
+                return f"{self.display}: byte {self.key}"
+        if self.kind == "line":
+            return f"{self.display}:{self.key}"
+        return f"{self.display}: row {self.key}"
+
+    __repr__ = __str__
+
+
 def _line_number(path: str, offset: int) -> int:
     with open(path, "rb") as fh:
         return fh.read(offset).count(b"\n") + 1

@@ -48,7 +48,8 @@ class StoreOptions:
     """Backoff before the first retry; it doubles with each retry. A ``Retry-After`` answer
     header overrides it."""
     retry_max_wait_s: float = 60.0
-    """Cap on the backoff between retries (``Retry-After`` may ask for longer)."""
+    """Cap on every wait between retries, a server's ``Retry-After`` included; one request
+    waits at most ``max_retries * retry_max_wait_s`` in all."""
     timeout_s: float = 60.0
     """Seconds to wait for a connection or for the next bytes of an answer."""
     show_progress: bool = True

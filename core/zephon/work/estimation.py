@@ -62,7 +62,7 @@ def estimate_dataset(source: Any, index: int, lanes: int, columns: list[str] | N
 
     ``measure`` gives the tokens of each sampled row (its fields, projected to ``columns``, and
     a label naming it); None (no tokenizer) estimates from bytes."""
-    from zephon.io.formats import read_unit
+    from zephon.io.formats import RowLabel, read_unit
 
     dataset = source.datasets[index]
     units = source.plan(lanes)[index]
@@ -77,7 +77,7 @@ def estimate_dataset(source: Any, index: int, lanes: int, columns: list[str] | N
     sampled = [units[int(i)] for i in order[:spec.calibration_shards_max]]
     per_unit = -(-spec.calibration_samples // len(sampled))
     rows: list[dict[str, Any]] = []
-    labels: list[str] = []
+    labels: list[Any] = []
     sampled_rows = 0
     sampled_bytes = 0
     for file_index, unit in sampled:
@@ -89,7 +89,8 @@ def estimate_dataset(source: Any, index: int, lanes: int, columns: list[str] | N
         step = max(1, len(keys) // per_unit)
         picked = list(range(0, len(keys), step))[:per_unit]
         rows += [{c: values[r] for c, values in table.items()} for r in picked]
-        labels += [f"{display}: row {keys[r]}" for r in picked]
+        labels += [RowLabel(display, local, data_file.fmt, data_file.compression, keys[r])
+                   for r in picked]
         sampled_rows += len(keys)
         sampled_bytes += unit.stop - unit.start if unit.kind == "bytes" else 0
     lengths = measure(rows, labels)

@@ -118,6 +118,8 @@ class StaticMixtureWorkSource:
                               "positive")
         active = [ds for ds in datasets if weights[ds.name] > 0]
         self.datasets: list[Dataset] = active
+        self.unused = [ds.name for ds in datasets if weights[ds.name] <= 0]
+        """Datasets of weight 0: never read, listed in reports with a target of 0."""
         self.weights = np.array([weights[ds.name] for ds in active], dtype=np.float64)
         self.weights /= self.weights.sum()
         self.mixture = mixture

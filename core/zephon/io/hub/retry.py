@@ -4,7 +4,9 @@ Retried: answers 408, 429, 500, 502, 503 and 504, dropped or timed-out connectio
 download whose bytes do not match the listing. The wait before retry ``n`` (from 0) is
 ``min(max_wait_s, base_wait_s * 2**n)`` scaled by a random factor in [0.5, 1] so that the ranks
 of a job do not retry in step; when the answer carries ``Retry-After: <seconds>`` the wait is
-exactly that. After ``max_retries`` retries the last error is raised.
+that, capped at ``max_wait_s`` too (a server asking for an hour does not stall a job for
+hours). After ``max_retries`` retries the last error is raised, so one request waits at most
+``max_retries * max_wait_s`` in all (8 minutes with the defaults) plus its own timeouts.
 
 Not retried: 401, 403, 404 and other 4xx answers. They become a ConfigError or DataError that
 names what was asked for (dataset, revision, file) and, for gated or private datasets, how to
@@ -56,7 +58,7 @@ class RetryPolicy:
     base_wait_s: float = 1.0
     """Wait before the first retry; doubles with each retry."""
     max_wait_s: float = 60.0
-    """Cap on the backoff wait (a Retry-After header may ask for more)."""
+    """Cap on every wait, Retry-After included."""
 
 
 def status_of(exc: BaseException) -> int | None:
@@ -87,10 +89,12 @@ def retry_call(fn: Callable[[], T], what: str, policy: RetryPolicy) -> T:
                          else True)
             if not retryable or attempt >= policy.max_retries:
                 raise
-            wait = _retry_after(exc)
-            if wait is None:
+            asked = _retry_after(exc)
+            if asked is None:
                 wait = min(policy.max_wait_s, policy.base_wait_s * 2 ** attempt)
                 wait *= random.uniform(0.5, 1.0)
+            else:
+                wait = min(asked, policy.max_wait_s)
             reason = f"HTTP {status}" if status is not None else type(exc).__name__
             log.warning("%s: %s; retry %d of %d in %.2f s", what, reason, attempt + 1,
                         policy.max_retries, wait)

@@ -1,0 +1,33 @@
+"""The pipeline report lists every dataset and everything skipped."""
+
+from __future__ import annotations
+
+from tests.conftest import write_jsonl
+from zephon import Pipeline
+from zephon.io import Dataset
+from zephon.report import sum_stats
+from zephon.work import MixtureSpec, StaticMixtureWorkSource
+
+
+def test_zero_weight_datasets_and_skipped_files_are_listed(tmp_path, tokenizer_dir):
+    write_jsonl(tmp_path / "a" / "a.jsonl", [{"text": f"alpha {i}"} for i in range(20)])
+    (tmp_path / "a" / "README.txt").write_text("not data")
+    write_jsonl(tmp_path / "b" / "b.jsonl", [{"text": "beta"}])
+    source = StaticMixtureWorkSource(
+        [Dataset.from_path("a", tmp_path / "a"), Dataset.from_path("b", tmp_path / "b")],
+        MixtureSpec({"a": 1.0, "b": 0.0}))
+    pipeline = Pipeline(source).tokenize(tokenizer_id=tokenizer_dir).batch(4)
+    list(pipeline)
+    report = pipeline.report()
+    assert [(d.name, d.target_share, d.documents) for d in report.datasets] == [
+        ("a", 1.0, 20), ("b", 0.0, 0)]
+    assert [s.rsplit("/", 1)[-1] for s in report.datasets[0].skipped_files] == [
+        "README.txt (not a data file)"]
+    text = str(report)
+    assert "skipped files:" in text and "README.txt" in text
+    assert "\nb " in text
+
+
+def test_stats_sum_nested_counts():
+    assert sum_stats([{"a": 1, "d": {"x": 2}}, {"a": 3, "d": {"x": 1, "y": 4}}, {}]) == {
+        "a": 4, "d": {"x": 3, "y": 4}}
