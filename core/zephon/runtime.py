@@ -67,25 +67,58 @@ class Loader:
                 f"sizes for {self.lanes} lanes are {_divisors(self.lanes)}")
         if work_source.by_tokens and not any(s.makes_tokens for s in specs):
             raise ConfigError("token_estimation (mixing by tokens) needs tokenize(...)")
-        self.source = work_source.bound(options.io_options)
         context = BuildContext(seed=work_source.seed, lanes=self.lanes)
         built = [spec.build(context) for spec in specs]
         self.specs = list(specs)
         self.document_ops = tuple(op for op in built if isinstance(op, DocumentOperator))
-        row_ops = tuple(op for op in built if isinstance(op, RowOperator))
-        self.plan = LanePlan(self.source, self.document_ops, row_ops,
-                             any(s.makes_rows for s in specs), self.lanes)
-        self.source.plan(self.lanes)
+        self._row_ops = tuple(op for op in built if isinstance(op, RowOperator))
+        self._op_fingerprints = [op.fingerprint() for op in built]
         self._titles = [spec.title for spec in specs]
+        self.state_loaded = False
+        self._use_source(work_source.bound(options.io_options))
+
+    def _use_source(self, source: StaticMixtureWorkSource) -> None:
+        """Plan the lanes over ``source`` and start a fresh stream."""
+        self.source = source
+        self.plan = LanePlan(source, self.document_ops, self._row_ops,
+                             any(s.makes_rows for s in self.specs), self.lanes)
+        source.plan(self.lanes)
         self._fingerprint = {
             "version": STATE_VERSION,
             "lanes": self.lanes,
-            "work_source": self.source.fingerprint(),
-            "ops": [op.fingerprint() for op in built],
+            "work_source": source.fingerprint(),
+            "ops": self._op_fingerprints,
         }
-        self.stream = RankStream(self.plan, options.dp_rank, world, options.prefetch,
-                                 RoundAgreement(world, options.process_group))
-        self.state_loaded = False
+        options = self.options
+        self.stream = RankStream(self.plan, options.dp_rank, options.dp_world_size,
+                                 options.prefetch,
+                                 RoundAgreement(options.dp_world_size, options.process_group))
+
+    def _follow_moved_branches(self, saved: dict[str, Any]) -> None:
+        """Re-pin Hub datasets whose branch moved since ``saved`` (a state fingerprint) to
+        the checkpoint's commit, when the storage options allow it."""
+        if not self.options.io_options.resume_on_checkpoint_commit:
+            return
+        before = saved.get("work_source", {}).get("datasets", {})
+        now = self._fingerprint["work_source"]["datasets"]
+        datasets = list(self.source.datasets)
+        moved = False
+        for i, dataset in enumerate(datasets):
+            old, new = before.get(dataset.name), now.get(dataset.name)
+            if not (isinstance(old, dict) and isinstance(new, dict) and "commit" in old
+                    and old.get("path") == new.get("path") and old["commit"] != new["commit"]
+                    and hasattr(dataset, "pinned")):
+                continue
+            log.warning("zephon: %s (dataset %r) is at commit %s now; the checkpoint was "
+                        "written at %s, so the run resumes on that commit", new["path"],
+                        dataset.name, new["commit"], old["commit"])
+            datasets[i] = dataset.pinned(old["commit"], old.get("source"))
+            moved = True
+        if moved:
+            source = copy.copy(self.source)
+            source.datasets = datasets
+            source._plans = {}
+            self._use_source(source)
 
     # -- iteration -------------------------------------------------------------------------
     def __iter__(self) -> Iterator[SampleBatch]:
@@ -130,7 +163,6 @@ class Loader:
         4 ranks with ranks 2 and 3 taking microbatches 10 and 11."""
         if not isinstance(state, dict):
             raise StateMismatchError(f"load_state_dict expects a dict, got {type(state).__name__}")
-        stream = self.stream
         world, rank = self.options.dp_world_size, self.options.dp_rank
         lane_entries = {k: v for k, v in state.items() if k.startswith("lane_")}
         if not lane_entries:
@@ -140,6 +172,9 @@ class Loader:
             if entry.get("version") != STATE_VERSION:
                 raise StateMismatchError(f"loader state {key!r} has version "
                                          f"{entry.get('version')}, expected {STATE_VERSION}")
+        self._follow_moved_branches(next(iter(lane_entries.values()))["fingerprint"])
+        stream = self.stream
+        for key, entry in lane_entries.items():
             check_fingerprint(entry["fingerprint"], self._fingerprint, key, self._titles)
         missing = [lane_key(lane) for lane in stream.owned if lane_key(lane) not in lane_entries]
         if missing:

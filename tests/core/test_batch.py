@@ -42,7 +42,7 @@ def drain(node):
 
 def test_full_batches_then_the_short_one_is_dropped_and_counted(caplog):
     node = BatchNode(BatchSpec(3), Rows(7), lane=5)
-    with caplog.at_level(logging.INFO, logger="zephon.ops.batch"):
+    with caplog.at_level(logging.WARNING, logger="zephon.ops.batch"):
         batches = drain(node)
     assert [b.ids for b in batches] == [["r1", "r2", "r3"], ["r4", "r5", "r6"]]
     assert [(b.lane, b.index) for b in batches] == [(5, 0), (5, 1)]

@@ -31,3 +31,16 @@ def test_zero_weight_datasets_and_skipped_files_are_listed(tmp_path, tokenizer_d
 def test_stats_sum_nested_counts():
     assert sum_stats([{"a": 1, "d": {"x": 2}}, {"a": 3, "d": {"x": 1, "y": 4}}, {}]) == {
         "a": 4, "d": {"x": 3, "y": 4}}
+
+
+def test_left_over_rows_without_a_tokenizer_count_their_documents(tmp_path):
+    write_jsonl(tmp_path / "d" / "a.jsonl", [{"x": i} for i in range(7)])
+    write_jsonl(tmp_path / "d" / "b.jsonl", [{"x": i} for i in range(7, 10)])
+    source = StaticMixtureWorkSource([Dataset.from_path("d", tmp_path / "d")],
+                                     on_exhausted="drain")
+    pipeline = Pipeline(source).options(lanes=2).batch(2)
+    handed = sum(len(b) for b in pipeline)
+    report = pipeline.report()
+    leftover = report.leftover
+    assert leftover["rows"] > 0 and leftover["documents"] == leftover["rows"]
+    assert handed + leftover["rows"] + report.dropped["rows"] == 10

@@ -258,3 +258,46 @@ def test_downloads_log_progress_with_bytes_and_time(hub, tmp_path, caplog):
     assert any(m.startswith("downloading hf://org/logged@") for m in messages)
     assert any(re.search(rf"downloaded hf://org/logged@\w+/train.parquet: {size} bytes in "
                          r"[\d.]+ s \([\d.]+ \w+/s\)", m) for m in messages), messages
+
+
+@pytest.mark.multiprocess
+def test_ctrl_c_during_a_slow_download_exits_promptly_and_cleans_up(hub, tmp_path):
+    texts = docs(400, seed=55, words=(200, 400))
+    hub.create("org/crawl", sharded(texts, 2, "data/train-{i:05d}-of-{n:05d}.parquet", 50))
+    hub.throttle(r"/cdn/", 50_000)  # a shard takes about a minute
+    cache_root = tmp_path / "c"
+    proc = _worker({"mode": "pipeline", "path": "hf://org/crawl/train", "cache": str(cache_root),
+                    "prefetch": 2, "out": str(tmp_path / "out.json")}, hub)
+    partial = cache_root / "partial"
+    deadline = time.monotonic() + 30
+    while not (partial.exists() and any(p.stat().st_size > 0 for p in partial.iterdir())):
+        assert time.monotonic() < deadline, "the download never started"
+        time.sleep(0.02)
+    interrupted = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=30)
+    assert time.monotonic() - interrupted < 2.0
+    assert proc.returncode != 0
+    assert not any(partial.iterdir())  # the partial download was removed
+    assert not list((cache_root / "state").glob("*.reserve"))
+
+
+def test_disk_full_and_read_only_roots_name_the_cache(tmp_path):
+    import errno
+
+    cache = ShardCache(CacheOptions(enabled=True, root=str(tmp_path / "c"), limit_bytes=10 << 30))
+    item = CachedFile("train.parquet", 1 << 20, "sha256:" + "ab" * 32, "org/x: train.parquet")
+
+    def full(out):
+        out.write(b"x" * 100)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(DataError) as info, cache.open(item, full):
+        pass
+    message = str(info.value)
+    assert str(tmp_path / "c") in message and "org/x: train.parquet" in message
+    assert "limit_bytes=10737418240 is more than the disk holds" in message
+    assert not any((tmp_path / "c" / "partial").iterdir())
+    with pytest.raises(ConfigError, match=r"shard cache root /sys/zephon-cache cannot be "
+                                          r"written .*writable directory"):
+        ShardCache(CacheOptions(enabled=True, root="/sys/zephon-cache"))

@@ -125,3 +125,42 @@ def test_two_ranks_pin_one_commit_and_count_requests(hub, tmp_path):
     print(f"\ntwo-rank load of {shards} shards: {len(hub_requests)} HTTP requests "
           f"({len(hub_requests) - hub.count('^/cdn/')} to the Hub API and resolve endpoints, "
           f"{hub.count('^/cdn/')} to content URLs after redirects)")
+
+
+def test_resume_after_the_branch_moved_stays_on_the_checkpoint_commit(hub, tmp_path,
+                                                                       tokenizer_dir, caplog):
+    import pickle
+
+    from zephon import StateMismatchError
+
+    repo = "org/moving"
+    first = hub.create(repo, sharded(docs(60, seed=81), 3, "data/train-{i:05d}-of-{n:05d}"
+                                                           ".parquet", 8))
+
+    def pipeline(**store):
+        source = StaticMixtureWorkSource([Dataset.from_path("d", f"hf://{repo}/train")], seed=3)
+        return (Pipeline(source).options(io_options=fast_options(tmp_path / "c", **store),
+                                         lanes=2)
+                .tokenize(tokenizer_id=tokenizer_dir).pack_flat(65).batch(2))
+
+    def digests(batches):
+        return [b.records[0].payload["input_ids"].tobytes() for b in batches]
+
+    uninterrupted = digests(pipeline())
+    before = pipeline()
+    iterator = iter(before)
+    head = digests(next(iterator) for _ in range(3))
+    state = pickle.loads(pickle.dumps(before.state_dict()))
+    moved = hub.push(repo, sharded(docs(60, seed=82), 3, "data/train-{i:05d}-of-{n:05d}"
+                                                         ".parquet", 8))
+    assert moved != first
+    with caplog.at_level("WARNING"):
+        resumed = pipeline()
+        resumed.load_state_dict(state)
+        rest = digests(resumed)
+    assert head + rest == uninterrupted
+    assert f"is at commit {moved} now; the checkpoint was written at {first}" in caplog.text
+    assert digests(pipeline()) != uninterrupted  # a fresh run reads the new commit
+    strict = pipeline(resume_on_checkpoint_commit=False)
+    with pytest.raises(StateMismatchError, match=f"checkpoint '{first}', now '{moved}'"):
+        strict.load_state_dict(state)

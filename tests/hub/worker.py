@@ -1,7 +1,8 @@
 """A separate process for the Hub tests: ``python -m tests.hub.worker <json>``.
 
 Modes: ``pipeline`` reads a Hub dataset with a Pipeline (optionally as one rank of a gloo
-process group) and writes what it read as JSON; ``open`` downloads one shard into the cache
+process group, with ``prefetch`` microbatches read ahead on a thread) and writes what it read as
+JSON; ``open`` downloads one shard into the cache
 and then sleeps (the test kills it).
 """
 
@@ -28,7 +29,8 @@ def _pipeline(args: dict) -> dict:
     pipeline = (Pipeline(source)
                 .options(io_options=fast_options(args["cache"], args.get("limit")),
                          lanes=args.get("lanes", 2), dp_rank=args.get("rank", 0),
-                         dp_world_size=args.get("world", 1), prefetch=0)
+                         dp_world_size=args.get("world", 1),
+                         prefetch=args.get("prefetch", 0))
                 .batch(microbatch_size=4, drop_last=False))
     ids = [record.payload["id"] for batch in pipeline for record in batch.records]
     out = {"commit": dataset.commit, "ids": ids, "fingerprint": pipeline.fingerprint(),

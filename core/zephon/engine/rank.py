@@ -32,11 +32,13 @@ from typing import Any
 from zephon.batch import SampleBatch
 from zephon.engine.lane import Lane, LanePlan
 from zephon.errors import ZephonError
+from zephon.io import cancel
 from zephon.records import record_counts
 
 log = logging.getLogger(__name__)
 
 _END = object()
+_INTERRUPT_JOIN_S = 1.5
 
 
 class _Superseded(Exception):
@@ -155,9 +157,12 @@ class RankStream:
 
             def produce() -> None:
                 try:
-                    for item in production:
-                        if not offer(item):
-                            return
+                    with cancel.cancel_when(stop):
+                        for item in production:
+                            if not offer(item):
+                                return
+                except cancel.Cancelled:
+                    return
                 except BaseException as exc:  # forwarded to the consumer
                     offer(("error", exc))
 
@@ -187,6 +192,7 @@ class RankStream:
                 raise item[1]
             return item
 
+        interrupted = False
         try:
             for _, pending in self._schedule(start):
                 items = [take() for _ in pending]
@@ -202,13 +208,17 @@ class RankStream:
                     yield batch
         except _Superseded:
             return  # a newer iterator (or a state load) owns this stream now
+        except KeyboardInterrupt:
+            interrupted = True
+            raise
         finally:
             stop.set()
             if thread is not None:
-                # The producer notices the stop after the microbatch it is making; joining it
-                # lets native resources it holds (open files, tokenizer threads) close before
-                # the interpreter exits.
-                thread.join(timeout=30)
+                # The producer notices the stop within one received chunk of a download or
+                # after the microbatch it is making; joining it lets native resources it
+                # holds (open files, partial downloads, tokenizer threads) close before the
+                # interpreter exits. On Ctrl-C the wait is short: the user asked to stop.
+                thread.join(timeout=_INTERRUPT_JOIN_S if interrupted else 30)
                 _RUNNING.discard((stop, thread))
 
     def _finish(self, items: list[Any], take: Callable[[], Any]) -> None:

@@ -54,6 +54,10 @@ class StoreOptions:
     """Seconds to wait for a connection or for the next bytes of an answer."""
     show_progress: bool = True
     """Log download progress (bytes and time) for each shard."""
+    resume_on_checkpoint_commit: bool = True
+    """When a checkpoint was written on a Hub branch that has moved since, resume on the
+    checkpoint's commit (and log it) instead of refusing the checkpoint. Paths that name a
+    commit never move."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.cache, CacheOptions):

@@ -84,7 +84,7 @@ class BatchNode(Node):
         self.dropped["rows"] += len(records)
         self.dropped["documents"] += documents
         self.dropped["tokens"] += tokens
-        log.info("zephon: lane %d dropped a short batch of %d row(s) (%d documents, %d tokens) "
+        log.warning("zephon: lane %d dropped a short batch of %d row(s) (%d documents, %d tokens) "
                  "at the end of its data (drop_last=True)", self.lane, len(records), documents,
                  tokens)
 

@@ -40,11 +40,13 @@ unchanged (silent disk bit rot) is not.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
 import os
 import re
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -52,12 +54,15 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from zephon.errors import ConfigError, DataError
+from zephon.io import cancel
 from zephon.io.hub.locks import FileLock
 from zephon.io.options import CacheOptions
 
 log = logging.getLogger(__name__)
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
+_READ_ONLY = {errno.EROFS, errno.EACCES, errno.EPERM}
 _SPACE_POLL_S = 0.05
 
 
@@ -145,8 +150,16 @@ class ShardCache:
         self.limit = options.limit_bytes
         self.space_wait_s = options.space_wait_s
         self.stats = CacheStats()
-        for sub in ("shards", "partial", "state"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        try:
+            for sub in ("shards", "partial", "state"):
+                (self.root / sub).mkdir(parents=True, exist_ok=True)
+            probe = self.root / "state" / f".probe-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise ConfigError(
+                f"shard cache root {self.root} cannot be written ({exc.strerror}); set "
+                "CacheOptions.root to a writable directory on local disk") from None
 
     # -- paths ----------------------------------------------------------------------------
     def shard_path(self, key: str) -> Path:
@@ -210,10 +223,15 @@ class ShardCache:
         partial = self.root / "partial" / item.key
         try:
             start = time.monotonic()
-            with open(partial, "wb") as out:
-                fetch(out)
-                out.flush()
-                os.fsync(out.fileno())
+            try:
+                with open(partial, "wb") as out:
+                    fetch(out)
+                    out.flush()
+                    os.fsync(out.fileno())
+            except OSError as exc:
+                if exc.errno not in _NO_SPACE and exc.errno not in _READ_ONLY:
+                    raise
+                raise self._write_failure(item, exc) from None
             if partial.stat().st_size != item.size:
                 raise DataError(f"{item.display}: download wrote {partial.stat().st_size} "
                                 f"bytes, the listing says {item.size}")
@@ -225,6 +243,24 @@ class ShardCache:
         finally:
             partial.unlink(missing_ok=True)
             self._state(item.key, "reserve").unlink(missing_ok=True)
+
+    def _write_failure(self, item: CachedFile, exc: OSError) -> DataError:
+        if exc.errno in _READ_ONLY:
+            return DataError(f"shard cache root {self.root} cannot be written "
+                             f"({exc.strerror}) while downloading {item.display}; set "
+                             "CacheOptions.root to a writable directory on local disk")
+        try:
+            free = shutil.disk_usage(self.root).free
+        except OSError:
+            free = 0
+        limit = (f"limit_bytes={self.limit} is more than the disk holds: lower it below "
+                 f"{self.used_bytes() + free} bytes" if self.limit is not None else
+                 "no limit_bytes is set: set one below what the disk holds")
+        return DataError(
+            f"shard cache root {self.root}: the disk is full ({exc.strerror}) while downloading "
+            f"{item.display} ({item.size} bytes; {free} bytes free, {self.used_bytes()} bytes "
+            f"of shards cached). {limit}, or free at least {max(item.size - free, 0)} bytes "
+            "on that disk.")
 
     def _record(self, path: Path, item: CachedFile) -> None:
         target = self._state(item.key, "ok")
@@ -247,7 +283,7 @@ class ShardCache:
                     f"being read; waited {self.space_wait_s:.0f} s. Raise "
                     "CacheOptions.limit_bytes (it must hold every shard read at the same time "
                     "on this node).")
-            time.sleep(_SPACE_POLL_S)
+            cancel.sleep(_SPACE_POLL_S)
 
     def _make_room(self, item: CachedFile) -> bool:
         """Evict until ``item`` fits; True when it does. Runs under cache.lock."""

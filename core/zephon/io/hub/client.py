@@ -23,6 +23,7 @@ from huggingface_hub.errors import HfHubHTTPError, RevisionNotFoundError
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
 from zephon.errors import ZephonError
+from zephon.io import cancel
 from zephon.io.hub.retry import RetryPolicy, TransferError, explain, retry_call
 
 log = logging.getLogger(__name__)
@@ -156,6 +157,7 @@ class HubClient:
                     response.read()
                 hf_raise_for_status(response)
                 for chunk in response.iter_bytes():
+                    cancel.check()
                     out.write(chunk)
                     check.update(chunk)
                     done += len(chunk)

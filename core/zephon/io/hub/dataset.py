@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import hashlib
 import json
 import math
@@ -74,6 +75,16 @@ class HubDataset(Dataset):
         Copies share the pinned resolution, so every pipeline reads the same commit."""
         clone = copy.copy(self)
         clone.bind(io_options)
+        return clone
+
+    def pinned(self, commit: str, source: str | None) -> HubDataset:
+        """A copy that reads ``commit`` (with the given source), for resuming a checkpoint
+        written before the branch moved; its path, and so its fingerprint's path, is kept."""
+        clone = copy.copy(self)
+        clone.hub_path = dataclasses.replace(self.hub_path, revision=commit,
+                                             source=source or self.hub_path.source)
+        clone._shared = SimpleNamespace(resolution=None)
+        clone._files = None
         return clone
 
     def bind(self, io_options: StoreOptions) -> None:

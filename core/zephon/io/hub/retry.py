@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -38,6 +37,7 @@ from huggingface_hub.errors import (
 )
 
 from zephon.errors import ConfigError, DataError, ZephonError
+from zephon.io import cancel
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ def retry_call(fn: Callable[[], T], what: str, policy: RetryPolicy) -> T:
             reason = f"HTTP {status}" if status is not None else type(exc).__name__
             log.warning("%s: %s; retry %d of %d in %.2f s", what, reason, attempt + 1,
                         policy.max_retries, wait)
-            time.sleep(wait)
+            cancel.sleep(wait)
             attempt += 1
 
 
