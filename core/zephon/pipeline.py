@@ -32,6 +32,7 @@ from zephon.ops.batch import BatchSpec
 from zephon.ops.filter import FilterSpec
 from zephon.ops.map import MapSpec
 from zephon.ops.pack import PackSpec
+from zephon.ops.pretokenized import PretokenizedSpec
 from zephon.ops.shuffle import ShuffleSpec
 from zephon.ops.tokenize import TokenizeSpec
 from zephon.ops.tokenize_chat import TokenizeChatSpec
@@ -129,6 +130,10 @@ class Pipeline:
     tokenize_chat = _operator_method(
         TokenizeChatSpec, "tokenize_chat",
         "Render and encode conversations with assistant-only train masks.")
+    pretokenized = _operator_method(
+        PretokenizedSpec, "pretokenized",
+        "Read documents that are token ids already (a list<int> column, or a Megatron indexed "
+        "dataset), in place of tokenize.")
     map = _operator_method(MapSpec, "map", "Apply ``fn`` to every document before packing.")
     filter = _operator_method(FilterSpec, "filter",
                               "Keep the documents ``fn`` accepts; rejected ones are counted.")

@@ -74,6 +74,7 @@ from zephon.io.options import CacheOptions
 from zephon.ops.base import OperatorSpec, check_order, operator_spec_class
 from zephon.ops.batch import BatchSpec
 from zephon.ops.pack import PackSpec
+from zephon.ops.pretokenized import PretokenizedSpec
 from zephon.ops.shuffle import ShuffleSpec
 from zephon.ops.tokenize import TokenizeSpec
 from zephon.ops.tokenize_chat import TokenizeChatSpec
@@ -87,7 +88,7 @@ from zephon.work.source import EXHAUSTION, StaticMixtureWorkSource
 _MIX_SOURCE_KEYS = ("repeat", "on_exhausted")
 _WORK_SOURCE_KEYS = ("shuffle_units", "shuffle_rows", "unit_bytes", "arrow_unit_rows")
 _ESTIMATION_KEYS = tuple(f.name for f in dataclasses.fields(TokenEstimation))
-_TOKENIZERS = {"text": TokenizeSpec, "chat": TokenizeChatSpec}
+_TOKENIZERS = {"text": TokenizeSpec, "chat": TokenizeChatSpec, "pretokenized": PretokenizedSpec}
 
 
 @dataclass
@@ -99,7 +100,9 @@ class DatasetEntry:
     weight: float = 1.0
     """Target share before normalization."""
     fmt: str | None = None
-    """Force a file format (parquet, jsonl, arrow)."""
+    """Force a file format (parquet, jsonl, arrow, megatron)."""
+    documents: list[int] | None = None
+    """``[start, stop)``: read only these documents of a Megatron indexed dataset."""
 
 
 @dataclass(frozen=True)
@@ -118,7 +121,8 @@ class _MixtureChoice:
 @dataclass(frozen=True)
 class _TokenizeChoice:
     kind: str = "text"
-    """``"text"`` (tokenize) or ``"chat"`` (tokenize_chat)."""
+    """``"text"`` (tokenize), ``"chat"`` (tokenize_chat) or ``"pretokenized"`` (token ids
+    already, e.g. Megatron indexed datasets)."""
     tokenizer: str = ""
     """A tokenizer directory (relative to the recipe), a Hub id, ``demo:tokenizer`` or
     ``demo:chat-tokenizer``."""
@@ -146,6 +150,8 @@ def recipe_schema() -> dict[str, dict[str, Key]]:
                      **dataclass_keys(TokenizeSpec, exclude=("tokenizer_id",))},
         "tokenize.chat": {**dataclass_keys(_TokenizeChoice),
                           **dataclass_keys(TokenizeChatSpec, exclude=("tokenizer_id",))},
+        "tokenize.pretokenized": {"kind": dataclass_keys(_TokenizeChoice)["kind"],
+                                  **dataclass_keys(PretokenizedSpec)},
         "ops": dataclass_keys(_OpsEntry),
         "pack": dataclass_keys(PackSpec),
         "shuffle": dataclass_keys(ShuffleSpec),
@@ -190,7 +196,10 @@ class DataRecipe:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "<dict>",
-                  base_dir: str | os.PathLike[str] | None = None) -> DataRecipe:
+                  base_dir: str | os.PathLike[str] | None = None,
+                  datasets: list[DatasetEntry] | None = None) -> DataRecipe:
+        """A recipe from TOML-shaped ``data``. ``datasets`` supplies the datasets from
+        elsewhere (a framework's own data flags); the recipe must then name none."""
         schema = recipe_schema()
         top = {k: v for k, v in data.items() if k not in _SECTIONS}
         read_table(top, schema[""], source)
@@ -199,7 +208,10 @@ class DataRecipe:
             if data.get(name) is not None:
                 sections[name] = read_table(data[name], schema[name], source, name)
         raw_sets = data.get("datasets") or []
-        if not isinstance(raw_sets, list) or not raw_sets:
+        if datasets is not None and raw_sets:
+            raise ConfigError(f"{source}: [[datasets]] conflicts with the datasets given by the "
+                              "framework's data flags; remove one of them")
+        if datasets is None and (not isinstance(raw_sets, list) or not raw_sets):
             raise ConfigError(f"{source}: the recipe names no [[datasets]]")
         base = Path(base_dir) if base_dir is not None else Path.cwd()
         entries = []
@@ -209,7 +221,9 @@ class DataRecipe:
                 raise ConfigError(f"{source}: every [[datasets]] entry needs name and path, "
                                   f"got {raw}")
             entries.append(DatasetEntry(raw["name"], _resolve_path(raw["path"], base),
-                                        float(raw.get("weight", 1.0)), raw.get("fmt")))
+                                        float(raw.get("weight", 1.0)), raw.get("fmt"),
+                                        raw.get("documents")))
+        entries += datasets or []
         tokenize = _read_tokenize(data.get("tokenize") or {}, source)
         if "tokenizer" in tokenize:
             tokenize["tokenizer"] = _resolve_tokenizer(tokenize["tokenizer"], base)
@@ -246,9 +260,10 @@ class DataRecipe:
         return by
 
     @property
-    def tokenizer(self) -> str:
-        """The tokenizer as resolved (a directory path or a Hub id)."""
-        return self.tokenize["tokenizer"]
+    def tokenizer(self) -> str | None:
+        """The tokenizer as resolved (a directory path or a Hub id); None for pretokenized
+        data."""
+        return self.tokenize.get("tokenizer")
 
     def validate(self) -> None:
         """Cheap checks that fail before training starts: files, tokenizer, option values."""
@@ -257,15 +272,17 @@ class DataRecipe:
         for entry in self.datasets:
             if not entry.path.startswith("hf://"):
                 try:
-                    Dataset.from_path(entry.name, entry.path, entry.fmt).files()
+                    Dataset.from_path(entry.name, entry.path, entry.fmt,
+                                      **_documents(entry)).files()
                 except ConfigError:
                     raise
                 except ValueError as exc:
                     raise ConfigError(f"{self.source}: dataset {entry.name!r}: {exc}") from None
         tokenizer = self.tokenize.get("tokenizer")
-        if tokenizer is None:
+        pretokenized = self.tokenize.get("kind") == "pretokenized"
+        if tokenizer is None and not pretokenized:
             raise ConfigError(f"{self.source}: [tokenize] needs tokenizer = <dir or Hub id>")
-        if looks_local(tokenizer) and not Path(tokenizer).is_dir():
+        if tokenizer is not None and looks_local(tokenizer) and not Path(tokenizer).is_dir():
             raise ConfigError(f"{self.source}: tokenizer directory {tokenizer!r} does not exist")
         if self.mix_by not in ("tokens", "documents"):
             raise ConfigError(f"{self.source}: [mixture] by={self.mix_by!r} is not 'tokens' or "
@@ -330,6 +347,8 @@ class DataRecipe:
     def _tokenize_spec(self) -> OperatorSpec:
         options = dict(self.tokenize)
         kind = options.pop("kind", "text")
+        if kind == "pretokenized":
+            return PretokenizedSpec(**options)
         tokenizer = options.pop("tokenizer")
         return _TOKENIZERS[kind](tokenizer_id=tokenizer, **options)
 
@@ -351,7 +370,8 @@ class DataRecipe:
         from zephon.io import Dataset, StoreOptions
         from zephon.pipeline import Pipeline
 
-        datasets = [Dataset.from_path(e.name, e.path, e.fmt) for e in self.datasets]
+        datasets = [Dataset.from_path(e.name, e.path, e.fmt, **_documents(e))
+                    for e in self.datasets]
         source = self._work_source(datasets)
         chosen_lanes = _agree("lanes", self.lanes, lanes, self.source)
         pipeline = Pipeline(source).options(
@@ -389,7 +409,9 @@ class DataRecipe:
     def eos_token_id(self) -> int:
         """``[to_training] eos_token_id``, else the recipe tokenizer's EOS id."""
         eos = self.to_training.get("eos_token_id")
-        if eos is None:
+        if eos is None and self.tokenizer is None:
+            eos = self.tokenize.get("eos_token_id")
+        elif eos is None:
             from zephon.tokenizer import resolve_encoder
 
             eos = resolve_encoder(self.tokenizer, None).special.eos
@@ -404,6 +426,10 @@ class DataRecipe:
         if options.get("eos_mask_loss"):
             options["eos_token_id"] = self.eos_token_id()
         return options
+
+
+def _documents(entry: DatasetEntry) -> dict[str, Any]:
+    return {"documents": tuple(entry.documents)} if entry.documents is not None else {}
 
 
 def _as_list(value: Any, source: str) -> list[Any]:
@@ -434,10 +460,13 @@ def _read_tokenize(table: Any, source: str) -> dict[str, Any]:
         raise ConfigError(f"{source}: [tokenize] must be a table")
     kind = table.get("kind", "text")
     if kind not in _TOKENIZERS:
-        raise ConfigError(f"{source}: [tokenize] kind={kind!r} is not 'text' or 'chat'")
-    own = schema["tokenize.chat" if kind == "chat" else "tokenize"]
-    other = schema["tokenize" if kind == "chat" else "tokenize.chat"]
-    wrong = sorted(k for k in table if k not in own and k in other)
+        raise ConfigError(f"{source}: [tokenize] kind={kind!r} is not one of "
+                          f"{sorted(_TOKENIZERS)}")
+    sections = {"text": "tokenize", "chat": "tokenize.chat",
+                "pretokenized": "tokenize.pretokenized"}
+    own = schema[sections[kind]]
+    others = {k for name, section in sections.items() if name != kind for k in schema[section]}
+    wrong = sorted(k for k in table if k not in own and k in others)
     if wrong:
         raise ConfigError(f"{source}: [tokenize] {wrong} do not apply to kind={kind!r}")
     return read_table(table, own, source, "tokenize")

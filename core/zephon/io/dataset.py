@@ -33,6 +33,7 @@ from typing import Any
 
 from zephon.errors import ConfigError, DataError
 from zephon.io.formats import FORMATS, PlanHints, UnitSpec, compression_of, detect_format
+from zephon.io.indexed import prefix_of
 from zephon.io.options import StoreOptions
 
 log = logging.getLogger(__name__)
@@ -57,21 +58,31 @@ class DataFile:
 class Dataset:
     """A named collection of data files in one format family."""
 
-    def __init__(self, name: str, path: str, fmt: str | None = None):
+    def __init__(self, name: str, path: str, fmt: str | None = None,
+                 documents: tuple[int, int] | None = None):
         if not name or not isinstance(name, str):
             raise ConfigError(f"Dataset name must be a non-empty string, got {name!r}")
         if fmt is not None and fmt not in FORMATS:
             raise ConfigError(f"Dataset {name!r}: fmt={fmt!r} is not one of {FORMATS}")
+        if documents is not None:
+            documents = tuple(documents)  # type: ignore[assignment]
+            if (len(documents) != 2 or not all(isinstance(d, int) for d in documents)
+                    or not 0 <= documents[0] <= documents[1]):
+                raise ConfigError(f"Dataset {name!r}: documents must be (start, stop) with "
+                                  f"0 <= start <= stop, got {documents!r}")
         self.name = name
         self.path = str(path)
         self.fmt = fmt
+        self.documents = documents
         self._files: tuple[DataFile, ...] | None = None
         self._skipped: tuple[str, ...] = ()
 
     @classmethod
     def from_path(cls, name: str, path: str | os.PathLike[str], fmt: str | None = None,
                   **kwargs: Any) -> Dataset:
-        """A dataset from a local file, directory or glob, or an ``hf://`` path."""
+        """A dataset from a local file, directory or glob, a Megatron indexed dataset prefix
+        (``data/web_text_document`` for ``.idx``/``.bin``; ``documents=(start, stop)`` reads
+        a range of its documents), or an ``hf://`` path."""
         text = os.fspath(path)
         if text.startswith("hf://"):
             from zephon.io.hub.dataset import HubDataset
@@ -81,10 +92,11 @@ class Dataset:
                 raise ConfigError(f"Dataset.from_path: unknown option(s) {unknown} for an "
                                   "hf:// dataset (known: token, endpoint)")
             return HubDataset(name, text, fmt=fmt, **kwargs)
-        if kwargs:
-            raise ConfigError(f"Dataset.from_path: unknown option(s) {sorted(kwargs)} "
-                              "for a local dataset")
-        return cls(name, text, fmt)
+        unknown = sorted(set(kwargs) - {"documents"})
+        if unknown:
+            raise ConfigError(f"Dataset.from_path: unknown option(s) {unknown} for a local "
+                              "dataset (known: documents)")
+        return cls(name, text, fmt, **kwargs)
 
     def __repr__(self) -> str:
         return f"Dataset({self.name!r}, {self.path!r})"
@@ -107,6 +119,15 @@ class Dataset:
             raise DataError(f"Dataset {self.name!r}: no files match {self.path!r}")
         files = []
         for candidate in candidates:
+            prefix = prefix_of(candidate)
+            if prefix is not None and (self.fmt in (None, "megatron")):
+                if candidate.endswith(".bin"):
+                    skipped.append(f"{candidate} (tokens of {prefix}.idx)")
+                    continue
+                size = os.path.getsize(prefix + ".idx") + os.path.getsize(prefix + ".bin")
+                files.append(DataFile(prefix, size, "megatron", None,
+                                      _tail_digest(prefix + ".idx")))
+                continue
             if self.fmt is not None:
                 fmt, compression = self.fmt, compression_of(candidate)
             elif os.path.basename(candidate) in _METADATA and candidate != self.path:
@@ -125,6 +146,10 @@ class Dataset:
                 f"under {self.path!r} (pass fmt=... to read other suffixes); skipped: "
                 f"{skipped[:5]}")
         self._skipped = tuple(skipped)
+        if self.documents is not None and [f.fmt for f in files] != ["megatron"]:
+            raise ConfigError(f"Dataset {self.name!r}: documents=... selects documents of one "
+                              f"Megatron indexed dataset; {self.path!r} holds {len(files)} "
+                              "file(s) of other kinds")
         if skipped:
             log.warning("Dataset %r: skipped %d path(s), e.g. %s", self.name, len(skipped),
                         skipped[:3])
@@ -136,7 +161,7 @@ class Dataset:
         and their modification times do not count, so moved or re-staged data resumes."""
         root = _root_of(self.path)
         listing = json.dumps([[os.path.relpath(f.path, root), f.size, f.version, f.fmt]
-                              for f in self.files()])
+                              for f in self.files()] + [self.documents or []])
         return {
             "num_files": len(self.files()),
             "files": hashlib.sha256(listing.encode()).hexdigest()[:16],
@@ -152,7 +177,7 @@ class Dataset:
         for index, data_file in enumerate(files):
             with self.local_file(data_file) as local:
                 for unit in plan_file(local, data_file.fmt, data_file.compression, hints,
-                                      per_file):
+                                      per_file, self.documents):
                     units.append((index, unit))
         return units
 
@@ -199,7 +224,7 @@ def _expand_local(path: str) -> tuple[list[str], list[str]]:
             found.extend(_walk(match, skipped) if os.path.isdir(match) else [match])
     elif os.path.isdir(path):
         found = _walk(path, skipped)
-    elif os.path.lexists(path):
+    elif os.path.lexists(path) or prefix_of(path) is not None:
         found = [path]
     else:
         raise DataError(f"dataset path {path!r} does not exist")
@@ -241,6 +266,9 @@ def _walk(root: str, skipped: list[str]) -> list[str]:
 
 def _regular_file(path: str) -> str:
     """The real path of ``path``, which must be a regular file (after links)."""
+    if not os.path.lexists(path) and prefix_of(path) is not None:
+        _regular_file(path + ".bin")
+        return _regular_file(path + ".idx")
     real = os.path.realpath(path)  # resolves link chains (and loops) component by component
     try:
         info = os.stat(real)

@@ -20,12 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from zephon.errors import DataError
+from zephon.io.indexed import DocumentColumn, open_indexed
 
-FORMATS = ("parquet", "jsonl", "arrow")
+FORMATS = ("parquet", "jsonl", "arrow", "megatron")
+TOKENS_FIELD = "input_ids"
+"""The one column a Megatron indexed dataset has: each document's token ids."""
 
 _SUFFIXES: dict[str, tuple[str, str | None]] = {
     ".parquet": ("parquet", None),
@@ -39,6 +43,7 @@ _SUFFIXES: dict[str, tuple[str, str | None]] = {
     ".arrow": ("arrow", None),
     ".feather": ("arrow", None),
     ".ipc": ("arrow", None),
+    ".idx": ("megatron", None),
 }
 
 
@@ -63,8 +68,9 @@ def compression_of(name: str) -> str | None:
 @dataclass(frozen=True, slots=True)
 class UnitSpec:
     """Where a unit lies inside its file. Meaning of ``start``/``stop`` depends on ``kind``:
-    ``row_group`` (rows inside Parquet row group ``group``), ``rows`` (rows of an Arrow file),
-    ``bytes`` (byte range of a JSONL file) or ``file`` (the whole file)."""
+    ``row_group`` (rows inside Parquet row group ``group``), ``rows`` (rows of an Arrow file,
+    documents of a Megatron indexed dataset), ``bytes`` (byte range of a JSONL file) or
+    ``file`` (the whole file)."""
 
     kind: str
     group: int
@@ -77,13 +83,21 @@ class PlanHints:
     unit_bytes: int
     """Target size of a JSONL byte-range unit."""
     arrow_unit_rows: int
-    """Target rows of an Arrow unit."""
+    """Target rows of an Arrow unit (documents of an indexed-dataset unit)."""
 
 
 def plan_file(path: str, fmt: str, compression: str | None, hints: PlanHints,
-              min_units: int = 1) -> list[UnitSpec]:
-    """Split one file into units; ``min_units`` asks for at least that many when possible."""
+              min_units: int = 1, rows: tuple[int, int] | None = None) -> list[UnitSpec]:
+    """Split one file into units; ``min_units`` asks for at least that many when possible.
+    ``rows`` limits a Megatron indexed dataset to a range of its documents."""
     try:
+        if fmt == "megatron":
+            count = open_indexed(path).documents
+            start, stop = rows if rows is not None else (0, count)
+            if not 0 <= start <= stop <= count:
+                raise DataError(f"{path}: documents {start}..{stop} are outside its "
+                                f"{count} documents")
+            return _row_units(start, stop, hints.arrow_unit_rows, min_units)
         if fmt == "parquet":
             return _plan_parquet(path, min_units)
         if fmt == "arrow":
@@ -127,11 +141,16 @@ def _open_arrow(path: str) -> pa.Table:
 
 
 def _plan_arrow(path: str, unit_rows: int, min_units: int) -> list[UnitSpec]:
-    rows = _open_arrow(path).num_rows
-    if rows == 0:
+    return _row_units(0, _open_arrow(path).num_rows, unit_rows, min_units)
+
+
+def _row_units(start: int, stop: int, unit_rows: int, min_units: int) -> list[UnitSpec]:
+    rows = stop - start
+    if rows <= 0:
         return []
     per_unit = min(unit_rows, max(1, math.ceil(rows / max(min_units, 1))))
-    return [UnitSpec("rows", 0, s, min(s + per_unit, rows)) for s in range(0, rows, per_unit)]
+    return [UnitSpec("rows", 0, s, min(s + per_unit, stop)) for s in range(start, stop,
+                                                                           per_unit)]
 
 
 def read_unit(path: str, fmt: str, compression: str | None, unit: UnitSpec,
@@ -164,6 +183,11 @@ def read_unit(path: str, fmt: str, compression: str | None, unit: UnitSpec,
             return _table_columns(table, columns, display), keys
         if fmt == "jsonl":
             return _read_jsonl(path, compression, unit, columns, display)
+        if fmt == "megatron":
+            if columns is not None:
+                _check_columns([TOKENS_FIELD], columns, display)
+            column = DocumentColumn(open_indexed(path), unit.start, unit.stop)
+            return {TOKENS_FIELD: column}, list(range(unit.start, unit.stop))
     except DataError:
         raise
     except (OSError, pa.ArrowException) as exc:
@@ -191,11 +215,42 @@ def _check_columns(available: list[str], wanted: list[str], display: str) -> Non
 
 
 def _table_columns(table: pa.Table, columns: list[str] | None,
-                   display: str) -> dict[str, list[Any]]:
+                   display: str) -> dict[str, Any]:
     names = table.column_names
     if columns is not None:
         _check_columns(names, columns, display)
-    return {name: table.column(name).to_pylist() for name in (columns or names)}
+    return {name: _column_values(table.column(name)) for name in (columns or names)}
+
+
+def _column_values(column: pa.ChunkedArray) -> Any:
+    """A column's values by row: Python objects, except lists of integers (token ids), which
+    stay one numpy buffer read by row without a Python object per id."""
+    kind = column.type
+    if (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and \
+            pa.types.is_integer(kind.value_type):
+        return ListColumn(column.combine_chunks() if column.num_chunks != 1 else
+                          column.chunk(0))
+    return column.to_pylist()
+
+
+class ListColumn:
+    """An Arrow list<int> column read by row: ``column[r]`` is a numpy view of row ``r``'s
+    values (None for a null row)."""
+
+    def __init__(self, array: pa.Array):
+        # ``values`` is the whole backing buffer and ``offsets`` index it, slices included.
+        self._values = array.values.to_numpy(zero_copy_only=False)
+        self._offsets = array.offsets.to_numpy(zero_copy_only=False)
+        self._valid = None if array.null_count == 0 else \
+            array.is_valid().to_numpy(zero_copy_only=False)
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    def __getitem__(self, r: int) -> np.ndarray | None:
+        if self._valid is not None and not self._valid[r]:
+            return None
+        return self._values[self._offsets[r]:self._offsets[r + 1]]
 
 
 def _jsonl_lines(path: str, compression: str | None, unit: UnitSpec):

@@ -65,6 +65,8 @@ class BuildContext:
     """Lanes of the run."""
     encoder: Any = None
     """The tokenizing operator's text encoder (``zephon.tokenizer.TextEncoder``), once built."""
+    special: Any = None
+    """The special token ids (``zephon.tokenizer.SpecialTokens``) of the tokens, once known."""
 
 
 _REGISTRY: dict[str, type[OperatorSpec]] = {}

@@ -75,7 +75,7 @@ class PackSpec(OperatorSpec):
         return "pack_flat" if self.flat else "pack_sequences"
 
     def build(self, context: BuildContext) -> PackOperator:
-        special = context.encoder.special if context.encoder is not None else None
+        special = context.special
         candidates = (self.pad_token_id, special.pad if special else None,
                       special.eos if special else None)
         return PackOperator(self, next((p for p in candidates if p is not None), 0))

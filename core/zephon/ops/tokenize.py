@@ -61,6 +61,7 @@ class TokenizeSpec(OperatorSpec):
     def build(self, context: BuildContext) -> DocumentTokenizer:
         tokenizer = DocumentTokenizer(self)
         context.encoder = tokenizer.encoder
+        context.special = tokenizer.encoder.special
         return tokenizer
 
 

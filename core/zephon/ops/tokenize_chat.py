@@ -97,6 +97,7 @@ class TokenizeChatSpec(OperatorSpec):
     def build(self, context: BuildContext) -> ChatTokenizer:
         tokenizer = ChatTokenizer(self)
         context.encoder = tokenizer.encoder
+        context.special = tokenizer.encoder.special
         return tokenizer
 
 

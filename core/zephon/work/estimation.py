@@ -69,6 +69,8 @@ def estimate_dataset(source: Any, index: int, lanes: int, columns: list[str] | N
     counts = [u.stop - u.start if u.kind in ("row_group", "rows") else None for _, u in units]
     documents = sum(counts) if None not in counts else None
     total_bytes = sum(f.size for f in dataset.files())
+    if all(f.fmt == "megatron" for f in dataset.files()):
+        return _indexed_counts(dataset, units)
     if spec.primer == "bytes" or measure is None:
         tokens = total_bytes / 4
         per_doc = tokens / documents if documents else float("nan")
@@ -99,3 +101,19 @@ def estimate_dataset(source: Any, index: int, lanes: int, columns: list[str] | N
         documents = round(total_bytes * sampled_rows / sampled_bytes)
     tokens = per_doc * documents if documents is not None else None
     return DatasetEstimate(dataset.name, documents, per_doc, tokens)
+
+
+def _indexed_counts(dataset: Any, units: list[Any]) -> DatasetEstimate:
+    """Exact documents and tokens of Megatron indexed datasets, from their indexes (not
+    counting BOS/EOS that ``pretokenized`` may add)."""
+    from zephon.io.indexed import open_indexed
+
+    documents = tokens = 0
+    for data_file in dataset.files():
+        lengths = open_indexed(data_file.path).document_lengths()
+        for file_index, unit in units:
+            if dataset.files()[file_index] is data_file:
+                documents += unit.stop - unit.start
+                tokens += int(lengths[unit.start:unit.stop].sum())
+    return DatasetEstimate(dataset.name, documents, tokens / documents if documents else 0.0,
+                           float(tokens))
