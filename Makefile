@@ -50,7 +50,16 @@ smoke-torchtitan: $(STAMP)
 # the Megatron adapter's provider, iterators and get_batch, on 1 and on 2 processes (gloo);
 # fails unless the loss falls.
 SMOKE_MEGATRON_DIR ?= $(or $(TMPDIR),/tmp)/zephon-smoke-megatron
+# The third run switches loaders the Megatron way: --data-path blends indexed datasets.
 smoke-megatron: $(STAMP)
 	rm -rf $(SMOKE_MEGATRON_DIR)
 	$(PY) -m zephon_megatron.smoke --nproc 1 --workdir $(SMOKE_MEGATRON_DIR)/1 --check-loss
 	$(PY) -m zephon_megatron.smoke --nproc 2 --workdir $(SMOKE_MEGATRON_DIR)/2 --check-loss
+	$(PY) -m zephon_megatron.smoke --write-indexed-demo $(SMOKE_MEGATRON_DIR)/data
+	$(PY) -m zephon_megatron.smoke --nproc 2 --workdir $(SMOKE_MEGATRON_DIR)/3 --check-loss -- \
+	  --data-path 0.7 $(SMOKE_MEGATRON_DIR)/data/web_text_document \
+	  0.3 $(SMOKE_MEGATRON_DIR)/data/code_text_document --split 98,2,0 \
+	  --dataloader zephon --zephon-lanes 8 --vocab-size 4096 \
+	  --seq-length 64 --micro-batch-size 2 --global-batch-size 8 \
+	  --reset-position-ids --reset-attention-mask --calculate-per-token-loss \
+	  --transformer-impl local --train-iters 12 --eval-iters 0

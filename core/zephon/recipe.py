@@ -425,6 +425,8 @@ class DataRecipe:
         options = dict(self.to_training)
         if options.get("eos_mask_loss"):
             options["eos_token_id"] = self.eos_token_id()
+        else:  # an EOS id given for frameworks that decide the masking themselves
+            options.pop("eos_token_id", None)
         return options
 
 

@@ -233,7 +233,7 @@ def test_megatron_validate_args_keeps_the_adapter_choices(monkeypatch) -> None:
             "--train-iters", "3", "--lr", "1e-3"]
     monkeypatch.setattr("sys.argv", ["pretrain_gpt", *argv])
     args = parse_args(make_extra_args_provider("zephon"))
-    validate_args(args, zephon_args_defaults(args.zephon_recipe, argv))
+    validate_args(args, zephon_args_defaults(settings_from_args(args), argv))
     assert args.dataloader_type == "external"
     assert args.tokenizer_type == "NullTokenizer" and args.vocab_size == 4096
     assert settings_from_args(args).masking.eos_mask_loss

@@ -9,9 +9,10 @@ import sys
 
 import pytest
 import torch
-from megatron_helpers import PACKED, megatron_argv
+from megatron_helpers import PACKED, megatron_argv, parse
 
 from zephon_megatron import gpu_check, pretrain_gpt
+from zephon_megatron.arguments import settings_from_args
 
 
 def run_module(module: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -37,9 +38,10 @@ def test_entry_rejects_a_conflict_before_pretrain(capsys) -> None:
 
 
 def test_entry_defaults_megatron_to_the_recipe_tokenizer() -> None:
-    assert pretrain_gpt.zephon_args_defaults(str(PACKED), []) == {
+    settings = settings_from_args(parse(megatron_argv(PACKED)))
+    assert pretrain_gpt.zephon_args_defaults(settings, []) == {
         "tokenizer_type": "NullTokenizer", "vocab_size": 4096}
-    assert pretrain_gpt.zephon_args_defaults(str(PACKED), ["--tokenizer-type", "X"]) == {}
+    assert pretrain_gpt.zephon_args_defaults(settings, ["--tokenizer-type", "X"]) == {}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: run the real check")

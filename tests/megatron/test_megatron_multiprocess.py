@@ -96,3 +96,21 @@ def test_tensor_parallel_ranks_receive_the_readers_batch(tmp_path: Path) -> None
     assert len({b["cu_len"] for b in thd}) > 1, "cu_seqlens length varies between batches"
     assert all(b["packed"][2] == "thd" and b["attention_mask"] == "none" for b in thd)
     assert all(b["packed"] is None and b["attention_mask"] != "none" for b in dense)
+
+
+@pytest.mark.multiprocess
+def test_a_data_path_blend_trains(tmp_path: Path) -> None:
+    """The Megatron way to switch loaders: Megatron's --data-path blend plus --dataloader
+    zephon, over indexed datasets (what make smoke-megatron runs third)."""
+    written = smoke(tmp_path, "--write-indexed-demo", str(tmp_path / "data"))
+    assert written.returncode == 0, written.stderr[-2000:]
+    web, code = (str(tmp_path / "data" / f"{n}_text_document") for n in ("web", "code"))
+    result = smoke(tmp_path / "run", "--nproc", "2", "--tag", "blend", "--check-loss", "--",
+                   "--data-path", "0.7", web, "0.3", code, "--split", "98,2,0",
+                   "--dataloader", "zephon", "--zephon-lanes", "8", "--vocab-size", "4096",
+                   "--seq-length", "64", "--micro-batch-size", "2", "--global-batch-size", "8",
+                   "--reset-position-ids", "--reset-attention-mask",
+                   "--calculate-per-token-loss", "--transformer-impl", "local",
+                   "--train-iters", "12", "--eval-iters", "0")
+    assert result.returncode == 0, f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    assert "loss" in result.stdout

@@ -91,9 +91,10 @@ class IndexedDataset:
         if size < end:
             raise DataError(f"{binary}: the token file is truncated ({size} bytes; the index "
                             f"needs {end})")
-        self.tokens: Any = (np.memmap(binary, self.dtype, mode="r", shape=(size //
-                                                                         self.dtype.itemsize,))
-                            if size >= self.dtype.itemsize else np.zeros(0, self.dtype))
+        # A plain ndarray view of the map: slices of a np.memmap pay for a subclass each.
+        self.tokens: Any = (np.memmap(binary, self.dtype, mode="r", shape=(
+            size // self.dtype.itemsize,)).view(np.ndarray)
+            if size >= self.dtype.itemsize else np.zeros(0, self.dtype))
         self.starts = self.pointers // self.dtype.itemsize
 
     @property

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,7 +91,7 @@ class MaskingChoices:
 class ZephonSettings:
     """Everything the provider, the iterators and get_batch need from the command line."""
 
-    recipe: str
+    recipe: str | None
     valid_recipe: str | None
     seq_length: int
     micro_batch_size: int
@@ -102,6 +102,12 @@ class ZephonSettings:
     attention: str
     """``"thd"`` (Transformer Engine, PackedSeqParams) or ``"dense"`` (local attention)."""
     dataloader_save: str | None
+    data_path: tuple[str, ...] | None = None
+    """Megatron's ``--data-path`` blend, when the data comes from it (see
+    :mod:`zephon_megatron.blend`); ``recipe`` then holds only options, or is empty."""
+    split: str | None = None
+    """Megatron's ``--split`` for a ``--data-path`` blend."""
+    seed: int = 1234
 
 
 # -- parsers -----------------------------------------------------------------------------------
@@ -158,6 +164,8 @@ def add_megatron_data_flags(parser: argparse.ArgumentParser) -> argparse.Argumen
         choices=["local", "transformer_engine", "inference_optimized"])
     add("--dataloader-type", type=str, default=None, choices=["single", "cyclic", "external"])
     add("--data-path", nargs="*", default=None)
+    add("--split", type=str, default=None)
+    add("--vocab-size", type=int, default=None)
     add("--train-data-path", nargs="*", default=None)
     add("--valid-data-path", nargs="*", default=None)
     add("--test-data-path", nargs="*", default=None)
@@ -246,12 +254,21 @@ def settings_from_args(args: argparse.Namespace) -> ZephonSettings:
     if getattr(args, "dataloader", "megatron") != "zephon":
         check_megatron_dataloader(args)
         raise ZephonArgumentError("settings_from_args needs --dataloader zephon")
-    if not args.zephon_recipe:
-        raise ZephonArgumentError("--dataloader zephon needs --zephon-recipe PATH")
+    data_path = getattr(args, "data_path", None) or None
     for dest, flag in _DATA_SOURCE_FLAGS:
-        if getattr(args, dest, None):
-            raise ZephonArgumentError(f"{flag} conflicts with --dataloader zephon: the data "
-                                      "comes from --zephon-recipe")
+        if dest != "data_path" and getattr(args, dest, None):
+            raise ZephonArgumentError(
+                f"{flag} conflicts with --dataloader zephon: the data comes from "
+                "--zephon-recipe or --data-path (with --split for validation and test)")
+    if not args.zephon_recipe and not data_path:
+        raise ZephonArgumentError("--dataloader zephon needs --zephon-recipe PATH (a data "
+                                  "recipe) or --data-path (Megatron indexed datasets)")
+    if data_path and args.zephon_valid_recipe:
+        raise ZephonArgumentError("--zephon-valid-recipe conflicts with --data-path: "
+                                  "validation and test come from --split")
+    if getattr(args, "split", None) and not data_path:
+        raise ZephonArgumentError("--split is only read with --data-path; a recipe's "
+                                  "validation data comes from --zephon-valid-recipe")
     if args.dataloader_type not in (None, "external"):
         raise ZephonArgumentError(f"--dataloader-type {args.dataloader_type} conflicts with "
                                   "--dataloader zephon, which needs --dataloader-type external "
@@ -280,7 +297,12 @@ def settings_from_args(args: argparse.Namespace) -> ZephonSettings:
     if args.zephon_prefetch is not None and args.zephon_prefetch < 0:
         raise ZephonArgumentError("--zephon-prefetch must be >= 0")
 
-    recipe = _load_recipe(args.zephon_recipe, "--zephon-recipe")
+    if args.zephon_recipe and not Path(args.zephon_recipe).is_file():
+        raise ZephonArgumentError(f"--zephon-recipe {args.zephon_recipe!r}: no such file")
+    recipes = load_recipes(args.zephon_recipe, args.zephon_valid_recipe, data_path,
+                           getattr(args, "split", None), args.zephon_lanes,
+                           int(getattr(args, "seed", 1234)))
+    recipe = recipes["train"]
     masking = resolve_masking(recipe.to_training, recipe.source,
                               reset_position_ids=args.reset_position_ids,
                               reset_attention_mask=args.reset_attention_mask,
@@ -296,8 +318,9 @@ def settings_from_args(args: argparse.Namespace) -> ZephonSettings:
         raise ZephonArgumentError(
             f"{recipe.source}: lanes is not set; set lanes in the recipe or --zephon-lanes to a "
             "multiple of every data-parallel size the run may use (it fixes the data)")
-    if args.zephon_valid_recipe:
-        valid = _load_recipe(args.zephon_valid_recipe, "--zephon-valid-recipe")
+    for valid in (recipes["valid"], recipes["test"]):
+        if valid is None:
+            continue
         _agree_recipe(valid, "lanes", valid.lanes, "the training lanes", lanes)
         resolve_masking(valid.to_training, valid.source,
                         reset_position_ids=args.reset_position_ids,
@@ -305,11 +328,38 @@ def settings_from_args(args: argparse.Namespace) -> ZephonSettings:
                         eod_mask_loss=args.eod_mask_loss)
         _check_shapes(valid, args)
     return ZephonSettings(
-        recipe=str(args.zephon_recipe), valid_recipe=args.zephon_valid_recipe,
+        recipe=args.zephon_recipe, valid_recipe=args.zephon_valid_recipe,
         seq_length=args.seq_length, micro_batch_size=args.micro_batch_size,
         global_batch_size=getattr(args, "global_batch_size", None), lanes=lanes,
         prefetch=args.zephon_prefetch, masking=masking, attention=ATTENTION_BY_IMPL[impl],
-        dataloader_save=getattr(args, "dataloader_save", None))
+        dataloader_save=getattr(args, "dataloader_save", None),
+        data_path=tuple(data_path) if data_path else None, split=getattr(args, "split", None),
+        seed=int(getattr(args, "seed", 1234)))
+
+
+def load_recipes(recipe: str | None, valid_recipe: str | None,
+                 data_path: Sequence[str] | None, split: str | None, lanes: int | None,
+                 seed: int) -> dict[str, Any]:
+    """``{"train", "valid", "test"}`` recipes (valid/test may be None): from the recipe files,
+    or from a ``--data-path`` blend (see :mod:`zephon_megatron.blend`)."""
+    if data_path:
+        from zephon_megatron.blend import blend_recipes
+
+        try:
+            return blend_recipes(data_path, split, recipe, lanes=lanes, seed=seed)
+        except ZephonArgumentError:
+            raise
+        except ConfigError as exc:
+            raise ZephonArgumentError(str(exc)) from None
+    train = _load_recipe(recipe, "--zephon-recipe")
+    valid = _load_recipe(valid_recipe, "--zephon-valid-recipe") if valid_recipe else None
+    return {"train": train, "valid": valid, "test": valid}
+
+
+def training_recipes(settings: ZephonSettings) -> dict[str, Any]:
+    """The recipes ``settings`` were checked with, read again (on every reader)."""
+    return load_recipes(settings.recipe, settings.valid_recipe, settings.data_path,
+                        settings.split, settings.lanes, settings.seed)
 
 
 def _check_shapes(recipe: Any, args: argparse.Namespace) -> None:

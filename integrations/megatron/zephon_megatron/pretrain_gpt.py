@@ -54,15 +54,20 @@ def missing_megatron_lm() -> list[str]:
     return missing
 
 
-def zephon_args_defaults(recipe_path: str, argv: Sequence[str]) -> dict[str, Any]:
-    """Megatron ``args_defaults`` for zephon runs: a NullTokenizer of the recipe's size."""
+def zephon_args_defaults(settings: Any, argv: Sequence[str]) -> dict[str, Any]:
+    """Megatron ``args_defaults`` for zephon runs: a NullTokenizer of the recipe tokenizer's
+    size; for token-id data (``--data-path``), Megatron's own tokenizer flags, or a
+    NullTokenizer of ``--vocab-size``."""
     if "--tokenizer-type" in argv:
         return {}
-    from zephon.recipe import DataRecipe
     from zephon.tokenizer import load_tokenizer
+    from zephon_megatron.arguments import training_recipes
 
-    size = len(load_tokenizer(DataRecipe.from_toml(recipe_path).tokenize["tokenizer"]))
-    return {"tokenizer_type": "NullTokenizer", "vocab_size": size}
+    recipe = training_recipes(settings)["train"]
+    if recipe.tokenizer is None:
+        return {"tokenizer_type": "NullTokenizer"} if "--vocab-size" in argv else {}
+    return {"tokenizer_type": "NullTokenizer", "vocab_size": len(load_tokenizer(
+        recipe.tokenizer))}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -85,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if early.dataloader == "zephon":
             settings = settings_from_args(early)
-            args_defaults = zephon_args_defaults(settings.recipe, argv)
+            args_defaults = zephon_args_defaults(settings, argv)
         else:
             check_megatron_dataloader(early)
     except ConfigError as exc:

@@ -38,7 +38,12 @@ from typing import Any
 import torch
 
 from zephon.errors import ConfigError, StateMismatchError
-from zephon_megatron.arguments import ZephonArgumentError, ZephonSettings, settings_from_args
+from zephon_megatron.arguments import (
+    ZephonArgumentError,
+    ZephonSettings,
+    settings_from_args,
+    training_recipes,
+)
 
 STATE_FORMAT = "zephon_megatron.loader"
 STATE_VERSION = 1
@@ -209,10 +214,29 @@ def read_dataloader_states(save_dir: str | os.PathLike[str],
 # -- provider ----------------------------------------------------------------------------------
 def preset_options(settings: ZephonSettings, recipe: Any) -> dict[str, Any]:
     """The ``to_training`` arguments of the Megatron preset under this run's masking."""
-    eos = recipe.eos_token_id() if settings.masking.eos_mask_loss else None
+    eos = _eod_id(recipe) if settings.masking.eos_mask_loss else None
     return settings.masking.to_training_kwargs(
         eos_token_id=eos,
         ignore_index=recipe.to_training.get("ignore_index"))
+
+
+def _eod_id(recipe: Any) -> int:
+    """The EOS id for ``--eod-mask-loss``: the recipe's, else (token-id data) the EOD of
+    Megatron-LM's tokenizer when running inside ``pretrain()``."""
+    try:
+        return recipe.eos_token_id()
+    except ConfigError:
+        if recipe.tokenizer is not None:
+            raise
+    try:
+        from megatron.training import get_tokenizer
+
+        return int(get_tokenizer().eod)
+    except (ImportError, AssertionError, AttributeError):
+        raise ZephonArgumentError(
+            f"{recipe.source}: --eod-mask-loss needs the EOD id of the token-id data; set "
+            "[to_training] eos_token_id in --zephon-recipe (or run inside Megatron-LM, whose "
+            "tokenizer knows it)") from None
 
 
 def build_iterator(recipe: Any, settings: ZephonSettings, topology: Topology, *,
@@ -271,38 +295,46 @@ class ZephonDatasetsProvider:
                  vp_stage: int | None = None) -> tuple[ZephonDataIterator,
                                                        ZephonDataIterator | None,
                                                        ZephonDataIterator | None]:
-        from zephon.recipe import DataRecipe
-
         args = self._get_args()
         settings = settings_from_args(args)
         topology = self._topology()
-        recipe = DataRecipe.from_toml(settings.recipe)
+        recipes = training_recipes(settings)
+        recipe = recipes["train"]
         _check_vocab(recipe, args)
         train = build_iterator(recipe, settings, topology)
         restore_for_resume(train, settings, int(getattr(args, "iteration", 0) or 0),
                            int(getattr(args, "consumed_train_samples", 0) or 0))
-        valid = test = None
+        evaluation: dict[str, ZephonDataIterator | None] = {"valid": None, "test": None}
         eval_iters = int(getattr(args, "eval_iters", 0) or 0)
-        if settings.valid_recipe and eval_iters > 0:
-            valid_recipe = DataRecipe.from_toml(settings.valid_recipe)
-            _check_vocab(valid_recipe, args)
+        if eval_iters > 0:
             window = None
             if settings.global_batch_size:
                 window = eval_iters * settings.global_batch_size // (
                     settings.micro_batch_size * topology.dp_size)
-            valid, test = (build_iterator(valid_recipe, settings, topology, role=role,
-                                          restart_every=window, cycle=True)
-                           for role in ("valid", "test"))
-        return train, valid, test
+            for role in evaluation:
+                if recipes[role] is not None:
+                    _check_vocab(recipes[role], args)
+                    evaluation[role] = build_iterator(recipes[role], settings, topology,
+                                                      role=role, restart_every=window,
+                                                      cycle=True)
+        return train, evaluation["valid"], evaluation["test"]
 
 
 def _check_vocab(recipe: Any, args: argparse.Namespace) -> None:
     padded = getattr(args, "padded_vocab_size", None)
     if not padded:
         return
+    if recipe.tokenizer is None:  # token ids already: every id must fit the model
+        limit = recipe.tokenize.get("vocab_size")
+        if limit is not None and limit > padded:
+            raise ZephonArgumentError(
+                f"{recipe.source}: [tokenize] vocab_size = {limit} is larger than the model's "
+                f"vocabulary ({padded})")
+        recipe.tokenize.setdefault("vocab_size", padded)
+        return
     from zephon.tokenizer import load_tokenizer
 
-    size = len(load_tokenizer(recipe.tokenize["tokenizer"]))
+    size = len(load_tokenizer(recipe.tokenizer))
     if size > padded:
         raise ZephonArgumentError(
             f"{recipe.source}: its tokenizer has {size} tokens but the model's vocabulary has "

@@ -67,8 +67,36 @@ def smoke_parser() -> argparse.ArgumentParser:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds for all ranks")
+    parser.add_argument("--write-indexed-demo", metavar="DIR", default=None,
+                        help="write the demo corpus as two Megatron indexed datasets "
+                        "(DIR/web_text_document, DIR/code_text_document; EOD after every "
+                        "document, as preprocess_data.py --append-eod does), print their "
+                        "prefixes and exit")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return parser
+
+
+def write_indexed_demo(directory: str) -> list[str]:
+    """The demo corpus, tokenized with the demo tokenizer, as two indexed datasets of
+    different document lengths; returns their prefixes. Also prints the vocabulary size."""
+    import numpy as np
+
+    from zephon.demo.assets import build_demo_assets, make_documents
+    from zephon.io.indexed import write_indexed_dataset
+    from zephon.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(build_demo_assets()["tokenizer"])
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    prefixes = []
+    for name, seed, words in (("web", 31, (20, 120)), ("code", 32, (80, 300))):
+        texts = make_documents(300, seed=seed, min_words=words[0], max_words=words[1])
+        ids = [np.array(tokenizer(t, add_special_tokens=False)["input_ids"] +
+                        [tokenizer.eos_token_id], dtype=np.int32) for t in texts]
+        prefixes.append(write_indexed_dataset(out / f"{name}_text_document", ids,
+                                              dtype=np.uint16))
+    print(" ".join(prefixes), f"vocab_size={len(tokenizer)}")
+    return prefixes
 
 
 def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -101,11 +129,19 @@ class TracingIterator:
         return data
 
 
-def _padded_vocab(recipe_path: str) -> int:
-    from zephon.recipe import DataRecipe
+def _padded_vocab(args: argparse.Namespace, settings: Any) -> int:
+    """Megatron pads the vocabulary to a multiple of 128: of ``--vocab-size`` when given,
+    else of the recipe tokenizer's size."""
     from zephon.tokenizer import load_tokenizer
+    from zephon_megatron.arguments import training_recipes
 
-    size = len(load_tokenizer(DataRecipe.from_toml(recipe_path).tokenize["tokenizer"]))
+    size = args.vocab_size
+    if size is None:
+        tokenizer = training_recipes(settings)["train"].tokenizer
+        if tokenizer is None:
+            raise SystemExit("zephon_megatron.smoke: token-id data (--data-path) needs "
+                             "--vocab-size")
+        size = len(load_tokenizer(tokenizer))
     return -(-size // 128) * 128
 
 
@@ -125,7 +161,7 @@ def run_worker(options: argparse.Namespace, megatron_argv: list[str]) -> None:
     args.dataloader_save = args.dataloader_save or str(workdir / "dataloader")
     args.load = args.load or (args.save if options.resume else None)
     settings = settings_from_args(args)  # fails before any process group exists
-    args.padded_vocab_size = _padded_vocab(settings.recipe)
+    args.padded_vocab_size = _padded_vocab(args, settings)
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from megatron.core import parallel_state
@@ -285,6 +321,9 @@ def check_loss(workdir: str, tag: str) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     own_argv, megatron_argv = split_argv(sys.argv[1:] if argv is None else argv)
     options = smoke_parser().parse_args(own_argv)
+    if options.write_indexed_demo:
+        write_indexed_demo(options.write_indexed_demo)
+        return 0
     if options.worker:
         run_worker(options, megatron_argv)
         return 0
