@@ -69,7 +69,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zephon.errors import ConfigError
+from zephon.errors import ConfigError, DataError
 from zephon.io.options import CacheOptions
 from zephon.ops.base import OperatorSpec, check_order, operator_spec_class
 from zephon.ops.batch import BatchSpec
@@ -103,6 +103,11 @@ class DatasetEntry:
     """Force a file format (parquet, jsonl, arrow, megatron)."""
     documents: list[int] | None = None
     """``[start, stop)``: read only these documents of a Megatron indexed dataset."""
+    field: str | None = None
+    """The column holding this dataset's documents, when it is not ``[tokenize] field``."""
+    kind: str | None = None
+    """``text``, ``chat`` or ``pretokenized`` for this dataset, when it is not ``[tokenize]
+    kind``; it shares ``[tokenize]`` tokenizer and max_document_tokens."""
 
 
 @dataclass(frozen=True)
@@ -201,34 +206,33 @@ class DataRecipe:
         """A recipe from TOML-shaped ``data``. ``datasets`` supplies the datasets from
         elsewhere (a framework's own data flags); the recipe must then name none."""
         schema = recipe_schema()
-        top = {k: v for k, v in data.items() if k not in _SECTIONS}
-        read_table(top, schema[""], source)
+        found = _Collector()
+        top = found.attempt(lambda: read_table(
+            {k: v for k, v in data.items() if k not in _SECTIONS}, schema[""], source), {})
         sections = {}
         for name in ("mixture", "pack", "shuffle", "batch", "to_training", "cache", "work"):
             if data.get(name) is not None:
-                sections[name] = read_table(data[name], schema[name], source, name)
+                sections[name] = found.attempt(
+                    lambda name=name: read_table(data[name], schema[name], source, name), {})
         raw_sets = data.get("datasets") or []
         if datasets is not None and raw_sets:
-            raise ConfigError(f"{source}: [[datasets]] conflicts with the datasets given by the "
-                              "framework's data flags; remove one of them")
+            found.add(f"{source}: [[datasets]] conflicts with the datasets given by the "
+                      "framework's data flags; remove one of them")
         if datasets is None and (not isinstance(raw_sets, list) or not raw_sets):
-            raise ConfigError(f"{source}: the recipe names no [[datasets]]")
+            found.add(f"{source}: the recipe names no [[datasets]]")
         base = Path(base_dir) if base_dir is not None else Path.cwd()
-        entries = []
-        for raw in raw_sets:
-            raw = read_table(raw, schema["datasets"], source, "datasets")
-            if "name" not in raw or "path" not in raw:
-                raise ConfigError(f"{source}: every [[datasets]] entry needs name and path, "
-                                  f"got {raw}")
-            entries.append(DatasetEntry(raw["name"], _resolve_path(raw["path"], base),
-                                        float(raw.get("weight", 1.0)), raw.get("fmt"),
-                                        raw.get("documents")))
+        entries = [e for e in (found.attempt(lambda raw=raw: _dataset_entry(raw, source, base))
+                               for raw in (raw_sets if isinstance(raw_sets, list) else []))
+                   if e is not None]
         entries += datasets or []
-        tokenize = _read_tokenize(data.get("tokenize") or {}, source)
+        tokenize = found.attempt(lambda: _read_tokenize(data.get("tokenize") or {}, source), {})
         if "tokenizer" in tokenize:
             tokenize["tokenizer"] = _resolve_tokenizer(tokenize["tokenizer"], base)
-        ops = [read_table(entry, {**schema["ops"], **_op_keys(entry, source)}, source, "ops")
-               for entry in _as_list(data.get("ops"), source)]
+        ops = [op for op in (found.attempt(lambda entry=entry: read_table(
+            entry, {**schema["ops"], **_op_keys(entry, source)}, source, "ops"))
+            for entry in found.attempt(lambda: _as_list(data.get("ops"), source), []))
+            if op is not None]
+        found.raise_if_any(source)
         cache = sections.get("cache")
         if cache and "root" in cache:
             cache["root"] = str(base / os.path.expanduser(cache["root"]))
@@ -266,50 +270,61 @@ class DataRecipe:
         return self.tokenize.get("tokenizer")
 
     def validate(self) -> None:
-        """Cheap checks that fail before training starts: files, tokenizer, option values."""
-        from zephon.io.dataset import Dataset
-
+        """Cheap checks that fail before training starts: files, tokenizer, option values.
+        Raises :class:`RecipeProblems` listing every problem found."""
+        found = _Collector()
         for entry in self.datasets:
             if not entry.path.startswith("hf://"):
-                try:
-                    Dataset.from_path(entry.name, entry.path, entry.fmt,
-                                      **_documents(entry)).files()
-                except ConfigError:
-                    raise
-                except ValueError as exc:
-                    raise ConfigError(f"{self.source}: dataset {entry.name!r}: {exc}") from None
+                found.attempt(lambda entry=entry: self._dataset(entry).files(),
+                              prefix=f"{self.source}: dataset {entry.name!r}: ")
         tokenizer = self.tokenize.get("tokenizer")
-        pretokenized = self.tokenize.get("kind") == "pretokenized"
-        if tokenizer is None and not pretokenized:
-            raise ConfigError(f"{self.source}: [tokenize] needs tokenizer = <dir or Hub id>")
+        kinds = {e.kind or self.tokenize.get("kind", "text") for e in self.datasets}
+        if tokenizer is None and kinds - {"pretokenized"}:
+            found.add(f"{self.source}: [tokenize] needs tokenizer = <dir or Hub id>")
         if tokenizer is not None and looks_local(tokenizer) and not Path(tokenizer).is_dir():
-            raise ConfigError(f"{self.source}: tokenizer directory {tokenizer!r} does not exist")
+            found.add(f"{self.source}: [tokenize] tokenizer directory {tokenizer!r} does not "
+                      "exist")
         if self.mix_by not in ("tokens", "documents"):
-            raise ConfigError(f"{self.source}: [mixture] by={self.mix_by!r} is not 'tokens' or "
-                              "'documents'")
+            found.add(f"{self.source}: [mixture] by={self.mix_by!r} is not 'tokens' or "
+                      "'documents'")
         if self.lanes is not None and self.lanes <= 0:
-            raise ConfigError(f"{self.source}: lanes must be a positive integer")
-        self._checked("[mixture]", self._check_mixture)
-        tokenize = self._checked("[tokenize]", self._tokenize_spec)
-        before, after = self._checked("[[ops]]", self._op_specs)
-        chain = [*before, tokenize, *after]
+            found.add(f"{self.source}: lanes must be a positive integer")
+        found.attempt(lambda: self._checked("[mixture]", self._check_mixture))
+        tokenize = found.attempt(lambda: self._checked("[tokenize]", self._tokenize_specs), [])
+        before, after = found.attempt(lambda: self._checked("[[ops]]", self._op_specs),
+                                      ([], []))
+        chain = [*before, *tokenize, *after]
         if self.pack is not None:
-            chain.append(self._checked("[pack]", lambda: PackSpec(
-                **{"max_length": 2, **self.pack})))
+            chain.append(found.attempt(lambda: self._checked("[pack]", lambda: PackSpec(
+                **{"max_length": 2, **self.pack}))))
         if self.shuffle:
-            chain.append(self._checked("[shuffle]", lambda: ShuffleSpec(**self.shuffle)))
-        chain.append(self._checked("[batch]", lambda: BatchSpec(
-            **{"microbatch_size": 1, **self.batch})))
-        for i, spec in enumerate(chain):
-            self._checked("operators:", lambda i=i, spec=spec: check_order(chain[:i], spec))
+            chain.append(found.attempt(lambda: self._checked(
+                "[shuffle]", lambda: ShuffleSpec(**self.shuffle))))
+        chain.append(found.attempt(lambda: self._checked("[batch]", lambda: BatchSpec(
+            **{"microbatch_size": 1, **self.batch}))))
+        chain = [spec for spec in chain if spec is not None]
+        if tokenize:
+            for i, spec in enumerate(chain):
+                before_count = len(found.problems)
+                found.attempt(lambda i=i, spec=spec: self._checked(
+                    "operators:", lambda: check_order(chain[:i], spec)))
+                if len(found.problems) > before_count:
+                    break  # later operators would only repeat the same complaint
         if self.cache:
-            self._checked("[cache]", lambda: CacheOptions(enabled=True, **self.cache))
+            found.attempt(lambda: self._checked("[cache]", lambda: CacheOptions(
+                enabled=True, **self.cache)))
         options = {k: v for k, v in self.to_training.items() if k != "eos_token_id"}
         if options.get("eos_mask_loss"):
             options["eos_token_id"] = self.to_training.get("eos_token_id", 0)
-        self._checked("[to_training]", lambda: TrainingOptions(**{
+        found.attempt(lambda: self._checked("[to_training]", lambda: TrainingOptions(**{
             **options, "rename_fields": dict(options.get("rename_fields", {})),
-            "exclude_fields": tuple(options.get("exclude_fields", ()))}))
+            "exclude_fields": tuple(options.get("exclude_fields", ()))})))
+        found.raise_if_any(self.source)
+
+    def _dataset(self, entry: DatasetEntry) -> Any:
+        from zephon.io.dataset import Dataset
+
+        return Dataset.from_path(entry.name, entry.path, entry.fmt, **_documents(entry))
 
     def _check_mixture(self) -> None:
         self._work_source([])
@@ -344,13 +359,24 @@ class DataRecipe:
         return StaticMixtureWorkSource(datasets, mixture, seed=self.seed,
                                        token_estimation=estimation, **options, **self.work)
 
-    def _tokenize_spec(self) -> OperatorSpec:
+    def _tokenize_specs(self) -> list[OperatorSpec]:
+        """One tokenizing operator, or one per group of datasets that name their own field or
+        kind (each then limited to its datasets)."""
         options = dict(self.tokenize)
         kind = options.pop("kind", "text")
-        if kind == "pretokenized":
-            return PretokenizedSpec(**options)
-        tokenizer = options.pop("tokenizer")
-        return _TOKENIZERS[kind](tokenizer_id=tokenizer, **options)
+        groups: dict[tuple[str, str | None], list[str]] = {}
+        for entry in self.datasets:
+            groups.setdefault((entry.kind or kind, entry.field), []).append(entry.name)
+        if list(groups) == [(kind, None)]:
+            return [_tokenizer_spec(kind, options)]
+        shared = {k: v for k, v in options.items() if k in ("tokenizer", "max_document_tokens")}
+        specs = []
+        for (own_kind, field_name), names in groups.items():
+            own = dict(options if own_kind == kind else shared)
+            if field_name is not None:
+                own["field"] = field_name
+            specs.append(_tokenizer_spec(own_kind, own, tuple(names)))
+        return specs
 
     def _op_specs(self) -> tuple[list[OperatorSpec], list[OperatorSpec]]:
         """(operators before tokenization, operators after it)."""
@@ -381,7 +407,7 @@ class DataRecipe:
             prefetch=prefetch if prefetch is not None else self.prefetch,
             process_group=process_group)
         before, after = self._op_specs()
-        for spec in (*before, self._tokenize_spec(), *after):
+        for spec in (*before, *self._tokenize_specs(), *after):
             pipeline = pipeline.apply(spec)
         if self.pack is not None:
             pack = dict(self.pack)
@@ -428,6 +454,63 @@ class DataRecipe:
         else:  # an EOS id given for frameworks that decide the masking themselves
             options.pop("eos_token_id", None)
         return options
+
+
+class RecipeProblems(ConfigError):
+    """Every problem found in a recipe; ``problems`` holds one message each (each naming the
+    recipe file and key, or the data file)."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.problems = list(problems)
+        text = problems[0] if len(problems) == 1 else (
+            f"{source}: {len(problems)} problems:\n" + "\n".join(f"  - {p}" for p in problems))
+        super().__init__(text)
+
+
+class _Collector:
+    """Runs checks, keeping every problem instead of stopping at the first."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def add(self, message: str) -> None:
+        self.problems.append(message)
+
+    def attempt(self, check: Any, default: Any = None, prefix: str = "") -> Any:
+        try:
+            return check()
+        except RecipeProblems as exc:
+            self.problems += exc.problems
+        except (ConfigError, DataError) as exc:
+            self.problems.append(f"{prefix}{exc}")
+        return default
+
+    def raise_if_any(self, source: str) -> None:
+        if self.problems:
+            raise RecipeProblems(source, self.problems)
+
+
+def _dataset_entry(raw: Any, source: str, base: Path) -> DatasetEntry:
+    raw = read_table(raw, recipe_schema()["datasets"], source, "datasets")
+    if "name" not in raw or "path" not in raw:
+        raise ConfigError(f"{source}: every [[datasets]] entry needs name and path, got {raw}")
+    if raw.get("kind") is not None and raw["kind"] not in _TOKENIZERS:
+        raise ConfigError(f"{source}: [[datasets]] {raw['name']!r}: kind = {raw['kind']!r} is "
+                          f"not one of {sorted(_TOKENIZERS)}")
+    return DatasetEntry(raw["name"], _resolve_path(raw["path"], base),
+                        float(raw.get("weight", 1.0)), raw.get("fmt"), raw.get("documents"),
+                        raw.get("field"), raw.get("kind"))
+
+
+def _tokenizer_spec(kind: str, options: dict[str, Any],
+                    datasets: tuple[str, ...] | None = None) -> OperatorSpec:
+    options = dict(options)
+    tokenizer = options.pop("tokenizer", None)
+    if kind == "pretokenized":
+        return PretokenizedSpec(**options, datasets=datasets)
+    if tokenizer is None:
+        raise ConfigError(f"[tokenize] needs tokenizer = <dir or Hub id> for kind={kind!r}")
+    return _TOKENIZERS[kind](tokenizer_id=tokenizer, **options, datasets=datasets)
 
 
 def _documents(entry: DatasetEntry) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from zephon.ops.base import (
     DocumentOperator,
     OperatorSpec,
     RowOperator,
+    applies_to,
     check_chain,
 )
 from zephon.options import LoaderOptions
@@ -52,7 +53,7 @@ class Loader:
 
     def __init__(self, work_source: StaticMixtureWorkSource, specs: Sequence[OperatorSpec],
                  options: LoaderOptions):
-        check_chain(specs)
+        check_chain(specs, [d.name for d in work_source.datasets])
         self.options = options
         world = options.dp_world_size
         if options.lanes is None and world > 1:
@@ -209,15 +210,13 @@ class Loader:
 
         Uses the work source's ``token_estimation`` (``measure`` when it has none)."""
         spec = self.source.token_estimation or TokenEstimation()
-        ops = self.document_ops
-        measure = None
-        if any(op.spec.makes_tokens for op in ops):
-            def measure(rows: list[dict[str, Any]], labels: list[str]) -> list[int]:
-                docs = [Doc(None, "estimate", "", fields=row) for row in rows]
-                return [sum(len(d.tokens) for d in outputs if d.tokens is not None)
-                        for outputs, _ in transform_documents(ops, docs, labels)]
-        return [estimate_dataset(self.source, i, self.lanes, projected_columns(ops), measure,
-                                 spec) for i in range(len(self.source.datasets))]
+        out = []
+        for i, dataset in enumerate(self.source.datasets):
+            ops = [op for op in self.document_ops if applies_to(op.spec, dataset.name)]
+            measure = _measure(ops) if any(op.spec.makes_tokens for op in ops) else None
+            out.append(estimate_dataset(self.source, i, self.lanes, projected_columns(ops),
+                                        measure, spec))
+        return out
 
     def report(self) -> PipelineReport:
         """Counts for this rank's lanes, as of the last consumed microbatch.
@@ -234,6 +233,17 @@ class Loader:
             [*source.weights, *[0.0] * len(source.unused)], source.by_tokens,
             sum(s["microbatches"] for s in snapshots), stream.leftover, stream.finished,
             {ds.name: ds.skipped_files() for ds in source.datasets})
+
+
+def _measure(ops: Sequence[DocumentOperator]) -> Any:
+    """Tokens per sampled row after ``ops`` (0 for a row they drop)."""
+
+    def measure(rows: list[dict[str, Any]], labels: list[Any]) -> list[int]:
+        docs = [Doc(None, "estimate", "", fields=row) for row in rows]
+        return [sum(len(d.tokens) for d in outputs if d.tokens is not None)
+                for outputs, _ in transform_documents(ops, docs, labels)]
+
+    return measure
 
 
 def _node_stats(nodes: list[dict[str, Any]]) -> dict[str, Any]:

@@ -27,7 +27,10 @@ def test_a_valid_chain():
     ((TOKENIZE, PackSpec(9), MapSpec(str)), "map must come before pack_flat"),
     ((TOKENIZE, ShuffleSpec(4), PackSpec(9)), "pack_flat must come before shuffle"),
     ((TOKENIZE, BatchSpec(2), ShuffleSpec(4)), "shuffle cannot come after batch"),
-    ((TOKENIZE, TokenizeSpec(tokenizer_id="x")), "tokenize is already in this pipeline"),
+    ((TOKENIZE, TokenizeSpec(tokenizer_id="x")), "tokenize already tokenizes these datasets"),
+    ((TokenizeSpec(tokenizer_id="x", datasets=("a",)), TokenizeSpec(tokenizer_id="y",
+                                                                     datasets=("b", "a"))),
+     "already tokenizes these datasets"),
     ((TOKENIZE, PackSpec(9), PackSpec(9, flat=False)), "pack_flat already packs"),
     ((PackSpec(9),), "pack_flat works on token ids"),
     ((DropShortSpec(), TOKENIZE), "drop_short works on token ids"),
@@ -69,4 +72,5 @@ def test_default_fingerprint_is_the_spec_fields():
     op = ShuffleSpec(7, seed=3).build(BuildContext(seed=0, lanes=1))
     assert op.fingerprint() == {"op": "shuffle", "buffer_size": 7, "seed": 3}
     map_op = MapSpec(str.upper).build(None)
-    assert map_op.fingerprint() == {"op": "map", "columns": None, "fn": "builtins:str.upper"}
+    assert map_op.fingerprint() == {"op": "map", "datasets": None, "columns": None,
+                                    "fn": "builtins:str.upper"}

@@ -152,3 +152,59 @@ def test_chat_roles_from_a_recipe(tmp_path):
     list(strict)
     [loose], [tight] = everything.report().datasets, strict.report().datasets
     assert tight.skipped.get("unknown_role", 0) > loose.skipped.get("unknown_role", 0)
+
+
+def test_every_problem_of_a_recipe_is_reported_at_once(recipe_file):
+    from zephon.recipe import RecipeProblems
+
+    text = (recipe_file.read_text().replace("weight = 0.6", "wieght = 0.6")
+            .replace("buffer_size = 4", "buffer_size = 0")
+            .replace('path = "data/long"', 'path = "data/nowhere"'))
+    recipe_file.write_text(text + '\n[mixture]\non_exhausted = "drian"\n')
+    with pytest.raises(RecipeProblems) as info:
+        DataRecipe.from_toml(recipe_file)
+    problems = info.value.problems
+    assert len(problems) == 1 and "wieght" in problems[0]  # entries are read first
+    recipe_file.write_text(text.replace("wieght = 0.6", "weight = 0.6")
+                           + '\n[mixture]\non_exhausted = "drian"\n')
+    with pytest.raises(RecipeProblems) as info:
+        DataRecipe.from_toml(recipe_file)
+    problems = info.value.problems
+    assert len(problems) == 3, problems
+    assert any("dataset 'long'" in p and "does not exist" in p for p in problems)
+    assert any("on_exhausted='drian'" in p for p in problems)
+    assert any("buffer_size" in p for p in problems)
+    assert all("recipe.toml" in p for p in problems)
+    assert str(info.value).startswith(f"{recipe_file}: 3 problems:")
+
+
+def test_datasets_with_their_own_fields_and_kinds(tmp_path, tokenizer_dir):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.conftest import write_jsonl
+    from zephon.demo.assets import make_documents
+    from zephon.tokenizer import load_tokenizer
+
+    texts = make_documents(40, seed=3)
+    write_jsonl(tmp_path / "wiki.jsonl", [{"content": t} for t in texts[:20]])
+    pq.write_table(pa.table({"body": texts[20:]}), tmp_path / "web.parquet")
+    tokenizer = load_tokenizer(tokenizer_dir)
+    ids = [tokenizer(t)["input_ids"] for t in texts[:10]]
+    pq.write_table(pa.table({"ids": pa.array(ids, pa.list_(pa.int32()))}),
+                   tmp_path / "ids.parquet")
+    recipe = DataRecipe.from_dict({
+        "lanes": 1,
+        "datasets": [{"name": "wiki", "path": str(tmp_path / "wiki.jsonl"), "field": "content"},
+                     {"name": "web", "path": str(tmp_path / "web.parquet"), "field": "body"},
+                     {"name": "ids", "path": str(tmp_path / "ids.parquet"), "field": "ids",
+                      "kind": "pretokenized"}],
+        "mixture": {"on_exhausted": "drain"},
+        "tokenize": {"tokenizer": tokenizer_dir},
+        "batch": {"drop_last": False}})
+    pipeline = recipe.build(seq_len=64, microbatch_size=2)
+    assert [s.op_name for s in pipeline.operators][:3] == ["tokenize", "tokenize",
+                                                           "pretokenized"]
+    list(pipeline)
+    report = {d.name: d.documents for d in pipeline.report().datasets}
+    assert report == {"wiki": 20, "web": 20, "ids": 10}

@@ -17,7 +17,7 @@ from zephon.batch import SampleBatch
 from zephon.engine.mixer import MixNode
 from zephon.engine.source import DatasetSource
 from zephon.errors import StateMismatchError
-from zephon.ops.base import DocumentOperator, Node, RowOperator
+from zephon.ops.base import DocumentOperator, Node, RowOperator, applies_to
 from zephon.records import Doc, Record, doc_as_record
 from zephon.work.source import StaticMixtureWorkSource
 
@@ -46,7 +46,7 @@ class LanePlan:
 
     source: StaticMixtureWorkSource
     document_ops: tuple[DocumentOperator, ...]
-    """Applied inside every dataset source, in order."""
+    """Applied inside the dataset sources they apply to, in order."""
     row_ops: tuple[RowOperator, ...]
     """One node each per lane after the mixer, in order; the last one makes microbatches."""
     makes_rows: bool
@@ -56,8 +56,9 @@ class LanePlan:
     def chain(self, lane: int) -> list[Node]:
         """The nodes of ``lane``, upstream first."""
         source = self.source
-        sources = [DatasetSource(source, i, lane, self.lanes, self.document_ops)
-                   for i in range(len(source.datasets))]
+        sources = [DatasetSource(source, i, lane, self.lanes,
+                                 [op for op in self.document_ops if applies_to(op.spec, d.name)])
+                   for i, d in enumerate(source.datasets)]
         nodes: list[Node] = [MixNode(sources, source.weights, source.by_tokens,
                                      source.on_exhausted)]
         if not self.makes_rows:

@@ -113,6 +113,40 @@ class OperatorSpec:
                 if f.metadata.get("fingerprint", True)}
 
 
+@dataclass(frozen=True)
+class DocumentSpec(OperatorSpec):
+    """Base of the per-document operators' specs: they may apply to some datasets only, and
+    may repeat (a tokenizing operator once per dataset, see :func:`check_order`)."""
+
+    stage: ClassVar[str] = "document"
+    once: ClassVar[bool] = False
+
+    datasets: tuple[str, ...] | None = dataclasses.field(default=None, kw_only=True)
+    """Apply to these datasets only (None: to all). Lets differently shaped sources share a
+    pipeline: ``tokenize(field="body", datasets=("web",))`` beside
+    ``tokenize(field="content", datasets=("wiki",))``."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.datasets, (list, str)):
+            names = [self.datasets] if isinstance(self.datasets, str) else self.datasets
+            object.__setattr__(self, "datasets", tuple(names))
+        if self.datasets is not None and (not self.datasets or not all(
+                isinstance(n, str) and n for n in self.datasets)):
+            raise ConfigError(f"{self.op_name}: datasets must name datasets, got "
+                              f"{self.datasets!r}")
+
+
+def applies_to(spec: OperatorSpec, dataset: str) -> bool:
+    """Whether the per-document operator ``spec`` runs on ``dataset``."""
+    names = getattr(spec, "datasets", None)
+    return names is None or dataset in names
+
+
+def _overlap(a: OperatorSpec, b: OperatorSpec) -> bool:
+    first, second = getattr(a, "datasets", None), getattr(b, "datasets", None)
+    return first is None or second is None or bool(set(first) & set(second))
+
+
 class Operator:
     """An operator built for one loader, shared by all its lanes."""
 
@@ -246,8 +280,9 @@ def check_order(specs: Sequence[OperatorSpec], new: OperatorSpec) -> None:
         if STAGES.index(spec.stage) > STAGES.index(new.stage):
             raise ConfigError(f"{name} must come before {spec.op_name} ({new.stage} "
                               f"operators come before {spec.stage} operators)")
-        if new.makes_tokens and spec.makes_tokens:
-            raise ConfigError(f"{name}: {spec.op_name} already tokenizes this pipeline")
+        if new.makes_tokens and spec.makes_tokens and _overlap(new, spec):
+            raise ConfigError(f"{name}: {spec.op_name} already tokenizes these datasets "
+                              "(give each tokenizing operator its own datasets=...)")
         if new.makes_rows and spec.makes_rows:
             raise ConfigError(f"{name}: {spec.op_name} already packs this pipeline")
         if new.makes_rows and spec.stage == "row":
@@ -255,7 +290,22 @@ def check_order(specs: Sequence[OperatorSpec], new: OperatorSpec) -> None:
                               "they are reordered)")
 
 
-def check_chain(specs: Sequence[OperatorSpec]) -> None:
-    """Rules that only a complete chain can check (run when a loader is built)."""
+def check_chain(specs: Sequence[OperatorSpec], datasets: Sequence[str] = ()) -> None:
+    """Rules that only a complete chain can check (run when a loader is built): batch last,
+    operators name only known datasets, and with any tokenizing operator every dataset is
+    tokenized by exactly one."""
     if not specs or specs[-1].stage != "batch":
         raise ConfigError("the pipeline needs a batch(...) operator to be iterated")
+    if not datasets:
+        return
+    for spec in specs:
+        unknown = sorted(set(getattr(spec, "datasets", None) or ()) - set(datasets))
+        if unknown:
+            raise ConfigError(f"{spec.op_name}: datasets={unknown} are not in the work "
+                              f"source (datasets: {list(datasets)})")
+    tokenizers = [s for s in specs if s.makes_tokens]
+    if tokenizers:
+        missing = [d for d in datasets if not any(applies_to(s, d) for s in tokenizers)]
+        if missing:
+            raise ConfigError(f"datasets {missing} are not tokenized: every dataset needs one "
+                              "tokenize/tokenize_chat/pretokenized operator (datasets=...)")

@@ -12,21 +12,18 @@ import dataclasses
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
 from zephon.errors import ConfigError, DataError
-from zephon.ops.base import DocumentOperator, OperatorSpec
+from zephon.ops.base import DocumentOperator, DocumentSpec
 from zephon.records import Doc
 
 
 @dataclass(frozen=True)
-class FunctionSpec(OperatorSpec):
+class FunctionSpec(DocumentSpec):
     """Options shared by the operators that run a user function on each document."""
-
-    stage: ClassVar[str] = "document"
-    once: ClassVar[bool] = False
 
     fn: Callable[[dict[str, Any]], Any] | str = dataclasses.field(
         metadata={"fingerprint": False})
@@ -35,6 +32,7 @@ class FunctionSpec(OperatorSpec):
     """Columns the function reads before tokenization (None: all); fewer columns read faster."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         resolve_function(self.fn, self.op_name)
         if isinstance(self.columns, list):
             object.__setattr__(self, "columns", tuple(self.columns))

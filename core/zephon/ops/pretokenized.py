@@ -18,19 +18,24 @@ from typing import Any, ClassVar
 import numpy as np
 
 from zephon.errors import ConfigError, DataError
-from zephon.ops.base import BuildContext, DocumentOperator, Dropped, OperatorSpec, Outcome
+from zephon.ops.base import (
+    BuildContext,
+    DocumentOperator,
+    DocumentSpec,
+    Dropped,
+    Outcome,
+)
 from zephon.ops.tokenize import split_pieces
 from zephon.records import Doc
 from zephon.tokenizer import SpecialTokens
 
 
 @dataclass(frozen=True)
-class PretokenizedSpec(OperatorSpec):
+class PretokenizedSpec(DocumentSpec):
     """Options of ``pretokenized``."""
 
     op_name: ClassVar[str] = "pretokenized"
     title: ClassVar[str] = "pretokenized"
-    stage: ClassVar[str] = "document"
     makes_tokens: ClassVar[bool] = True
 
     field: str = "input_ids"
@@ -47,6 +52,7 @@ class PretokenizedSpec(OperatorSpec):
     """Split longer documents into pieces of at most this many tokens (None: never split)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not self.field or not isinstance(self.field, str):
             raise ConfigError(f"pretokenized: field must be a column name, got {self.field!r}")
         for name in ("bos_token_id", "eos_token_id"):

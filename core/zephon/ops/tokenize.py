@@ -17,18 +17,23 @@ from typing import Any, ClassVar
 import numpy as np
 
 from zephon.errors import ConfigError, DataError
-from zephon.ops.base import BuildContext, DocumentOperator, Dropped, OperatorSpec, Outcome
+from zephon.ops.base import (
+    BuildContext,
+    DocumentOperator,
+    DocumentSpec,
+    Dropped,
+    Outcome,
+)
 from zephon.records import Doc
 from zephon.tokenizer import TextEncoder, resolve_encoder
 
 
 @dataclass(frozen=True)
-class TokenizeSpec(OperatorSpec):
+class TokenizeSpec(DocumentSpec):
     """The ``tokenize`` operator's options."""
 
     op_name: ClassVar[str] = "tokenize"
     title: ClassVar[str] = "tokenizer or tokenize"
-    stage: ClassVar[str] = "document"
     makes_tokens: ClassVar[bool] = True
 
     tokenizer_id: str | None = None
@@ -48,6 +53,7 @@ class TokenizeSpec(OperatorSpec):
     """Documents per backend call; affects speed only, never the tokens."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not self.field or not isinstance(self.field, str):
             raise ConfigError(f"tokenize: field must be a column name, got {self.field!r}")
         if (self.tokenizer_id is None) == (self.tokenizer is None):
@@ -81,6 +87,7 @@ class DocumentTokenizer(DocumentOperator):
     def fingerprint(self) -> dict[str, Any]:
         return {
             "op": self.spec.op_name,
+            "datasets": self.spec.datasets,
             "tokenizer": self.encoder.digest,
             "field": self.spec.field,
             "bos": self.bos,

@@ -35,7 +35,13 @@ from typing import Any, ClassVar
 import numpy as np
 
 from zephon.errors import ConfigError, DataError
-from zephon.ops.base import BuildContext, DocumentOperator, Dropped, OperatorSpec, Outcome
+from zephon.ops.base import (
+    BuildContext,
+    DocumentOperator,
+    DocumentSpec,
+    Dropped,
+    Outcome,
+)
 from zephon.ops.tokenize import split_pieces
 from zephon.records import Doc
 from zephon.tokenizer import TextEncoder, load_tokenizer
@@ -45,12 +51,11 @@ _MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
 @dataclass(frozen=True)
-class TokenizeChatSpec(OperatorSpec):
+class TokenizeChatSpec(DocumentSpec):
     """Options of ``tokenize_chat``."""
 
     op_name: ClassVar[str] = "tokenize_chat"
     title: ClassVar[str] = "tokenizer or tokenize_chat"
-    stage: ClassVar[str] = "document"
     makes_tokens: ClassVar[bool] = True
 
     tokenizer_id: str | None = None
@@ -76,6 +81,7 @@ class TokenizeChatSpec(OperatorSpec):
     """Conversations rendered per read-ahead batch; affects speed only."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if isinstance(self.roles, list):
             object.__setattr__(self, "roles", tuple(self.roles))
         if (self.tokenizer_id is None) == (self.tokenizer is None):
@@ -132,6 +138,7 @@ class ChatTokenizer(DocumentOperator):
     def fingerprint(self) -> dict[str, Any]:
         return {
             "op": self.spec.op_name,
+            "datasets": self.spec.datasets,
             "tokenizer": self.encoder.digest,
             "chat_template": hashlib.sha256(self.template.encode()).hexdigest()[:16],
             "field": self.spec.field,
