@@ -326,6 +326,16 @@ class DataRecipe:
 
         return Dataset.from_path(entry.name, entry.path, entry.fmt, **_documents(entry))
 
+    def check(self, *, world_size: int | None = None, seq_len: int | None = None,
+              vocab_size: int | None = None, microbatch_size: int | None = None) -> list[str]:
+        """Every problem this recipe would meet in a run of these sizes (an empty list when
+        it is ready): fields, tokenizer, lanes, lengths, Hub paths; see
+        :mod:`zephon.preflight`."""
+        from zephon.preflight import check_recipe
+
+        return check_recipe(self, world_size=world_size, seq_len=seq_len,
+                            vocab_size=vocab_size, microbatch_size=microbatch_size)
+
     def _check_mixture(self) -> None:
         self._work_source([])
         on_exhausted = self.mixture.get("on_exhausted", "stop")
