@@ -50,3 +50,41 @@ def test_gpu_check_exits_cleanly_without_cuda() -> None:
     result = run_module("zephon_megatron.gpu_check", "--skip-pretrain")
     assert result.returncode == 0
     assert "CUDA is not available" in result.stdout and "nothing to check" in result.stdout
+
+
+def broken_recipe(tmp_path) -> str:
+    """Two datasets, one whose file lacks the text field; lanes 3; rows of 33 tokens."""
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "a.jsonl").write_text('{"body": "no text here"}\n')
+    text = PACKED.read_text().replace("lanes = 8", "lanes = 3").replace(
+        '\n[tokenize]\n', '\n[[datasets]]\nname = "other"\npath = "other"\n\n[tokenize]\n').replace(
+        'algorithm = "wrap"', 'algorithm = "wrap"\nmax_length = 33')
+    path = tmp_path / "broken.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_entry_checks_the_recipes_before_megatron_lm_is_imported(tmp_path, capsys) -> None:
+    argv = megatron_argv(tmp_path / "x.toml")
+    argv[argv.index("--zephon-recipe") + 1] = broken_recipe(tmp_path)
+    argv += ["--tensor-model-parallel-size", "2"]
+    env = dict(os.environ, WORLD_SIZE="4")  # data-parallel size 2
+    result = subprocess.run([sys.executable, "-m", "zephon_megatron.pretrain_gpt", *argv],
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 2
+    err = result.stderr
+    assert "zephon preflight found problems before the model is built" in err
+    assert "a.jsonl: has no field 'text'" in err
+    assert "lanes = 3 is not divisible by the data-parallel size 2" in err
+    assert "[pack] max_length = 33 conflicts" in err or "max_length = 33 conflicts" in err
+    assert "Megatron-LM" not in err  # refused before looking for the checkout
+
+
+def test_smoke_refuses_a_broken_recipe_before_any_process(tmp_path) -> None:
+    argv = megatron_argv(tmp_path / "x.toml")
+    argv[argv.index("--zephon-recipe") + 1] = broken_recipe(tmp_path)
+    result = run_module("zephon_megatron.smoke", "--nproc", "2", "--workdir",
+                        str(tmp_path / "w"), "--", *argv)
+    assert result.returncode == 2
+    assert "has no field 'text'" in result.stderr and "divisible" in result.stderr
+    assert not (tmp_path / "w").exists()  # no rank was started

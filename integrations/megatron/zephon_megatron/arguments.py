@@ -249,8 +249,11 @@ def check_megatron_dataloader(args: argparse.Namespace) -> None:
             raise ZephonArgumentError(f"{flag} is only read with --dataloader zephon")
 
 
-def settings_from_args(args: argparse.Namespace) -> ZephonSettings:
-    """Validate a parsed command line for ``--dataloader zephon``; raise naming the problem."""
+def settings_from_args(args: argparse.Namespace,
+                       world_size: int | None = None) -> ZephonSettings:
+    """Validate a parsed command line for ``--dataloader zephon`` and preflight its recipes
+    against the run (:mod:`zephon_megatron.preflight`; ``world_size`` defaults to
+    ``WORLD_SIZE``); raise naming every problem."""
     if getattr(args, "dataloader", "megatron") != "zephon":
         check_megatron_dataloader(args)
         raise ZephonArgumentError("settings_from_args needs --dataloader zephon")
@@ -303,30 +306,50 @@ def settings_from_args(args: argparse.Namespace) -> ZephonSettings:
                            getattr(args, "split", None), args.zephon_lanes,
                            int(getattr(args, "seed", 1234)))
     recipe = recipes["train"]
-    masking = resolve_masking(recipe.to_training, recipe.source,
-                              reset_position_ids=args.reset_position_ids,
-                              reset_attention_mask=args.reset_attention_mask,
-                              eod_mask_loss=args.eod_mask_loss)
-    _check_shapes(recipe, args)
+    if args.zephon_lanes is not None and args.zephon_lanes < 1:
+        raise ZephonArgumentError("--zephon-lanes must be >= 1")
+    # From here on every problem of the recipes is collected and reported at once.
+    problems: list[str] = []
+
+    def collect(check: Callable[[], Any], default: Any = None) -> Any:
+        try:
+            return check()
+        except ZephonArgumentError as exc:
+            problems.append(str(exc))
+            return default
+
+    def masking_of(r: Any) -> MaskingChoices:
+        return resolve_masking(r.to_training, r.source,
+                               reset_position_ids=args.reset_position_ids,
+                               reset_attention_mask=args.reset_attention_mask,
+                               eod_mask_loss=args.eod_mask_loss)
+
+    masking = collect(lambda: masking_of(recipe))
+    collect(lambda: _check_shapes(recipe, args))
     lanes = recipe.lanes
     if args.zephon_lanes is not None:
-        if args.zephon_lanes < 1:
-            raise ZephonArgumentError("--zephon-lanes must be >= 1")
-        _agree_recipe(recipe, "lanes", recipe.lanes, "--zephon-lanes", args.zephon_lanes)
+        collect(lambda: _agree_recipe(recipe, "lanes", recipe.lanes, "--zephon-lanes",
+                                      args.zephon_lanes))
         lanes = args.zephon_lanes
     if lanes is None:
-        raise ZephonArgumentError(
+        problems.append(
             f"{recipe.source}: lanes is not set; set lanes in the recipe or --zephon-lanes to a "
             "multiple of every data-parallel size the run may use (it fixes the data)")
     for valid in (recipes["valid"], recipes["test"]):
         if valid is None:
             continue
-        _agree_recipe(valid, "lanes", valid.lanes, "the training lanes", lanes)
-        resolve_masking(valid.to_training, valid.source,
-                        reset_position_ids=args.reset_position_ids,
-                        reset_attention_mask=args.reset_attention_mask,
-                        eod_mask_loss=args.eod_mask_loss)
-        _check_shapes(valid, args)
+        collect(lambda valid=valid: _agree_recipe(valid, "lanes", valid.lanes,
+                                                  "the training lanes", lanes))
+        collect(lambda valid=valid: masking_of(valid))
+        collect(lambda valid=valid: _check_shapes(valid, args))
+    from zephon_megatron.preflight import recipe_problems
+
+    problems += recipe_problems(args, recipes, lanes, world_size)
+    if len(problems) == 1:
+        raise ZephonArgumentError(problems[0])
+    if problems:
+        raise ZephonArgumentError("zephon preflight found problems before the model is built:\n"
+                                  + "\n".join(f"  - {p}" for p in problems))
     return ZephonSettings(
         recipe=args.zephon_recipe, valid_recipe=args.zephon_valid_recipe,
         seq_length=args.seq_length, micro_batch_size=args.micro_batch_size,
@@ -367,10 +390,7 @@ def _check_shapes(recipe: Any, args: argparse.Namespace) -> None:
     if pack is None or not pack.get("flat", True):
         raise ZephonArgumentError(f"{recipe.source}: Megatron needs fixed-length rows; set "
                                   "[pack] with flat packing (pack_flat)")
-    _agree_recipe(recipe, "[pack] max_length", pack.get("max_length"),
-                  "--seq-length + 1 =", args.seq_length + 1)
-    _agree_recipe(recipe, "[batch] microbatch_size", recipe.batch.get("microbatch_size"),
-                  "--micro-batch-size", args.micro_batch_size)
+    # [pack] max_length and [batch] microbatch_size against the flags: see the preflight.
     if recipe.batch.get("drop_last") is False:
         raise ZephonArgumentError(f"{recipe.source}: [batch] drop_last = false gives short "
                                   "microbatches; Megatron needs --micro-batch-size rows in each")

@@ -72,11 +72,6 @@ def zephon_args_defaults(settings: Any, argv: Sequence[str]) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    missing = missing_megatron_lm()
-    if missing:
-        print(MISSING_MEGATRON_LM.format(missing=", ".join(missing)), file=sys.stderr)
-        return 2
-
     from zephon.errors import ConfigError
     from zephon_megatron.arguments import (
         build_standalone_parser,
@@ -84,17 +79,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         make_extra_args_provider,
         settings_from_args,
     )
-
     early, _ = build_standalone_parser().parse_known_args(argv)
     args_defaults: dict[str, Any] = {"tokenizer_type": "GPT2BPETokenizer"}
-    try:
+    try:  # the recipes are checked before Megatron-LM is even imported
         if early.dataloader == "zephon":
-            settings = settings_from_args(early)
+            settings = settings_from_args(early)  # also checks the recipes against the run
             args_defaults = zephon_args_defaults(settings, argv)
         else:
             check_megatron_dataloader(early)
     except ConfigError as exc:
         print(f"zephon_megatron: {exc}", file=sys.stderr)
+        return 2
+    missing = missing_megatron_lm()
+    if missing:
+        print(MISSING_MEGATRON_LM.format(missing=", ".join(missing)), file=sys.stderr)
         return 2
 
     import pretrain_gpt as stock  # Megatron-LM's script, from the checkout

@@ -328,9 +328,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_worker(options, megatron_argv)
         return 0
     from zephon_megatron.arguments import build_standalone_parser, settings_from_args
-
     try:  # fail before any process starts, naming the flag or recipe
-        settings_from_args(build_standalone_parser().parse_args(megatron_argv))
+        args = build_standalone_parser().parse_args(megatron_argv)
+        settings_from_args(args, world_size=options.nproc)
     except ValueError as exc:
         print(f"smoke-megatron: {exc}", file=sys.stderr)
         return 2

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from zephon_torchtitan.dataloader import ZephonDataLoader
+from zephon_torchtitan.preflight import add_preflight
 
 RECIPES = Path(os.environ.get("ZEPHON_TORCHTITAN_RECIPES",
                               Path(__file__).resolve().parents[3] / "recipes" / "torchtitan"))
@@ -45,13 +46,15 @@ def with_zephon(config: Any, recipe: str, *, validation: str | None = None,
     vocabulary is sized to the recipe's tokenizer, and ``hf_assets_path`` points at that
     tokenizer when it is a local directory (TorchTitan builds its tokenizer from there).
     ``validation`` names a finite, unshuffled recipe for ``validator.dataloader``; the
-    validator stays off until ``--validator.enable``.
+    validator stays off until ``--validator.enable``. The recipes are checked against the run
+    before TorchTitan builds the model (:mod:`zephon_torchtitan.preflight`).
     """
     from zephon.recipe import DataRecipe
 
     config.dataloader = ZephonDataLoader.Config(recipe=recipe, **options)
     if validation is not None:
         config.validator.dataloader = ZephonDataLoader.Config(recipe=validation)
+    add_preflight(config)
     tokenizer = DataRecipe.from_toml(recipe).tokenize["tokenizer"]
     if fit_vocab:
         from zephon.tokenizer import load_tokenizer

@@ -9,8 +9,14 @@ The JSON object holds :class:`ZephonDataLoader.Config` fields (``recipe`` is req
 ``zephon_dataloader`` claims only ``dataloader``; ``zephon_validation_dataloader`` claims
 ``validator.dataloader`` (activate both to validate on a Zephon recipe too). An override
 replaces loader configs only: the model's vocabulary must already cover the recipe's
-tokenizer and ``--hf_assets_path`` should name that tokenizer (the loader refuses a
-mismatch unless ``check_tokenizer`` is false).
+tokenizer (the preflight refuses a larger tokenizer before the model is built) and
+``--hf_assets_path`` should name that tokenizer (the loader refuses a mismatch unless
+``--dataloader.no-check-tokenizer``).
+
+TorchTitan applies overrides before it builds the model, so both run the preflight
+(:mod:`zephon_torchtitan.preflight`) as they install the loader; ``zephon_preflight`` runs it
+alone, for configs whose loader is Zephon's already (the launcher and the config registry add
+it for you).
 """
 
 from __future__ import annotations
@@ -21,19 +27,31 @@ from torchtitan.components.dataloader import BaseDataLoader
 from torchtitan.config.override import override
 
 from zephon_torchtitan.dataloader import ZephonDataLoader
+from zephon_torchtitan.preflight import preflight
 
 
 @override(target=BaseDataLoader.Config, fqns=["dataloader"],
           description="Zephon data recipe as the training dataloader")
 def zephon_dataloader(config: BaseDataLoader.Config, **options: Any) -> ZephonDataLoader.Config:
-    return _zephon_config(options, "zephon_dataloader")
+    loader = _zephon_config(options, "zephon_dataloader")
+    preflight(replacing={"dataloader": loader})
+    return loader
 
 
 @override(target=BaseDataLoader.Config, fqns=["validator.dataloader"],
           description="Zephon data recipe as the validation dataloader")
 def zephon_validation_dataloader(config: BaseDataLoader.Config,
                                  **options: Any) -> ZephonDataLoader.Config:
-    return _zephon_config(options, "zephon_validation_dataloader")
+    loader = _zephon_config(options, "zephon_validation_dataloader")
+    preflight(replacing={"validator.dataloader": loader})
+    return loader
+
+
+@override(target=ZephonDataLoader.Config, fqns=["dataloader"],
+          description="Check the Zephon recipes against the run before the model is built")
+def zephon_preflight(config: ZephonDataLoader.Config) -> ZephonDataLoader.Config:
+    preflight()
+    return config
 
 
 def _zephon_config(options: dict[str, Any], name: str) -> ZephonDataLoader.Config:

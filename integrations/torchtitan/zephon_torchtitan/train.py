@@ -139,7 +139,9 @@ def prepare(data: dict[str, Any], source: str, cpu: bool) -> Any:
         from zephon_torchtitan.cpu_shims import apply_cpu_config
 
         apply_cpu_config(config)
-    return config
+    from zephon_torchtitan.preflight import add_preflight
+
+    return add_preflight(config)
 
 
 def _recipe_tokenizer(recipe: str) -> str:

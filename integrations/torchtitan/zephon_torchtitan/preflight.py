@@ -1,0 +1,110 @@
+"""The data recipe checked against the run, after TorchTitan parsed its config and before it
+builds the model.
+
+TorchTitan builds the dataloader last (after the model, parallelization, the optimizer and,
+on a cluster, the checkpoint load), so a recipe problem found there costs minutes. TorchTitan
+applies ``--override.imports`` earlier: inside ``Trainer.__init__``, after the process group
+and before "Building <model>". All three routes run :func:`preflight` there:
+
+- the override route: ``zephon_dataloader`` checks as it installs the loader;
+- the launcher and the config registry add ``zephon_torchtitan.override.zephon_preflight``
+  to ``override.imports`` of the config they return (``with_zephon`` does it).
+
+It runs :func:`zephon.preflight.check_recipe` for the training and validation recipes with
+the run's values: data-parallel size (``WORLD_SIZE`` over tensor x pipeline x context
+parallel degrees), ``training.seq_len``, ``training.local_batch_size`` and the model's
+vocabulary, and raises one ConfigError listing every problem. TorchTitan hands an override
+only the node it replaces; the whole config comes from the ``apply_overrides`` call that is
+running it (found on the call stack), and without it (another TorchTitan version) the recipe
+is checked without the run's values.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from zephon import ConfigError
+
+PREFLIGHT_IMPORT = "zephon_torchtitan.override.zephon_preflight"
+
+
+def trainer_config_in_progress() -> Any:
+    """The ``Trainer.Config`` that TorchTitan's ``apply_overrides`` is applying, if any."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "apply_overrides":
+            root = frame.f_locals.get("config_root")
+            if root is not None and hasattr(root, "training"):
+                return root
+        frame = frame.f_back
+    return None
+
+
+def run_values(root: Any) -> dict[str, int | None]:
+    """The run's data-parallel size, sequence length, microbatch rows and vocabulary."""
+    if root is None:
+        return {}
+    parallelism = root.parallelism
+    model_ways = (max(1, parallelism.tensor_parallel_degree)
+                  * max(1, parallelism.pipeline_parallel_degree)
+                  * max(1, parallelism.context_parallel_degree))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    model = getattr(getattr(root, "model_spec", None), "model", None)
+    return {"world_size": max(1, world // model_ways), "seq_len": root.training.seq_len,
+            "microbatch_size": root.training.local_batch_size,
+            "vocab_size": getattr(model, "vocab_size", None)}
+
+
+def preflight(root: Any = None, replacing: dict[str, Any] | None = None) -> None:
+    """Check every Zephon loader of ``root`` (a ``Trainer.Config``; found on the stack when
+    None) against the run; raise a ConfigError listing every problem. ``replacing`` maps
+    ``"dataloader"`` / ``"validator.dataloader"`` to a loader config about to be installed."""
+    from torchtitan.tools.logging import logger
+
+    from zephon.preflight import check_recipe
+    from zephon.recipe import DataRecipe
+    from zephon_torchtitan.dataloader import ZephonDataLoader
+
+    root = root if root is not None else trainer_config_in_progress()
+    values = run_values(root)
+    replacing = replacing or {}
+    loaders = [("dataloader", replacing.get("dataloader", getattr(root, "dataloader", None)))]
+    validator = getattr(root, "validator", None)
+    if "validator.dataloader" in replacing or (validator is not None
+                                               and getattr(validator, "enable", False)):
+        loaders.append(("validator.dataloader", replacing.get(
+            "validator.dataloader", getattr(validator, "dataloader", None))))
+    problems: list[str] = []
+    for where, loader in loaders:
+        if not isinstance(loader, ZephonDataLoader.Config) or not loader.recipe:
+            continue
+        try:
+            recipe = DataRecipe.from_toml(loader.recipe)
+        except ConfigError as exc:
+            problems += getattr(exc, "problems", [str(exc)])
+            continue
+        if loader.lanes is not None and recipe.lanes is None:
+            recipe.lanes = loader.lanes
+        run = dict(values)
+        if where != "dataloader":
+            run.pop("microbatch_size", None)
+        problems += [f"[{where}] {p}" for p in check_recipe(recipe, **run)]
+    if problems:
+        raise ConfigError("zephon preflight found problems before the model is built:\n"
+                          + "\n".join(f"  - {p}" for p in problems))
+    checked = [loader.recipe for _, loader in loaders
+               if isinstance(loader, ZephonDataLoader.Config) and loader.recipe]
+    logger.info("zephon: preflight passed for %s (%s)", ", ".join(checked),
+                ", ".join(f"{k} {v}" for k, v in values.items() if v is not None)
+                or "recipe only")
+
+
+def add_preflight(config: Any) -> Any:
+    """Have TorchTitan run :func:`preflight` before it builds the model of ``config``."""
+    imports = list(config.override.imports)
+    if PREFLIGHT_IMPORT not in imports:
+        imports.append(PREFLIGHT_IMPORT)
+    config.override.imports = imports
+    return config

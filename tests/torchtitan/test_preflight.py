@@ -1,0 +1,86 @@
+"""Every TorchTitan route checks the data recipe against the run before the model is built."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from zephon_torchtitan.demo import run_training
+
+pytestmark = pytest.mark.slow
+
+LAUNCH = """\
+dump_folder = "out"
+[base]
+module = "llama3"
+config = "llama3_debugmodel"
+{vocab}
+[training]
+seq_len = 64
+steps = 2
+[dataloader]
+name = "zephon"
+recipe = "data.toml"
+"""
+
+
+def broken_recipe(tmp_path: Path, recipes) -> Path:
+    """Two datasets, one whose file lacks the text field, and lanes = 3."""
+    (tmp_path / "other").mkdir(exist_ok=True)
+    (tmp_path / "other" / "a.jsonl").write_text('{"body": "no text field here"}\n')
+    datasets = recipes.demo() + '\n[[datasets]]\nname = "other"\npath = "other"\n'
+    return recipes.write(tmp_path / "data.toml", datasets=datasets, lanes=3)
+
+
+def assert_refused_before_the_model(code: int, output: str, *needles: str) -> None:
+    assert code != 0, output[-3000:]
+    assert "zephon preflight found problems before the model is built" in output, output[-3000:]
+    for needle in needles:
+        assert needle in output, (needle, output[-3000:])
+    assert "Building llama3" not in output  # TorchTitan's model-construction log line
+
+
+def test_launcher_route(tmp_path, recipes):
+    broken_recipe(tmp_path, recipes)
+    text = (tmp_path / "data.toml").read_text().replace('algorithm = "wrap"',
+                                                        'algorithm = "wrap"\nmax_length = 33')
+    (tmp_path / "data.toml").write_text(text)
+    (tmp_path / "launch.toml").write_text(LAUNCH.format(vocab='vocab_size = "tokenizer"'))
+    code, output, _ = run_training(["--toml", str(tmp_path / "launch.toml")], nproc=2,
+                                   cwd=tmp_path, timeout=300)
+    assert_refused_before_the_model(
+        code, output, "a.jsonl: has no field 'text'", "lanes = 3 is not divisible by the "
+        "data-parallel size 2", "[pack] max_length = 33 conflicts")
+
+
+def test_override_route_refuses_a_tokenizer_larger_than_the_model(tmp_path, recipes):
+    recipe = recipes.write(tmp_path / "data.toml", datasets=recipes.demo())  # 4096 tokens
+    target = "zephon_torchtitan.override.zephon_dataloader=" + json.dumps({"recipe": str(recipe)})
+    code, output, _ = run_training(
+        ["-m", "torchtitan.train", "--module", "llama3", "--config", "llama3_debugmodel",
+         "--override.imports", target, "--training.seq_len", "64", "--training.steps", "2",
+         "--training.disable_cuda_graphs", "--parallelism.spmd_backend", "partial_dtensor",
+         "--validator.no-enable", "--dump_folder", str(tmp_path / "out")],
+        cwd=tmp_path, module="zephon_torchtitan.cpu_shims", torchrun=True, timeout=300)
+    assert_refused_before_the_model(code, output, "has 4096 tokens but the model's "
+                                    "vocabulary has 2048")
+
+
+def test_config_registry_route(tmp_path, recipes, monkeypatch):
+    broken_recipe(tmp_path, recipes)
+    registry = tmp_path / "recipes"
+    (registry / "data").mkdir(parents=True)
+    (registry / "data" / "pretrain_docmask.toml").write_text(
+        (tmp_path / "data.toml").read_text().replace(
+            'path = "other"', f'path = "{tmp_path / "other"}"'))
+    (registry / "data" / "validation.toml").write_text(
+        (recipes.root / "data" / "validation.toml").read_text())
+    monkeypatch.setenv("ZEPHON_TORCHTITAN_RECIPES", str(registry))
+    code, output, _ = run_training(
+        ["-m", "torchtitan.train", "--module", "zephon_torchtitan", "--config",
+         "zephon_llama3_debugmodel", "--training.seq_len", "64", "--training.steps", "2",
+         "--validator.no-enable", "--dump_folder", str(tmp_path / "out")],
+        cwd=tmp_path, module="zephon_torchtitan.cpu_shims", torchrun=True, timeout=300)
+    assert_refused_before_the_model(code, output, "a.jsonl: has no field 'text'")
