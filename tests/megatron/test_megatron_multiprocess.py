@@ -114,3 +114,21 @@ def test_a_data_path_blend_trains(tmp_path: Path) -> None:
                    "--train-iters", "12", "--eval-iters", "0")
     assert result.returncode == 0, f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
     assert "loss" in result.stdout
+
+
+@pytest.mark.multiprocess
+def test_two_sources_with_different_fields_train(tmp_path: Path) -> None:
+    from megatron_helpers import PACKED, megatron_argv
+
+    from zephon.demo.assets import make_documents
+
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.jsonl").write_text("".join(
+        json.dumps({"content": t}) + "\n" for t in make_documents(300, seed=5)))
+    recipe = tmp_path / "two.toml"
+    recipe.write_text(PACKED.read_text().replace(
+        '\n[mixture]\n', f'\n[[datasets]]\nname = "notes"\npath = "{tmp_path / "notes"}"\n'
+        'field = "content"\n\n[mixture]\n').replace('repeat = ["demo"]', "repeat = true"))
+    result = smoke(tmp_path / "run", "--nproc", "1", "--tag", "two", "--check-loss", "--",
+                   *megatron_argv(recipe), "--train-iters", "12", "--eval-iters", "0")
+    assert result.returncode == 0, f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}"

@@ -84,3 +84,30 @@ def test_config_registry_route(tmp_path, recipes, monkeypatch):
          "--validator.no-enable", "--dump_folder", str(tmp_path / "out")],
         cwd=tmp_path, module="zephon_torchtitan.cpu_shims", torchrun=True, timeout=300)
     assert_refused_before_the_model(code, output, "a.jsonl: has no field 'text'")
+
+
+def two_fields(tmp_path: Path, recipes) -> Path:
+    """The demo corpus ('text' in Parquet) mixed with a JSON Lines source whose documents are
+    in 'content'."""
+    from zephon.demo.assets import make_documents
+
+    (tmp_path / "notes").mkdir(exist_ok=True)
+    (tmp_path / "notes" / "a.jsonl").write_text("".join(
+        json.dumps({"content": t}) + "\n" for t in make_documents(200, seed=4)))
+    datasets = (recipes.demo() + '\n[[datasets]]\nname = "notes"\npath = "notes"\n'
+                'field = "content"\n')
+    return recipes.write(tmp_path / "data.toml", datasets=datasets, lanes=2)
+
+
+def test_two_sources_with_different_fields_train_through_the_launcher(tmp_path, recipes):
+    two_fields(tmp_path, recipes)
+    text = (tmp_path / "data.toml").read_text().replace('[mixture]\nby = "documents"',
+                                                        '[mixture]\nby = "documents"\n'
+                                                        'repeat = true')
+    (tmp_path / "data.toml").write_text(text)
+    (tmp_path / "launch.toml").write_text(LAUNCH.format(vocab='vocab_size = "tokenizer"'))
+    code, output, losses = run_training(["--toml", str(tmp_path / "launch.toml")],
+                                        cwd=tmp_path, timeout=300)
+    assert code == 0, output[-4000:]
+    assert sorted(losses) == [1, 2]
+    assert "zephon: preflight passed" in output

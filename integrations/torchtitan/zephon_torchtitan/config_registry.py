@@ -17,7 +17,8 @@ your own with :func:`with_zephon`::
 On CPU, run TorchTitan's entry point through the shims (the debug functions then apply the
 CPU settings of :func:`zephon_torchtitan.cpu_shims.apply_cpu_config` themselves):
 ``python -m zephon_torchtitan.cpu_shims -m torchtitan.train --module zephon_torchtitan
---config zephon_llama3_debugmodel`` (under torchrun for several processes).
+--config zephon_llama3_debugmodel`` (one process as written; under torchrun for several).
+Without torchrun, :func:`with_zephon` sets the one-process rendezvous variables.
 """
 
 from __future__ import annotations
@@ -50,12 +51,14 @@ def with_zephon(config: Any, recipe: str, *, validation: str | None = None,
     before TorchTitan builds the model (:mod:`zephon_torchtitan.preflight`).
     """
     from zephon.recipe import DataRecipe
+    from zephon_torchtitan.train import single_process_env
 
+    single_process_env()  # run without torchrun: one process, as the launcher does
     config.dataloader = ZephonDataLoader.Config(recipe=recipe, **options)
     if validation is not None:
         config.validator.dataloader = ZephonDataLoader.Config(recipe=validation)
     add_preflight(config)
-    tokenizer = DataRecipe.from_toml(recipe).tokenize["tokenizer"]
+    tokenizer = DataRecipe.from_toml(recipe).tokenizer
     if fit_vocab:
         from zephon.tokenizer import load_tokenizer
 

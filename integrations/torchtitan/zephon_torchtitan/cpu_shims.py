@@ -172,8 +172,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("usage: python -m zephon_torchtitan.cpu_shims -m MODULE [ARGS...]")
     module = argv[1]
     from zephon_torchtitan import cpu_shims
+    from zephon_torchtitan.train import single_process_env
 
     cpu_shims.install()
+    single_process_env()  # without torchrun: one process
     sys.argv = [module, *argv[2:]]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 

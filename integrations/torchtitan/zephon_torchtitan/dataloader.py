@@ -109,6 +109,14 @@ class ZephonDataLoader(BaseDataLoader):
 
         def __post_init__(self) -> None:
             # Fail while the config is parsed, before any process group or model exists.
+            if self.dataset not in ("zephon", ""):
+                raise ConfigError(f"dataloader.dataset = {self.dataset!r} is not read by the "
+                                  "Zephon loader: the data comes from dataloader.recipe "
+                                  "([[datasets]] in the data recipe); remove it")
+            if self.dataset_path is not None:
+                raise ConfigError(f"dataloader.dataset_path = {self.dataset_path!r} is not "
+                                  "read by the Zephon loader: name the data in the data "
+                                  "recipe's [[datasets]] path; remove it")
             if self.recipe:
                 DataRecipe.from_toml(self.recipe)
             for name in ("lanes", "report_every", "prefetch"):
@@ -312,7 +320,7 @@ def _training_options(recipe: DataRecipe, config: ZephonDataLoader.Config) -> di
 def _check_tokenizer(recipe: DataRecipe, tokenizer: Any) -> None:
     from zephon.tokenizer import load_tokenizer
 
-    name = recipe.tokenize["tokenizer"]
+    name = recipe.tokenizer
     ours = load_tokenizer(name)
     theirs_vocab = tokenizer.get_vocab_size() if hasattr(tokenizer, "get_vocab_size") else None
     theirs_eos = getattr(tokenizer, "eos_id", None)
@@ -321,8 +329,8 @@ def _check_tokenizer(recipe: DataRecipe, tokenizer: Any) -> None:
         raise ConfigError(
             f"{recipe.source}: tokenizer {name!r} has {len(ours)} tokens but TorchTitan's "
             f"tokenizer ({where}) has {theirs_vocab}; point --hf_assets_path at the recipe's "
-            "tokenizer (and size the model's vocabulary for it), or set "
-            "--dataloader.check_tokenizer false if this is intended")
+            "tokenizer (and size the model's vocabulary for it), or pass "
+            "--dataloader.no-check-tokenizer if this is intended")
     if theirs_eos is not None and ours.eos_token_id is not None and theirs_eos != ours.eos_token_id:
         raise ConfigError(
             f"{recipe.source}: tokenizer {name!r} has EOS id {ours.eos_token_id} but "

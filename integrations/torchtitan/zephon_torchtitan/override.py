@@ -5,7 +5,10 @@
     python -m torchtitan.train --module llama3 --config llama3_8b \\
         --override.imports 'zephon_torchtitan.override.zephon_dataloader={"recipe": "data.toml"}'
 
-The JSON object holds :class:`ZephonDataLoader.Config` fields (``recipe`` is required).
+The JSON object holds :class:`ZephonDataLoader.Config` fields (``recipe`` is required) and
+``fit_vocab`` (true: size the model's vocabulary to the recipe's tokenizer, as the launcher's
+``vocab_size = "tokenizer"`` does). TorchTitan's tokenizer (``hf_assets_path``) defaults to
+the recipe's when left at TorchTitan's default.
 ``zephon_dataloader`` claims only ``dataloader``; ``zephon_validation_dataloader`` claims
 ``validator.dataloader`` (activate both to validate on a Zephon recipe too). An override
 replaces loader configs only: the model's vocabulary must already cover the recipe's
@@ -27,14 +30,18 @@ from torchtitan.components.dataloader import BaseDataLoader
 from torchtitan.config.override import override
 
 from zephon_torchtitan.dataloader import ZephonDataLoader
-from zephon_torchtitan.preflight import preflight
+from zephon_torchtitan.preflight import preflight, trainer_config_in_progress
 
 
 @override(target=BaseDataLoader.Config, fqns=["dataloader"],
           description="Zephon data recipe as the training dataloader")
 def zephon_dataloader(config: BaseDataLoader.Config, **options: Any) -> ZephonDataLoader.Config:
+    fit_vocab = bool(options.pop("fit_vocab", False))
     loader = _zephon_config(options, "zephon_dataloader")
-    preflight(replacing={"dataloader": loader})
+    root = trainer_config_in_progress()
+    if root is not None:
+        use_recipe_tokenizer(root, loader.recipe, fit_vocab)
+    preflight(root, replacing={"dataloader": loader})
     return loader
 
 
@@ -52,6 +59,34 @@ def zephon_validation_dataloader(config: BaseDataLoader.Config,
 def zephon_preflight(config: ZephonDataLoader.Config) -> ZephonDataLoader.Config:
     preflight()
     return config
+
+
+def use_recipe_tokenizer(root: Any, recipe_path: str, fit_vocab: bool) -> None:
+    """Point TorchTitan's tokenizer at the recipe's (when ``hf_assets_path`` was left at its
+    default) and, with ``fit_vocab``, size the model's vocabulary to it, as the launcher's
+    ``vocab_size = "tokenizer"`` does. Both are logged."""
+    from pathlib import Path
+
+    from torchtitan.tools.logging import logger
+
+    from zephon.recipe import DataRecipe
+    from zephon_torchtitan.config_registry import fit_vocab_size
+
+    tokenizer = DataRecipe.from_toml(recipe_path).tokenizer
+    if tokenizer is None or not Path(tokenizer).is_dir():
+        return
+    default = type(root).__dataclass_fields__["hf_assets_path"].default
+    if root.hf_assets_path == default:
+        root.hf_assets_path = tokenizer
+        logger.info(f"zephon: hf_assets_path = {tokenizer} (the data recipe's tokenizer)")
+    if fit_vocab:
+        from zephon.tokenizer import load_tokenizer
+
+        size = len(load_tokenizer(tokenizer))
+        before = getattr(root.model_spec.model, "vocab_size", None)
+        fit_vocab_size(root, size)
+        logger.info(f"zephon: model vocabulary {before} -> {size} (fit_vocab: the data "
+                    "recipe's tokenizer)")
 
 
 def _zephon_config(options: dict[str, Any], name: str) -> ZephonDataLoader.Config:

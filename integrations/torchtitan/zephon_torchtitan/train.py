@@ -147,7 +147,7 @@ def prepare(data: dict[str, Any], source: str, cpu: bool) -> Any:
 def _recipe_tokenizer(recipe: str) -> str:
     from zephon.recipe import DataRecipe
 
-    return DataRecipe.from_toml(recipe).tokenize["tokenizer"]
+    return DataRecipe.from_toml(recipe).tokenizer
 
 
 def _loader_config(table: Any, root: Path, source: str, where: str) -> Any:
@@ -209,7 +209,9 @@ def _compatible(current: Any, value: Any) -> bool:
     return isinstance(value, type(current))
 
 
-def _single_process_env() -> None:
+def single_process_env() -> None:
+    """Without torchrun, the rendezvous variables of a one-process run (RANK=0, WORLD_SIZE=1,
+    LOCAL_RANK=0, a free MASTER_PORT on 127.0.0.1); set ones are left alone."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return
     with socket.socket() as sock:
@@ -223,12 +225,21 @@ def _single_process_env() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m zephon_torchtitan.train",
+        prog="python -m zephon_torchtitan.train", add_help=False,
         description="Train with TorchTitan from a TOML launch recipe; other arguments are "
-                    "TorchTitan's --section.field overrides.")
-    parser.add_argument("--toml", required=True, help="launch recipe (recipes/torchtitan/)")
+                    "TorchTitan's --section.field overrides (listed with --toml FILE --help).")
+    parser.add_argument("--toml", help="launch recipe (recipes/torchtitan/)")
     parser.add_argument("--cpu", action="store_true", help="force the CPU shims")
     args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    wants_help = any(a in ("-h", "--help") for a in rest)
+    if wants_help:
+        parser.print_help()
+        if not args.toml:
+            return
+        print("\nTorchTitan's options, with the launch recipe's values as defaults:\n",
+              flush=True)
+    elif not args.toml:
+        parser.error("the following arguments are required: --toml")
     for flag in ("--module", "--config"):
         if any(a == flag or a.startswith(flag + "=") for a in rest):
             parser.error(f"{flag} comes from [base] of the launch recipe")
@@ -238,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
         from zephon_torchtitan import cpu_shims
 
         cpu_shims.install()
-    _single_process_env()
+    single_process_env()
     this = importlib.import_module("zephon_torchtitan.train")
     this._prepared = prepare(data, args.toml, cpu)
 
