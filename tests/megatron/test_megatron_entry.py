@@ -88,3 +88,19 @@ def test_smoke_refuses_a_broken_recipe_before_any_process(tmp_path) -> None:
     assert result.returncode == 2
     assert "has no field 'text'" in result.stderr and "divisible" in result.stderr
     assert not (tmp_path / "w").exists()  # no rank was started
+
+
+def test_vocabulary_and_enum_problems_are_named_before_the_model(tmp_path) -> None:
+    argv = megatron_argv(PACKED, "--vocab-size", "1024")
+    result = run_module("zephon_megatron.pretrain_gpt", *argv)
+    assert result.returncode == 2
+    assert "has 4096 tokens but the model's vocabulary has 1024" in result.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text(PACKED.read_text().replace('repeat = ["demo"]',
+                                              'repeat = ["demo"]\non_exhausted = "drian"'))
+    argv = megatron_argv(PACKED)
+    argv[argv.index("--zephon-recipe") + 1] = str(bad)
+    result = run_module("zephon_megatron.pretrain_gpt", *argv)
+    assert result.returncode == 2
+    assert "bad.toml: [mixture] on_exhausted='drian'" in result.stderr
+    assert "Megatron-LM" not in result.stderr

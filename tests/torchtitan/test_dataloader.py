@@ -148,6 +148,6 @@ def test_tokenizer_mismatch_is_refused(demo_recipe, small_tokenizer):
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
     theirs = HuggingFaceTokenizer(tokenizer_path=small_tokenizer)
-    with pytest.raises(ConfigError, match="check_tokenizer"):
+    with pytest.raises(ConfigError, match=r"--dataloader\.no-check-tokenizer"):
         ZephonDataLoader.Config(recipe=str(demo_recipe)).build(
             dp_world_size=1, dp_rank=0, tokenizer=theirs, seq_len=64, local_batch_size=2)

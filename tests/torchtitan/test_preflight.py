@@ -111,3 +111,14 @@ def test_two_sources_with_different_fields_train_through_the_launcher(tmp_path, 
     assert code == 0, output[-4000:]
     assert sorted(losses) == [1, 2]
     assert "zephon: preflight passed" in output
+
+
+def test_a_bad_option_value_stops_the_launcher_before_torchtitan(tmp_path, recipes):
+    recipes.write(tmp_path / "data.toml", datasets=recipes.demo(),
+                  extra='[shuffle]\nbuffer_size = 4\nseed = "x"\n')
+    (tmp_path / "launch.toml").write_text(LAUNCH.format(vocab='vocab_size = "tokenizer"'))
+    code, output, _ = run_training(["--toml", str(tmp_path / "launch.toml")], cwd=tmp_path,
+                                   timeout=300)
+    assert code != 0
+    assert "data.toml: seed = 'x' in [shuffle] must be an integer" in output
+    assert "Building llama3" not in output
