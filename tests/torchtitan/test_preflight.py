@@ -122,3 +122,20 @@ def test_a_bad_option_value_stops_the_launcher_before_torchtitan(tmp_path, recip
     assert code != 0
     assert "data.toml: seed = 'x' in [shuffle] must be an integer" in output
     assert "Building llama3" not in output
+
+
+def test_a_changed_lane_count_at_resume_is_refused_in_zephons_words(tmp_path, recipes):
+    data = recipes.write(tmp_path / "data.toml", datasets=recipes.demo(), lanes=2)
+    data.write_text(data.read_text().replace("lanes = 2\n", ""))  # lanes from the loader
+    (tmp_path / "launch.toml").write_text(LAUNCH.format(vocab='vocab_size = "tokenizer"')
+                                          + "lanes = 2\n[checkpoint]\nenable = true\n"
+                                          "interval = 2\n")
+    code, output, _ = run_training(["--toml", str(tmp_path / "launch.toml")], cwd=tmp_path,
+                                   timeout=300)
+    assert code == 0, output[-4000:]
+    code, output, _ = run_training(["--toml", str(tmp_path / "launch.toml"),
+                                    "--training.steps", "4", "--dataloader.lanes", "4"],
+                                   cwd=tmp_path, timeout=300)
+    assert code != 0
+    assert "holds loader state for 2 lanes, this run has 4" in output, output[-3000:]
+    assert "Missing key" not in output

@@ -155,6 +155,7 @@ class ZephonDataLoader(BaseDataLoader):
         self._forward_keys = _forward_keys()
         self._trace = _open_trace(config.trace_dir)
         self._stats = {"microbatches": 0, "tokens": 0, "padding": 0, "valid": 0, "wait_s": 0.0}
+        self._started = False  # iterated or restored: state_dict() is then for saving
         self._since_report = time.perf_counter()
         logger.info(
             f"zephon: recipe {recipe.source}, lanes {self.lanes}, dp rank {dp_rank} of "
@@ -164,6 +165,7 @@ class ZephonDataLoader(BaseDataLoader):
 
     # -- iteration -------------------------------------------------------------------------
     def __iter__(self):
+        self._started = True
         while True:
             start = time.perf_counter()
             for batch in self._pipeline:
@@ -247,9 +249,32 @@ class ZephonDataLoader(BaseDataLoader):
     # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """``{"lane_<l>": bytes}`` for this rank's lanes (consumed microbatches only)."""
-        return {key: pickle.dumps(entry) for key, entry in self._pipeline.state_dict().items()}
+        state = self._pipeline.state_dict()
+        if not self._started:  # TorchTitan is about to load a checkpoint into these keys
+            self._check_checkpointed_lanes(state)
+        return {key: pickle.dumps(entry) for key, entry in state.items()}
+
+    def _check_checkpointed_lanes(self, state: dict[str, Any]) -> None:
+        """Refuse, in Zephon's words, a checkpoint written with another lane count (DCP
+        would only say that a key is missing)."""
+        from zephon_torchtitan.preflight import checkpointed_lanes
+
+        found = checkpointed_lanes()
+        if found is None or not found[1]:
+            return
+        path, lanes = found
+        missing = sorted(int(key.split("_")[1]) for key in state if int(key.split("_")[1])
+                         not in lanes)
+        if missing or max(lanes) >= self.lanes:
+            raise StateMismatchError(
+                f"cannot resume the Zephon dataloader ({self.recipe.source}): the checkpoint "
+                f"{path} holds loader state for {max(lanes) + 1} lanes, this run has "
+                f"{self.lanes}. The lane count fixes the data of a run: resume with lanes = "
+                f"{max(lanes) + 1}, or start a new run (--checkpoint.exclude_from_loading "
+                "dataloader keeps the model and restarts the data).")
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._started = True
         if not state_dict:
             return
         foreign = sorted(k for k in state_dict if not k.startswith("lane_"))
