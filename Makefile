@@ -15,7 +15,7 @@ $(PY):
 
 $(STAMP): $(PY) pyproject.toml
 	$(PIP) install -q $(TORCH_PIN)
-	$(PIP) install -q -e ".[hf,dev,torchtitan,megatron]" $(TORCH_PIN)
+	$(PIP) install -q -e ".[hf,dev,torchtitan,megatron,viz]" $(TORCH_PIN)
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,15 +1,35 @@
-"""The ``zephon`` command: work on a data recipe from the shell.
+"""The ``zephon`` command: work on a data recipe, or on the shard cache, from the shell.
 
-``zephon check RECIPE [--world-size W] [--seq-len S] [--vocab-size V] [--microbatch-size M]``
-runs the preflight (:mod:`zephon.preflight`) and prints every problem, exiting 1 when there
-is one (2 for a usage error), 0 when the recipe is ready.
+- ``zephon check RECIPE [--world-size W --seq-len S --vocab-size V --microbatch-size M]``:
+  the preflight (:mod:`zephon.preflight`): every problem, exit 1 when there is one.
+- ``zephon preview RECIPE [--rows N] [--out batch.png|batch.html] [--seq-len S]``: the first
+  microbatch as a picture (:mod:`zephon.preview`), in the terminal without ``--out``.
+- ``zephon stats RECIPE [--tokens 1T]``: files, documents and tokens per dataset, targets,
+  and the epochs each dataset needs for a token budget: what runs out first.
+- ``zephon cache ls|prune|verify --root DIR``: the shard cache's shards (what, size, last
+  use, in use), pruning to a size (``--to 50G``; shards in use stay), re-hashing every shard.
+
+Exit status: 0 when all is well, 1 when the command found problems, 2 for usage errors.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import os
+import re
 import sys
 from collections.abc import Sequence
+
+_UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "B": 10**9, "T": 10**12}
+
+
+def size(text: str) -> int:
+    """``1T``, ``500B`` (billions), ``20M``, ``10G`` or a plain count."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGBT]?)\s*", text.upper())
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 1T, 500B or 20M")
+    return int(float(match.group(1)) * _UNITS[match.group(2)])
 
 
 def _positive(text: str) -> int:
@@ -31,25 +51,137 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--seq-len", type=_positive, help="the model's context length")
     check.add_argument("--vocab-size", type=_positive, help="the model's vocabulary size")
     check.add_argument("--microbatch-size", type=_positive, help="rows per microbatch")
+    preview = commands.add_parser("preview", help="the first microbatch as a picture")
+    preview.add_argument("recipe", help="data recipe TOML")
+    preview.add_argument("--rows", type=_positive, default=4, help="rows to show")
+    preview.add_argument("--seq-len", type=_positive, default=None,
+                         help="context length (default: the recipe's [pack] max_length - 1, "
+                              "else 128)")
+    preview.add_argument("--out", help="write a .png or .html instead of printing")
+    stats = commands.add_parser("stats", help="dataset sizes, targets and epochs")
+    stats.add_argument("recipe", help="data recipe TOML")
+    stats.add_argument("--tokens", type=size, default=None,
+                       help="token budget of the run (1T, 500B, 20M) for the epochs column")
+    cache = commands.add_parser("cache", help="inspect or prune the shard cache")
+    cache.add_argument("action", choices=["ls", "prune", "verify"])
+    cache.add_argument("--root", default=os.environ.get("ZEPHON_CACHE_ROOT"),
+                       help="cache root (default: $ZEPHON_CACHE_ROOT)")
+    cache.add_argument("--to", type=size, default=None, help="prune: bytes to keep (50G)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command == "check":
-        from zephon.preflight import check_recipe, describe
+    from zephon.errors import ZephonError
 
-        problems = check_recipe(args.recipe, world_size=args.world_size, seq_len=args.seq_len,
-                                vocab_size=args.vocab_size,
-                                microbatch_size=args.microbatch_size)
-        if problems:
-            print(f"{args.recipe}: {len(problems)} problem(s)", file=sys.stderr)
-            for problem in problems:
-                print(f"  - {problem}", file=sys.stderr)
-            return 1
-        print(f"{args.recipe}: ok ({describe(args.recipe)})")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args, parser)
+    except ZephonError as exc:
+        print(f"zephon {args.command}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from zephon.preflight import check_recipe, describe
+
+    problems = check_recipe(args.recipe, world_size=args.world_size, seq_len=args.seq_len,
+                            vocab_size=args.vocab_size, microbatch_size=args.microbatch_size)
+    if problems:
+        print(f"{args.recipe}: {len(problems)} problem(s)", file=sys.stderr)
+        for problem in problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return 1
+    print(f"{args.recipe}: ok ({describe(args.recipe)})")
+    return 0
+
+
+def _preview(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from zephon.preview import first_batch, render_html, render_png, render_terminal
+
+    rows = first_batch(args.recipe, rows=args.rows, seq_len=args.seq_len)
+    title = f"{os.path.basename(args.recipe)}: first microbatch"
+    if args.out is None:
+        print(render_terminal(rows))
+    elif args.out.endswith(".png"):
+        render_png(rows, args.out, title)
+        print(f"wrote {args.out}")
+    elif args.out.endswith((".html", ".htm")):
+        render_html(rows, args.out, title)
+        print(f"wrote {args.out}")
+    else:
+        parser.error("--out must end in .png or .html")
+    return 0
+
+
+def _stats(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from zephon.recipe import DataRecipe
+
+    recipe = DataRecipe.from_toml(args.recipe)
+    max_length = (recipe.pack or {}).get("max_length")
+    pipeline = recipe.build(seq_len=max_length - 1 if max_length else 2048,
+                            microbatch_size=recipe.batch.get("microbatch_size", 1),
+                            lanes=None if recipe.lanes else 1, prefetch=0)
+    estimates = pipeline.estimate()
+    source = pipeline.work_source
+    weights = dict(zip(source.names(), source.weights, strict=True))
+    repeated = dict(zip(source.names(), source.repeated, strict=True))
+    print(f"{args.recipe}: mixing by {recipe.mix_by}"
+          + (f", budget {args.tokens:,} tokens" if args.tokens else ""))
+    print(f"{'dataset':<20}{'files':>6}{'documents':>14}{'tokens':>18}{'target':>8}"
+          + (f"{'epochs':>9}" if args.tokens else ""))
+    most = None
+    for estimate in estimates:
+        files = len(next(d for d in source.datasets if d.name == estimate.name).files())
+        share = float(weights[estimate.name])
+        line = (f"{estimate.name:<20}{files:>6}{estimate.documents or 0:>14,}"
+                f"{int(estimate.tokens or 0):>18,}{share:>8.3f}")
+        if args.tokens and estimate.tokens:
+            epochs = args.tokens * share / estimate.tokens
+            line += f"{epochs:>9.2f}"
+            if most is None or epochs > most[1]:
+                most = (estimate.name, epochs)
+        print(line)
+    if most is not None:
+        name, epochs = most
+        if epochs <= 1:
+            print(f"no dataset runs out: the most used, {name!r}, is read {epochs:.2f} times")
+        elif repeated[name]:
+            print(f"{name!r} runs out first and repeats: {epochs:.2f} epochs")
+        else:
+            print(f"{name!r} runs out first, after {100 / epochs:.0f}% of the budget; repeat it "
+                  "([mixture] repeat) or lower the budget")
+    return 0
+
+
+def _cache(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from zephon.io.hub.cache import cache_entries, prune_cache, verify_cache
+
+    if not args.root:
+        parser.error("cache needs --root DIR (or ZEPHON_CACHE_ROOT)")
+    if args.action == "ls":
+        entries = cache_entries(args.root)
+        for entry in entries:
+            when = datetime.datetime.fromtimestamp(entry.last_use).strftime("%Y-%m-%d %H:%M")
+            print(f"{entry.size:>14,}  {when}  {'in use' if entry.in_use else '      '}  "
+                  f"{entry.display}")
+        print(f"{len(entries)} shard(s), {sum(e.size for e in entries):,} bytes")
         return 0
-    return 2
+    if args.action == "prune":
+        if args.to is None:
+            parser.error("prune needs --to SIZE (bytes to keep, e.g. 50G)")
+        evicted, left = prune_cache(args.root, args.to)
+        print(f"removed {len(evicted)} shard(s); {left:,} bytes left")
+        return 0 if left <= args.to else 1
+    results = verify_cache(args.root)
+    bad = [(e, p) for e, p in results if p]
+    for entry, problem in bad:
+        print(f"{entry.display}: {problem}", file=sys.stderr)
+    print(f"verified {len(results)} shard(s), {len(bad)} bad")
+    return 1 if bad else 0
+
+
+_COMMANDS = {"check": _check, "preview": _preview, "stats": _stats, "cache": _cache}
 
 
 if __name__ == "__main__":

@@ -361,4 +361,81 @@ class ShardCache:
 
 def _signature(st: os.stat_result, item: CachedFile) -> dict[str, Any]:
     return {"version": item.version, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-            "ino": st.st_ino}
+            "ino": st.st_ino, "display": item.display}
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One cached shard, as ``zephon cache ls`` shows it."""
+
+    key: str
+    size: int
+    last_use: float
+    """Seconds since the epoch of the last open."""
+    display: str
+    """What it is (``hf://org/name@commit/path``), when recorded."""
+    in_use: bool
+    """A reader holds it open (it cannot be evicted or pruned now)."""
+
+
+def cache_entries(root: str | os.PathLike[str]) -> list[CacheEntry]:
+    """The complete shards under ``root``, least recently used first."""
+    cache = _existing(root)
+    out = []
+    for key, size, used in sorted(cache._complete(), key=lambda e: e[2]):
+        try:
+            record = json.loads(cache._state(key, "ok").read_text())
+        except (OSError, ValueError):
+            record = {}
+        pin = FileLock(cache._state(key, "pin"))
+        in_use = not pin.acquire(blocking=False)
+        if not in_use:
+            pin.release()
+        out.append(CacheEntry(key, size, used, record.get("display", key), in_use))
+    return out
+
+
+def prune_cache(root: str | os.PathLike[str], max_bytes: int) -> tuple[list[str], int]:
+    """Evict least recently used shards until at most ``max_bytes`` remain, never a shard in
+    use; (evicted keys, bytes left)."""
+    cache = _existing(root)
+    evicted = []
+    with FileLock(cache.root / "cache.lock"):
+        complete = sorted(cache._complete(), key=lambda e: e[2])
+        used = sum(size for _, size, _ in complete)
+        for key, size, _ in complete:
+            if used <= max_bytes:
+                break
+            if cache._evict(key):
+                evicted.append(key)
+                used -= size
+    return evicted, used
+
+
+def verify_cache(root: str | os.PathLike[str]) -> list[tuple[CacheEntry, str | None]]:
+    """Every complete shard re-hashed against its recorded version: (entry, problem or
+    None). A shard whose bytes do not match is removed (the next reader downloads it again)."""
+    cache = _existing(root)
+    results = []
+    for entry in cache_entries(root):
+        path = cache.shard_path(entry.key)
+        try:
+            record = json.loads(cache._state(entry.key, "ok").read_text())
+        except (OSError, ValueError):
+            results.append((entry, "no verification record (downloaded by an older version)"))
+            continue
+        if path.stat().st_size != record.get("size") or not ContentCheck.of_file(
+                path, record["version"], record["size"]):
+            problem = "its bytes do not match the listed size and hash"
+            if not entry.in_use and cache._evict(entry.key):
+                problem += "; removed"
+            results.append((entry, problem))
+            continue
+        results.append((entry, None))
+    return results
+
+
+def _existing(root: str | os.PathLike[str]) -> ShardCache:
+    if not (Path(root) / "shards").is_dir():
+        raise ConfigError(f"{root} is not a Zephon shard cache (no shards/ directory)")
+    return ShardCache(CacheOptions(enabled=True, root=str(root)))
