@@ -132,3 +132,22 @@ def test_two_sources_with_different_fields_train(tmp_path: Path) -> None:
     result = smoke(tmp_path / "run", "--nproc", "1", "--tag", "two", "--check-loss", "--",
                    *megatron_argv(recipe), "--train-iters", "12", "--eval-iters", "0")
     assert result.returncode == 0, f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+
+
+@pytest.mark.multiprocess
+def test_loader_metrics_reach_the_tensorboard_writer(tmp_path: Path) -> None:
+    from megatron_helpers import PACKED, megatron_argv
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = tmp_path / "tb"
+    result = smoke(tmp_path / "run", "--nproc", "1", "--tag", "tb", "--",
+                   *megatron_argv(PACKED), "--train-iters", "4", "--eval-iters", "0",
+                   "--log-interval", "2", "--tensorboard-dir", str(board))
+    assert result.returncode == 0, f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    assert "zephon: step 2:" in result.stdout
+    events = EventAccumulator(str(board))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"zephon/realized/demo", "zephon/target/demo", "zephon/padding_share",
+            "zephon/tokens_per_s", "zephon/wait_ms"} <= tags
+    assert [e.step for e in events.Scalars("zephon/realized/demo")] == [2, 4]

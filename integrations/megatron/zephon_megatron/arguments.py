@@ -108,6 +108,8 @@ class ZephonSettings:
     split: str | None = None
     """Megatron's ``--split`` for a ``--data-path`` blend."""
     seed: int = 1234
+    log_interval: int | None = None
+    """Megatron's ``--log-interval``: iterations between loader metrics."""
 
 
 # -- parsers -----------------------------------------------------------------------------------
@@ -181,6 +183,8 @@ def add_megatron_data_flags(parser: argparse.ArgumentParser) -> argparse.Argumen
     add("--load", type=str, default=None)
     add("--save", type=str, default=None)
     add("--save-interval", type=int, default=None)
+    add("--log-interval", type=int, default=100)
+    add("--tensorboard-dir", type=str, default=None)
     return parser
 
 
@@ -357,7 +361,8 @@ def settings_from_args(args: argparse.Namespace,
         prefetch=args.zephon_prefetch, masking=masking, attention=ATTENTION_BY_IMPL[impl],
         dataloader_save=getattr(args, "dataloader_save", None),
         data_path=tuple(data_path) if data_path else None, split=getattr(args, "split", None),
-        seed=int(getattr(args, "seed", 1234)))
+        seed=int(getattr(args, "seed", 1234)),
+        log_interval=getattr(args, "log_interval", None))
 
 
 def load_recipes(recipe: str | None, valid_recipe: str | None,

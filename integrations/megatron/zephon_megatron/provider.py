@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ from typing import Any
 import torch
 
 from zephon.errors import ConfigError, StateMismatchError
+from zephon.meter import LoaderMeter, metrics_line
 from zephon_megatron.arguments import (
     ZephonArgumentError,
     ZephonSettings,
@@ -83,8 +85,16 @@ class ZephonDataIterator:
 
     def __init__(self, pipeline: Any, to_training: dict[str, Any], *, micro_batch_size: int,
                  role: str = "train", source: str = "<recipe>",
-                 restart_every: int | None = None, cycle: bool = False):
+                 restart_every: int | None = None, cycle: bool = False,
+                 log_every: tuple[int, int, int] | None = None, announce: bool = True):
         self.pipeline = pipeline
+        self.meter = LoaderMeter()
+        self.log_every = log_every
+        """(microbatches per iteration on this reader, Megatron's --log-interval, global batch
+        size in rows)."""
+        self._first_iteration = 0
+        self.announce = announce
+        """Print the metrics line (data-parallel rank 0)."""
         self.options = dict(to_training)
         self.micro_batch_size = micro_batch_size
         self.role = role
@@ -122,10 +132,41 @@ class ZephonDataIterator:
                               f"{self.micro_batch_size} rows") from None
 
     def __next__(self) -> dict[str, torch.Tensor]:
-        batch = self._next_batch()
+        start = time.perf_counter()
+        try:
+            batch = self._next_batch()
+        except StopIteration:
+            if self.role == "train" and self.announce:
+                print(f"zephon: end of data: {self.meter.summary()}\n"
+                      f"{self.pipeline.report()}", flush=True)
+            raise
+        waited = time.perf_counter() - start
         self._since_start += 1
         self.last_global_microbatch = batch.index * self.pipeline.lanes + batch.lane
-        return batch.to_training(**self.options)
+        out = batch.to_training(**self.options)
+        tokens = int(out["tokens"].numel())
+        padding = sum(int(r.meta.get("padding", 0)) for r in batch.records)
+        self.meter.record(tokens, padding, int(out["loss_mask"].sum()), waited)
+        self._maybe_log()
+        return out
+
+    def _maybe_log(self) -> None:
+        if self.log_every is None:
+            return
+        per_step, interval, _ = self.log_every
+        handed = int(self.meter.totals["microbatches"])
+        if per_step <= 0 or interval <= 0 or handed % per_step:
+            return
+        iteration = self._first_iteration + handed // per_step
+        if iteration % interval:
+            return
+        metrics = self.meter.window(self.pipeline.report())
+        from zephon_megatron.metrics import write
+
+        write(metrics, iteration)
+        if self.announce:
+            print(metrics_line(iteration, metrics), flush=True)
+
 
     def close(self) -> None:
         """Stop the prefetch thread; the consumed state stays as it is."""
@@ -169,6 +210,10 @@ class ZephonDataIterator:
         self.close()
         self.pipeline.load_state_dict(merged)
         self._since_start = 0
+        if self.log_every is not None:  # iterations already done, for the metrics' steps
+            per_step, _, global_batch = self.log_every
+            self._first_iteration = (self.consumed_samples // global_batch
+                                     - int(self.meter.totals["microbatches"]) // per_step)
 
 
 # -- state files (the layout Megatron-LM's --dataloader-save writes) --------------------------
@@ -252,9 +297,14 @@ def build_iterator(recipe: Any, settings: ZephonSettings, topology: Topology, *,
                             dp_rank=topology.dp_rank, dp_world_size=topology.dp_size,
                             lanes=settings.lanes, process_group=topology.dp_group,
                             prefetch=settings.prefetch)
+    log_every = None
+    if role == "train" and settings.global_batch_size and settings.log_interval:
+        per_step = settings.global_batch_size // (settings.micro_batch_size * topology.dp_size)
+        log_every = (per_step, settings.log_interval, settings.global_batch_size)
     return ZephonDataIterator(pipeline, preset_options(settings, recipe),
                               micro_batch_size=settings.micro_batch_size, role=role,
-                              source=recipe.source, restart_every=restart_every, cycle=cycle)
+                              source=recipe.source, restart_every=restart_every, cycle=cycle,
+                              log_every=log_every, announce=topology.dp_rank == 0)
 
 
 def restore_for_resume(iterator: ZephonDataIterator, settings: ZephonSettings,

@@ -203,6 +203,14 @@ def run_worker(options: argparse.Namespace, megatron_argv: list[str]) -> None:
     dp_rank = parallel_state.get_data_parallel_rank()
     dp_size = parallel_state.get_data_parallel_world_size()
     reader = parallel_state.get_tensor_model_parallel_rank() == 0
+    writer = None
+    if args.tensorboard_dir and rank == 0:  # Megatron-LM's writer stands in: rank 0's here
+        from torch.utils.tensorboard import SummaryWriter
+
+        from zephon_megatron.metrics import set_writer
+
+        writer = SummaryWriter(args.tensorboard_dir)
+        set_writer(writer)
     train = None
     if reader:
         train, _, _ = ZephonDatasetsProvider(lambda: args)(None)
@@ -237,6 +245,8 @@ def run_worker(options: argparse.Namespace, megatron_argv: list[str]) -> None:
         if options.save_at is not None and step + 1 == options.save_at:
             _save(args, step + 1, model, optimizer, train, dp_rank, rank == 0,
                   write_dataloader_state)
+    if writer is not None:
+        writer.close()
     if traced is not None:
         out = workdir / f"trace_{options.tag}_rank{rank}.json"
         out.write_text(json.dumps(traced.records))

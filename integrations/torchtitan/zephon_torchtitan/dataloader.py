@@ -46,6 +46,7 @@ from torchtitan.components.dataloader import BaseDataLoader
 from torchtitan.tools.logging import logger
 
 from zephon import ConfigError, StateMismatchError
+from zephon.meter import LoaderMeter
 from zephon.recipe import DataRecipe
 
 # The seed's TorchTitan preset; a recipe may restate these values but not contradict them.
@@ -154,8 +155,11 @@ class ZephonDataLoader(BaseDataLoader):
         self._pipeline.fingerprint()  # plans the lanes now: a bad dp size fails at build time
         self._forward_keys = _forward_keys()
         self._trace = _open_trace(config.trace_dir)
-        self._stats = {"microbatches": 0, "tokens": 0, "padding": 0, "valid": 0, "wait_s": 0.0}
         self._started = False  # iterated or restored: state_dict() is then for saving
+        self._meter = LoaderMeter()
+        from zephon_torchtitan.metrics import register
+
+        register(self)
         self._since_report = time.perf_counter()
         logger.info(
             f"zephon: recipe {recipe.source}, lanes {self.lanes}, dp rank {dp_rank} of "
@@ -173,8 +177,8 @@ class ZephonDataLoader(BaseDataLoader):
                 yield item
                 start = time.perf_counter()
             if not self.config.infinite:
-                logger.info(f"zephon: end of data after {self._stats['microbatches']} "
-                            "microbatches on this rank")
+                logger.info(f"zephon: end of data after {int(self._meter.totals['microbatches'])} "
+                            f"microbatches on this rank:\n{self.final_report()}")
                 return
             logger.info("zephon: end of data; infinite=True, starting over")
             self._pipeline.reset()
@@ -203,29 +207,27 @@ class ZephonDataLoader(BaseDataLoader):
 
     # -- reporting -------------------------------------------------------------------------
     def _account(self, out: dict[str, torch.Tensor], tokens: int, wait_s: float) -> None:
-        stats = self._stats
-        stats["microbatches"] += 1
-        stats["tokens"] += tokens
-        stats["padding"] += int(out["padding_mask"].sum())
-        stats["valid"] += int(out["num_valid_tokens"].sum())
-        stats["wait_s"] += wait_s
+        self._meter.record(tokens, int(out["padding_mask"].sum()),
+                           int(out["num_valid_tokens"].sum()), wait_s)
         every = self.config.report_every
-        if every and stats["microbatches"] % every == 0:
+        if every and self._meter.totals["microbatches"] % every == 0:
             logger.info(f"zephon: {self.report()}")
+
+    def metrics(self) -> dict[str, float]:
+        """``zephon/...`` metrics since the last call (see :mod:`zephon.meter`)."""
+        return self._meter.window(self._pipeline.report())
+
+    def final_report(self) -> str:
+        """This rank's totals and the pipeline report (per dataset, drops, leftovers)."""
+        return f"{self.report()}\n{self._pipeline.report()}"
 
     def stats(self) -> dict[str, float]:
         """Totals since construction: microbatches, tokens, padding and valid (loss-bearing)
         tokens, and the seconds the trainer waited for the loader."""
-        return dict(self._stats)
+        return dict(self._meter.totals)
 
     def report(self) -> str:
-        s = self._stats
-        tokens = max(1, s["tokens"])
-        rate = s["tokens"] / s["wait_s"] if s["wait_s"] else float("inf")
-        return (f"{s['microbatches']} microbatches, {s['tokens']} tokens, padding "
-                f"{100 * s['padding'] / tokens:.2f}%, loss-bearing {100 * s['valid'] / tokens:.2f}%"
-                f", loader {1000 * s['wait_s'] / max(1, s['microbatches']):.2f} ms/microbatch "
-                f"({rate:,.0f} tokens/s when waited on)")
+        return self._meter.summary()
 
     def _write_trace(self, batch: Any, input_dict: dict[str, torch.Tensor],
                      labels: torch.Tensor, out: dict[str, torch.Tensor]) -> None:

@@ -27,9 +27,11 @@ from __future__ import annotations
 from typing import Any
 
 from torchtitan.components.dataloader import BaseDataLoader
+from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.config.override import override
 
 from zephon_torchtitan.dataloader import ZephonDataLoader
+from zephon_torchtitan.metrics import as_zephon_metrics
 from zephon_torchtitan.preflight import preflight, trainer_config_in_progress
 
 
@@ -41,6 +43,7 @@ def zephon_dataloader(config: BaseDataLoader.Config, **options: Any) -> ZephonDa
     root = trainer_config_in_progress()
     if root is not None:
         use_recipe_tokenizer(root, loader.recipe, fit_vocab)
+        root.metrics = as_zephon_metrics(root.metrics)  # zephon/ metrics in TensorBoard
     preflight(root, replacing={"dataloader": loader})
     return loader
 
@@ -52,6 +55,12 @@ def zephon_validation_dataloader(config: BaseDataLoader.Config,
     loader = _zephon_config(options, "zephon_validation_dataloader")
     preflight(replacing={"validator.dataloader": loader})
     return loader
+
+
+@override(target=MetricsProcessor.Config, fqns=["metrics"],
+          description="TorchTitan's metrics with the Zephon loader's (zephon/ in TensorBoard)")
+def zephon_metrics(config: MetricsProcessor.Config) -> MetricsProcessor.Config:
+    return as_zephon_metrics(config)
 
 
 @override(target=ZephonDataLoader.Config, fqns=["dataloader"],

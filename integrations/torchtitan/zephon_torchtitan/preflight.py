@@ -28,6 +28,7 @@ from typing import Any
 from zephon import ConfigError
 
 PREFLIGHT_IMPORT = "zephon_torchtitan.override.zephon_preflight"
+METRICS_IMPORT = "zephon_torchtitan.override.zephon_metrics"
 CHECKPOINT_FOLDER: dict[str, str] = {}
 """``{"folder": dump_folder/checkpoint.folder}`` of the run the preflight saw (checkpointing
 on): where a resuming loader looks for the lanes of the checkpoint it is about to load."""
@@ -130,9 +131,11 @@ def checkpointed_lanes() -> tuple[str, set[int]] | None:
 
 
 def add_preflight(config: Any) -> Any:
-    """Have TorchTitan run :func:`preflight` before it builds the model of ``config``."""
+    """Have TorchTitan run :func:`preflight` before it builds the model of ``config``, and
+    log the loader's metrics with its own (:mod:`zephon_torchtitan.metrics`)."""
     imports = list(config.override.imports)
-    if PREFLIGHT_IMPORT not in imports:
-        imports.append(PREFLIGHT_IMPORT)
+    for name in (PREFLIGHT_IMPORT, METRICS_IMPORT):
+        if name not in imports:
+            imports.append(name)
     config.override.imports = imports
     return config

@@ -1,0 +1,57 @@
+"""The loader's zephon/ metrics reach TorchTitan's TensorBoard event files, per dataset."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from zephon_torchtitan.demo import run_training
+
+pytestmark = pytest.mark.slow
+
+LAUNCH = """\
+dump_folder = "out"
+[base]
+module = "llama3"
+config = "llama3_debugmodel"
+vocab_size = "tokenizer"
+[training]
+seq_len = 64
+steps = 3
+[metrics]
+log_freq = 1
+enable_tensorboard = true
+[dataloader]
+name = "zephon"
+recipe = "data.toml"
+"""
+
+
+def test_zephon_scalars_in_tensorboard(tmp_path: Path, recipes):
+    from zephon.demo.assets import make_documents
+
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.jsonl").write_text("".join(
+        json.dumps({"text": t}) + "\n" for t in make_documents(200, seed=8)))
+    datasets = recipes.demo() + '\n[[datasets]]\nname = "notes"\npath = "notes"\n'
+    data = recipes.write(tmp_path / "data.toml", datasets=datasets)
+    data.write_text(data.read_text().replace('by = "documents"', 'by = "documents"\n'
+                                             'repeat = true'))
+    (tmp_path / "launch.toml").write_text(LAUNCH)
+    code, output, _ = run_training(["--toml", str(tmp_path / "launch.toml")], cwd=tmp_path,
+                                   timeout=300)
+    assert code == 0, output[-4000:]
+    assert "zephon: step 3:" in output and "zephon: end of run" in output
+    [events_dir] = {p.parent for p in (tmp_path / "out").rglob("events.out.tfevents.*")}
+    events = EventAccumulator(str(events_dir))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    for name in ("demo", "notes"):
+        assert f"zephon/realized/{name}" in tags and f"zephon/target/{name}" in tags
+    assert {"zephon/wait_ms", "zephon/tokens_per_s", "zephon/padding_share",
+            "zephon/loss_share", "zephon/dropped_documents"} <= tags
+    shares = [events.Scalars(f"zephon/realized/{n}")[-1].value for n in ("demo", "notes")]
+    assert abs(sum(shares) - 1) < 1e-6 and all(0 < s < 1 for s in shares)
