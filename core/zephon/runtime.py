@@ -36,6 +36,7 @@ from zephon.ops.base import (
     check_chain,
 )
 from zephon.options import LoaderOptions
+from zephon.progress import progress
 from zephon.records import Doc
 from zephon.report import PipelineReport, build_report, sum_stats
 from zephon.work.estimation import DatasetEstimate, TokenEstimation, estimate_dataset
@@ -211,7 +212,8 @@ class Loader:
         Uses the work source's ``token_estimation`` (``measure`` when it has none)."""
         spec = self.source.token_estimation or TokenEstimation()
         out = []
-        for i, dataset in enumerate(self.source.datasets):
+        for i, dataset in enumerate(progress(self.source.datasets, desc="estimating tokens",
+                                             unit="dataset")):
             ops = [op for op in self.document_ops if applies_to(op.spec, dataset.name)]
             measure = _measure(ops) if any(op.spec.makes_tokens for op in ops) else None
             out.append(estimate_dataset(self.source, i, self.lanes, projected_columns(ops),

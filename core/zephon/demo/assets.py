@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from zephon.progress import enabled, progress
+
 _SYLLABLES = ["ka", "lo", "mi", "ne", "ru", "ta", "shi", "po", "an", "el", "or", "ven", "dra",
               "qui", "bel", "tor", "sa", "mon", "gra", "fi", "lu", "be", "cor", "thi", "ul",
               "pra", "sen", "do", "xa", "win"]
@@ -66,7 +68,7 @@ def train_tokenizer(texts: list[str], out_dir: str | os.PathLike[str],
     specials = [PAD, BOS, EOS, *(extra_special or [])]
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+                                  show_progress=enabled())
     tokenizer.train_from_iterator(texts, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=BOS, eos_token=EOS,
                                    pad_token=PAD)
@@ -148,7 +150,7 @@ def build_demo_assets(root: str | os.PathLike[str] | None = None, n_docs: int = 
     corpus.mkdir(parents=True, exist_ok=True)
     docs = make_documents(n_docs, seed)
     per_file = -(-n_docs // n_files)
-    for i in range(n_files):
+    for i in progress(range(n_files), desc="building the demo corpus", unit="file"):
         part = docs[i * per_file:(i + 1) * per_file]
         table = pa.table({"id": [f"doc-{i * per_file + j}" for j in range(len(part))],
                           "text": part})

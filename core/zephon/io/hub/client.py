@@ -25,6 +25,7 @@ from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_st
 from zephon.errors import ZephonError
 from zephon.io import cancel
 from zephon.io.hub.retry import RetryPolicy, TransferError, explain, retry_call
+from zephon.progress import progress
 
 log = logging.getLogger(__name__)
 
@@ -152,12 +153,15 @@ class HubClient:
             done = 0
             log.log(level, "downloading %s (%s)", display, _human(size))
             with get_session().stream("GET", url, headers=self._headers(), follow_redirects=True,
-                                      timeout=self.timeout_s) as response:
+                                      timeout=self.timeout_s) as response, \
+                    progress(total=size, desc=display.rsplit("/", 1)[-1], unit="B",
+                             unit_scale=True, show=show_progress) as bar:
                 if response.status_code >= 400:
                     response.read()
                 hf_raise_for_status(response)
                 for chunk in response.iter_bytes():
                     cancel.check()
+                    bar.update(len(chunk))
                     out.write(chunk)
                     check.update(chunk)
                     done += len(chunk)
