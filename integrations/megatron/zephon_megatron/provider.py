@@ -22,8 +22,8 @@ Validation and test iterators read the validation recipe and restart it every
 ``eval_iters * global_batch_size / (micro_batch_size * dp)`` microbatches, so every evaluation
 scores the same data; they are not checkpointed.
 
-Limits: state files are pickles (numpy arrays inside), loaded with ``weights_only=False`` from
-the run's own directory; context parallelism is not supported.
+State files hold plain data only (token arrays as base64 text), so they load with
+``torch.load(weights_only=True)``. Limits: context parallelism is not supported.
 """
 
 from __future__ import annotations
@@ -248,8 +248,7 @@ def read_dataloader_states(save_dir: str | os.PathLike[str],
             "--dataloader zephon and the same --dataloader-save?")
     states = []
     for path in files:
-        # Pickled numpy arrays inside; these files are the run's own checkpoint.
-        blob = torch.load(path, map_location="cpu", weights_only=False)
+        blob = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(blob, dict) or "dataloader_state_dict" not in blob:
             raise StateMismatchError(f"{path}: not a Megatron dataloader state file")
         states.append(blob["dataloader_state_dict"])
