@@ -29,8 +29,10 @@ State files hold plain data only (token arrays as base64 text), so they load wit
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,6 +97,9 @@ class ZephonDataIterator:
         self._first_iteration = 0
         self.announce = announce
         """Print the metrics line (data-parallel rank 0)."""
+        self._summarized = False
+        if role == "train" and announce:
+            _end_of_run.append(weakref.ref(self))
         self.options = dict(to_training)
         self.micro_batch_size = micro_batch_size
         self.role = role
@@ -168,6 +173,14 @@ class ZephonDataIterator:
             print(metrics_line(iteration, metrics), flush=True)
 
 
+    def summarize(self) -> None:
+        """Print, once, what this training iterator handed out (data-parallel rank 0)."""
+        if (self.role == "train" and self.announce and not self._summarized
+                and self.meter.totals["microbatches"]):
+            self._summarized = True
+            print(f"zephon: end of run: {self.meter.summary()}\n{self.pipeline.report()}",
+                  flush=True)
+
     def close(self) -> None:
         """Stop the prefetch thread; the consumed state stays as it is."""
         if self._iterator is not None:
@@ -214,6 +227,18 @@ class ZephonDataIterator:
             per_step, _, global_batch = self.log_every
             self._first_iteration = (self.consumed_samples // global_batch
                                      - int(self.meter.totals["microbatches"]) // per_step)
+
+
+_end_of_run: list[weakref.ref] = []
+
+
+@atexit.register
+def _summarize() -> None:
+    """At the end of the run, what the training iterator of data-parallel rank 0 handed out."""
+    for ref in _end_of_run:
+        iterator = ref()
+        if iterator is not None:
+            iterator.summarize()
 
 
 # -- state files (the layout Megatron-LM's --dataloader-save writes) --------------------------

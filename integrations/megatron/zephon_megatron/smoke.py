@@ -258,6 +258,7 @@ def run_worker(options: argparse.Namespace, megatron_argv: list[str]) -> None:
     dist.barrier()
     # Tear down in order: objects holding process groups first, then the groups themselves.
     if train is not None:
+        train.summarize()
         train.close()
     del model, optimizer, train, traced
     gc.collect()
