@@ -23,7 +23,9 @@ class LoaderOptions:
     dp_world_size: int = dataclasses.field(default=1, metadata={"recipe": False})
     """Number of data-parallel ranks (given by the framework)."""
     prefetch: int = 4
-    """Microbatches a background thread prepares ahead (0: none); never changes the data."""
+    """0: the lanes run in the caller's thread, a round at a time. Positive: a background
+    thread runs them ahead in agreement windows of up to 16 rounds (one window waiting while
+    the previous is handed out). Never changes the data."""
     process_group: Any = dataclasses.field(default=None, metadata={"recipe": False})
     """The data-parallel group used to agree on the end of data (None: the whole world, over
     a gloo group)."""

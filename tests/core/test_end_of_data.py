@@ -67,3 +67,73 @@ def test_ranks_stop_together_and_account_for_every_token(two_datasets, tokenizer
         assert result["tokens"] + result["leftover"]["tokens"] + result["dropped"]["tokens"] \
             == result["read"]
     assert sum(r["leftover"]["microbatches"] for r in results) > 0
+
+
+COUNTING_WORKER = r"""
+import json, sys
+import torch.distributed as dist
+calls = [0]
+real = dist.all_reduce
+def counted(*args, **kwargs):
+    calls[0] += 1
+    return real(*args, **kwargs)
+dist.all_reduce = counted
+from zephon import Pipeline
+from zephon.io import Dataset
+from zephon.work import MixtureSpec, StaticMixtureWorkSource
+
+rank, world, port, short, long, tokenizer, out, prefetch = sys.argv[1:9]
+rank, world = int(rank), int(world)
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                        world_size=world)
+source = StaticMixtureWorkSource(
+    [Dataset.from_path("short", short), Dataset.from_path("long", long)],
+    MixtureSpec({"short": 0.5, "long": 0.5}), seed=5, on_exhausted="drain", unit_bytes=2048)
+pipeline = (Pipeline(source).options(lanes=8, dp_rank=rank, dp_world_size=world,
+                                     prefetch=int(prefetch))
+            .tokenize(tokenizer_id=tokenizer).pack_flat(33, "wrap").batch(1))
+batches, tokens, before = 0, 0, calls[0]
+for batch in pipeline:
+    batches += 1
+    tokens += sum(s.length for r in batch.records for s in r.meta["documents"])
+agreements = calls[0] - before
+dist.barrier()
+report = pipeline.report()
+json.dump({"batches": batches, "tokens": tokens, "agreements": agreements,
+           "leftover": report.leftover, "dropped": report.dropped,
+           "read": sum(d.tokens for d in report.datasets)}, open(out, "w"))
+dist.destroy_process_group()
+"""
+
+
+def run_ranks(tmp_path, two_datasets, tokenizer_dir, world, prefetch):
+    script = tmp_path / "counting_worker.py"
+    script.write_text(COUNTING_WORKER)
+    port = free_port()
+    outs = [tmp_path / f"count{prefetch}_rank{r}.json" for r in range(world)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(world), str(port),
+                               str(two_datasets["short"]), str(two_datasets["long"]),
+                               tokenizer_dir, str(outs[r]), str(prefetch)], env=env)
+             for r in range(world)]
+    for proc in procs:
+        assert proc.wait(timeout=240) == 0
+    return [json.loads(p.read_text()) for p in outs]
+
+
+@pytest.mark.multiprocess
+def test_four_ranks_agree_once_per_window_not_per_round(two_datasets, tokenizer_dir, tmp_path):
+    windowed = run_ranks(tmp_path, two_datasets, tokenizer_dir, 4, prefetch=4)
+    per_round = run_ranks(tmp_path, two_datasets, tokenizer_dir, 4, prefetch=0)
+    batches = {r["batches"] for r in windowed}
+    assert len(batches) == 1 and batches.pop() > 50  # every rank the same number
+    assert [r["batches"] for r in per_round] == [r["batches"] for r in windowed]
+    rounds = windowed[0]["batches"] // 2  # 8 lanes over 4 ranks: 2 microbatches a round
+    for result in windowed:
+        # Windows of 1, 2, 4, 8, 16, 16, ... rounds: far below one agreement per round.
+        assert result["agreements"] <= rounds / 16 + 6, (result["agreements"], rounds)
+        assert result["tokens"] + result["leftover"]["tokens"] + result["dropped"]["tokens"] \
+            == result["read"]
+    assert all(r["agreements"] >= rounds for r in per_round)  # prefetch=0: one per round
+    per_100 = 100 * windowed[0]["agreements"] / windowed[0]["batches"]
+    assert per_100 < 100 / 2 / 4  # < a quarter of one per round of 2 microbatches

@@ -4,20 +4,23 @@ Rank ``r`` of ``W`` owns the lanes ``l`` with ``l % W == r`` and hands out, roun
 next microbatch of each of its lanes in lane order; global microbatch ``m`` is therefore the
 ``m // L``-th microbatch of lane ``m % L`` for every ``W`` that divides ``L``.
 
-A producer thread runs the lanes ahead of the consumer, ``prefetch`` microbatches deep, and
-attaches to every microbatch the snapshot its lane had right after making it. Handing the
-microbatch to the caller makes that snapshot the lane's consumed state, so the state always
-describes what the trainer received, never what was prefetched. ``prefetch=0`` runs the lanes
-in the caller's thread. Either way the lanes produce the same microbatches.
+With ``prefetch > 0`` a producer thread runs the lanes ahead of the consumer in agreement
+windows of 1, 2, 4, 8, then 16 rounds, one window waiting while the consumer hands out the
+previous one (so up to 32 rounds ahead), and attaches to every microbatch the snapshot its lane
+had right after making it. Handing the microbatch to the caller makes that snapshot the lane's
+consumed state, so the state always describes what the trainer received, never what was
+prefetched. ``prefetch=0`` runs the lanes in the caller's thread, a round at a time. Either way
+the lanes produce the same microbatches.
 
 One consumer at a time: a new ``iter()`` from the thread that iterates retires the previous
 iterator (it ends) and continues from the consumed state; ``iter()`` from another thread while
 an iterator is live raises, since two consumers would each get part of the stream.
 
 A round is complete when every lane has its microbatch; the run ends on all ranks at the first
-incomplete round (see :mod:`zephon.engine.agreement`). Each rank then runs its lanes to their
-end and reports every microbatch no rank handed out as left over, so the report accounts for
-all data read.
+incomplete round. Ranks agree once per window, on the producer thread, never per microbatch on
+the trainer's (see :mod:`zephon.engine.agreement`). Each rank then runs its lanes to their end
+and reports every microbatch no rank handed out as left over, so the report accounts for all
+data read.
 """
 
 from __future__ import annotations
@@ -39,6 +42,18 @@ log = logging.getLogger(__name__)
 
 _END = object()
 _INTERRUPT_JOIN_S = 1.5
+WINDOW_ROUNDS = 16
+"""Rounds per end-of-data agreement once the windows have grown (1, 2, 4, 8, 16, 16, ...)."""
+
+
+class _Window:
+    """Rounds of microbatches, how many of them every rank hands out, and at the end of
+    data the rest of this rank's production."""
+
+    __slots__ = ("agreed", "rest", "rounds")
+
+    def __init__(self, rounds: list[list[Any]], agreed: int, rest: list[Any] | None):
+        self.rounds, self.agreed, self.rest = rounds, agreed, rest
 
 
 class _Superseded(Exception):
@@ -140,11 +155,50 @@ class RankStream:
                 yield _END
                 return
 
+    def _windows(self, production: Iterator[Any], start: int,
+                 largest: int) -> Iterator[_Window]:
+        """Rounds in agreement windows of 1, 2, 4, ... ``largest`` rounds (a fixed schedule,
+        the same on every rank). One agreement per window: the number of its rounds every
+        rank can hand out. The window where the data ends also carries the rest of this
+        rank's production, for the leftover count."""
+        schedule = self._schedule(start)
+        ended: set[int] = set()
+        size = 1
+        while True:
+            rounds: list[list[Any]] = []
+            complete = 0
+            for _ in range(size):
+                _, pending = next(schedule)
+                items = []
+                for lane in pending:
+                    if lane in ended:
+                        continue
+                    item = next(production)
+                    items.append(item)
+                    if item[1] is None:
+                        ended.add(lane)
+                rounds.append(items)
+                if len(items) < len(pending) or any(item[1] is None for item in items):
+                    break
+                complete += 1
+            agreed = self.agree(complete)
+            if agreed == size:
+                yield _Window(rounds, agreed, None)
+                size = min(2 * size, largest)
+                continue
+            rest = [item for item in production if item is not _END]
+            yield _Window(rounds, agreed, rest)
+            return
+
     def _consume(self, lanes: dict[int, Lane], start: int,
                  stop: threading.Event) -> Iterator[SampleBatch]:
-        production = self._production(lanes, start)
+        # Agreement windows grow to WINDOW_ROUNDS rounds when a producer thread runs ahead;
+        # without one (prefetch=0) every round is agreed on as it is needed.
+        largest = WINDOW_ROUNDS if self.prefetch > 0 else 1
+        windows = self._windows(self._production(lanes, start), start, largest)
         if self.prefetch > 0:
-            channel: queue.Queue = queue.Queue(maxsize=self.prefetch)
+            # One window waits while the consumer hands out the previous one.
+            channel: queue.Queue = queue.Queue(maxsize=1)
 
             def offer(item: Any) -> bool:
                 while not stop.is_set():
@@ -158,8 +212,8 @@ class RankStream:
             def produce() -> None:
                 try:
                     with cancel.cancel_when(stop):
-                        for item in production:
-                            if not offer(item):
+                        for window in windows:
+                            if not offer(window):
                                 return
                 except cancel.Cancelled:
                     return
@@ -184,28 +238,25 @@ class RankStream:
             def receive() -> Any:
                 if stop.is_set():
                     raise _Superseded
-                return next(production)
-
-        def take() -> Any:
-            item = receive()
-            if isinstance(item, tuple) and item[0] == "error":
-                raise item[1]
-            return item
+                return next(windows)
 
         interrupted = False
         try:
-            for _, pending in self._schedule(start):
-                items = [take() for _ in pending]
-                local_ok = all(item is not _END and item[1] is not None for item in items)
-                if not self.agree(local_ok):
-                    self._finish(items, take)
+            while True:
+                window = receive()
+                if isinstance(window, tuple) and window[0] == "error":
+                    raise window[1]
+                for items in window.rounds[:window.agreed]:
+                    for lane, batch, snapshot in items:
+                        if stop.is_set():
+                            return
+                        self.consumed[lane] = snapshot
+                        self.handed += 1
+                        yield batch
+                if window.rest is not None:
+                    self._finish([item for items in window.rounds[window.agreed:]
+                                  for item in items] + window.rest)
                     return
-                for lane, batch, snapshot in items:
-                    if stop.is_set():
-                        return
-                    self.consumed[lane] = snapshot
-                    self.handed += 1
-                    yield batch
         except _Superseded:
             return  # a newer iterator (or a state load) owns this stream now
         except KeyboardInterrupt:
@@ -221,14 +272,9 @@ class RankStream:
                 thread.join(timeout=_INTERRUPT_JOIN_S if interrupted else 30)
                 _RUNNING.discard((stop, thread))
 
-    def _finish(self, items: list[Any], take: Callable[[], Any]) -> None:
-        """End of data: drain this rank's lanes and count what no rank will hand out."""
-        while not any(item is _END for item in items):
-            items.append(take())
-        for item in items:
-            if item is _END:
-                continue
-            lane, batch, snapshot = item
+    def _finish(self, items: list[Any]) -> None:
+        """End of data: count what no rank will hand out (this rank's drained lanes)."""
+        for lane, batch, snapshot in items:
             self.consumed[lane] = snapshot  # final counts, including what a flush dropped
             if batch is None:
                 continue

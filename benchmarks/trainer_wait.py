@@ -1,0 +1,136 @@
+"""How long a training loop waits for data, when the loader has to keep up with it.
+
+Measures the pipeline's capacity first (microbatches/s of ``tokenize -> pack_flat(2049) ->
+batch(4) -> to_training``, a tight loop, one rank), then runs a simulated trainer at 25%, 50%
+and 80% of that capacity: per step it holds the GIL for 2 ms (kernel launches) and sleeps the
+rest of the step (the GPU computing, GIL released), taking one microbatch per step, with 1
+rank and with 2 ranks (two gloo processes, lanes 4, a barrier per step as gradient
+all-reduces impose). Prints, per run: data-wait p50/p99/max after the first batch, the total
+wait as a share of wall time (after the first batch), the time to the 10th batch, and the
+step-time inflation against the loop without a loader.
+
+Usage: ``python -m benchmarks.trainer_wait [--steps 120] [--docs 4000]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BUSY_S = 0.002
+
+
+def pipeline_for(paths: dict[str, str], rank: int = 0, world: int = 1, prefetch: int = 4):
+    from zephon import Pipeline
+    from zephon.io import Dataset
+    from zephon.work import StaticMixtureWorkSource
+
+    source = StaticMixtureWorkSource([Dataset.from_path("bench", paths["data"])], seed=0,
+                                     repeat=True)
+    return (Pipeline(source).options(lanes=4, dp_rank=rank, dp_world_size=world,
+                                     prefetch=prefetch)
+            .tokenize(tokenizer_id=paths["tokenizer"]).pack_flat(2049, "wrap").batch(4))
+
+
+def capacity(paths: dict[str, str], batches: int) -> float:
+    """Microbatches per second of a tight loop (after the first)."""
+    iterator = iter(pipeline_for(paths, prefetch=0))
+    next(iterator)
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(iterator).to_training(return_labels=True)
+    return batches / (time.perf_counter() - start)
+
+
+def trainer(paths: dict[str, str], step_s: float, steps: int, rank: int, world: int,
+            port: int | None) -> dict[str, float]:
+    import torch  # noqa: F401 - a trainer has torch loaded before it builds its loader
+
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world)
+    start = time.perf_counter()
+    iterator = iter(pipeline_for(paths, rank, world))
+    waits, tenth = [], None
+    for step in range(steps):
+        asked = time.perf_counter()
+        batch = next(iterator)
+        waits.append(time.perf_counter() - asked)
+        batch.to_training(return_labels=True)
+        if step == 9:
+            tenth = time.perf_counter() - start
+        busy = time.perf_counter() + BUSY_S
+        while time.perf_counter() < busy:
+            pass
+        time.sleep(max(0.0, step_s - BUSY_S))
+        if world > 1:
+            dist.barrier()
+    wall = time.perf_counter() - start
+    after_first = waits[1:]
+    return {"p50_ms": 1000 * statistics.median(after_first),
+            "p99_ms": 1000 * sorted(after_first)[int(0.99 * (len(after_first) - 1))],
+            "max_ms": 1000 * max(after_first),
+            "wait_share": sum(after_first) / (wall - waits[0]),
+            "tenth_s": tenth or float("nan"),
+            "inflation": (wall - waits[0]) / (step_s * (steps - 1)) - 1}
+
+
+def run_child(paths: dict[str, str], step_s: float, steps: int, world: int) -> list[dict]:
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.trainer_wait", "--child",
+                               json.dumps({"paths": paths, "step_s": step_s, "steps": steps,
+                                           "rank": r, "world": world, "port": port})],
+                              stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+             for r in range(world)]
+    return [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--docs", type=int, default=4000)
+    parser.add_argument("--root", default=".bench")
+    parser.add_argument("--child")
+    args = parser.parse_args()
+    if args.child:
+        spec = json.loads(args.child)
+        print(json.dumps(trainer(spec["paths"], spec["step_s"], spec["steps"], spec["rank"],
+                                 spec["world"], spec["port"])))
+        return
+    from benchmarks.throughput import build_corpus
+
+    paths = build_corpus(Path(args.root), args.docs, 8)
+    rate = capacity(paths, 30)
+    print(f"capacity: {rate:.1f} microbatches/s of 4 x 2049 tokens "
+          f"({rate * 4 * 2049:,.0f} tokens/s), one rank, tight loop")
+    print(f"{'load':>6}{'ranks':>7}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'wait %':>8}"
+          f"{'10th s':>8}{'inflation':>11}")
+    for load in (0.25, 0.5, 0.8):
+        for world in (1, 2):
+            # Two ranks share this machine's cores: each runs at the load of its share.
+            step_s = 1 / (load * rate / world)
+            results = run_child(paths, step_s, args.steps, world)
+            worst = max(results, key=lambda r: r["wait_share"])
+            print(f"{load:>6.0%}{world:>7}{worst['p50_ms']:>9.2f}{worst['p99_ms']:>9.2f}"
+                  f"{worst['max_ms']:>9.1f}{100 * worst['wait_share']:>7.2f}%"
+                  f"{worst['tenth_s']:>8.2f}{100 * worst['inflation']:>10.1f}%")
+
+
+if __name__ == "__main__":
+    main()
