@@ -85,3 +85,29 @@ def test_spec_validation():
         TokenizeSpec()
     with pytest.raises(ConfigError, match="max_document_tokens"):
         TokenizeSpec(tokenizer_id="x", max_document_tokens=1)
+
+
+@pytest.mark.parametrize("which", ["demo", "chat"])
+def test_long_texts_in_slices_give_the_whole_text_tokens(which, tokenizer_dir, tmp_path,
+                                                         monkeypatch):
+    import random
+
+    import zephon.tokenizer as tokenizer_module
+    from zephon.demo.assets import build_chat_assets, make_documents
+    from zephon.tokenizer import TextEncoder
+
+    path = tokenizer_dir if which == "demo" else build_chat_assets(tmp_path, n=20)["tokenizer"]
+    encoder = TextEncoder(load_tokenizer(path))
+    assert encoder._sliceable
+    rng = random.Random(3)
+    words = " ".join(make_documents(30, seed=5)).split(" ")
+    pieces = []
+    for word in words[:3000]:  # spaces, runs of spaces, newlines, tabs and punctuation
+        pieces.append(word + rng.choice([" ", " ", " ", "  ", "\n", " \n ", "\t", ", ", ". "]))
+    text = "".join(pieces)
+    whole = encoder.encode([text])[0]
+    monkeypatch.setattr(tokenizer_module, "LONG_TEXT_CHARS", 200)
+    monkeypatch.setattr(tokenizer_module, "SLICE_CHARS", 97)
+    sliced = encoder.encode([text, "short"])
+    assert np.array_equal(sliced[0], whole)
+    assert np.array_equal(sliced[1], encoder.encode(["short"])[0])
