@@ -1,13 +1,13 @@
 """How long a training loop waits for data, when the loader has to keep up with it.
 
 Measures the pipeline's capacity first (microbatches/s of ``tokenize -> pack_flat(2049) ->
-batch(4) -> to_training``, a tight loop, one rank), then runs a simulated trainer at 25%, 50%
-and 80% of that capacity: per step it holds the GIL for 2 ms (kernel launches) and sleeps the
-rest of the step (the GPU computing, GIL released), taking one microbatch per step, with 1
-rank and with 2 ranks (two gloo processes, lanes 4, a barrier per step as gradient
-all-reduces impose). Prints, per run: data-wait p50/p99/max after the first batch, the total
-wait as a share of wall time (after the first batch), the time to the 10th batch, and the
-step-time inflation against the loop without a loader.
+batch(4) -> to_training``, a tight loop with the default read-ahead, one rank), then runs a
+simulated trainer at 25%, 50% and 80% of that capacity: per step it holds the GIL for 2 ms
+(kernel launches) and sleeps the rest of the step (the GPU computing, GIL released), taking
+one microbatch per step, with 1 rank and with 2 ranks (two gloo processes, lanes 4, a barrier
+per step as gradient all-reduces impose). Prints, per run: data-wait p50/p99/max after the
+first batch, the total wait as a share of wall time (after the first batch), the time to the
+10th batch, and the step-time inflation against the loop without a loader.
 
 Usage: ``python -m benchmarks.trainer_wait [--steps 120] [--docs 4000]``.
 """
@@ -40,9 +40,10 @@ def pipeline_for(paths: dict[str, str], rank: int = 0, world: int = 1, prefetch:
 
 
 def capacity(paths: dict[str, str], batches: int) -> float:
-    """Microbatches per second of a tight loop (after the first)."""
-    iterator = iter(pipeline_for(paths, prefetch=0))
-    next(iterator)
+    """Microbatches per second of a tight loop, read ahead as in training (after 10)."""
+    iterator = iter(pipeline_for(paths))
+    for _ in range(10):
+        next(iterator)
     start = time.perf_counter()
     for _ in range(batches):
         next(iterator).to_training(return_labels=True)
@@ -116,9 +117,9 @@ def main() -> None:
     from benchmarks.throughput import build_corpus
 
     paths = build_corpus(Path(args.root), args.docs, 8)
-    rate = capacity(paths, 30)
+    rate = capacity(paths, 100)
     print(f"capacity: {rate:.1f} microbatches/s of 4 x 2049 tokens "
-          f"({rate * 4 * 2049:,.0f} tokens/s), one rank, tight loop")
+          f"({rate * 4 * 2049:,.0f} tokens/s), one rank, tight loop with read-ahead")
     print(f"{'load':>6}{'ranks':>7}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'wait %':>8}"
           f"{'10th s':>8}{'inflation':>11}")
     for load in (0.25, 0.5, 0.8):
