@@ -17,8 +17,9 @@ iterator (it ends) and continues from the consumed state; ``iter()`` from anothe
 an iterator is live raises, since two consumers would each get part of the stream.
 
 A round is complete when every lane has its microbatch; the run ends on all ranks at the first
-incomplete round. Ranks agree once per window, on the producer thread, never per microbatch on
-the trainer's (see :mod:`zephon.engine.agreement`). Each rank then runs its lanes to their end
+incomplete round. Ranks agree once per window of rounds, not per microbatch (see
+:mod:`zephon.engine.agreement`); the agreement runs on the consumer's thread so that a consumer
+that stops never leaves a collective half issued. Each rank then runs its lanes to their end
 and reports every microbatch no rank handed out as left over, so the report accounts for all
 data read.
 """
@@ -47,13 +48,15 @@ WINDOW_ROUNDS = 16
 
 
 class _Window:
-    """Rounds of microbatches, how many of them every rank hands out, and at the end of
-    data the rest of this rank's production."""
+    """Rounds of microbatches of one agreement window: the window's size in the schedule,
+    how many of its rounds this rank has complete, and, in the last window this rank
+    produces (its data ended), the rest of its production."""
 
-    __slots__ = ("agreed", "rest", "rounds")
+    __slots__ = ("complete", "rest", "rounds", "size")
 
-    def __init__(self, rounds: list[list[Any]], agreed: int, rest: list[Any] | None):
-        self.rounds, self.agreed, self.rest = rounds, agreed, rest
+    def __init__(self, rounds: list[list[Any]], size: int, complete: int,
+                 rest: list[Any] | None):
+        self.rounds, self.size, self.complete, self.rest = rounds, size, complete, rest
 
 
 class _Superseded(Exception):
@@ -158,9 +161,9 @@ class RankStream:
     def _windows(self, production: Iterator[Any], start: int,
                  largest: int) -> Iterator[_Window]:
         """Rounds in agreement windows of 1, 2, 4, ... ``largest`` rounds (a fixed schedule,
-        the same on every rank). One agreement per window: the number of its rounds every
-        rank can hand out. The window where the data ends also carries the rest of this
-        rank's production, for the leftover count."""
+        the same on every rank), each with the number of its rounds this rank has complete.
+        The window where this rank's data ends also carries the rest of its production, for
+        the leftover count, and is the last."""
         schedule = self._schedule(start)
         ended: set[int] = set()
         size = 1
@@ -181,13 +184,12 @@ class RankStream:
                 if len(items) < len(pending) or any(item[1] is None for item in items):
                     break
                 complete += 1
-            agreed = self.agree(complete)
-            if agreed == size:
-                yield _Window(rounds, agreed, None)
+            if complete == size:
+                yield _Window(rounds, size, complete, None)
                 size = min(2 * size, largest)
                 continue
             rest = [item for item in production if item is not _END]
-            yield _Window(rounds, agreed, rest)
+            yield _Window(rounds, size, complete, rest)
             return
 
     def _consume(self, lanes: dict[int, Lane], start: int,
@@ -240,22 +242,32 @@ class RankStream:
                     raise _Superseded
                 return next(windows)
 
+        def take() -> _Window:
+            window = receive()
+            if isinstance(window, tuple) and window[0] == "error":
+                raise window[1]
+            return window
+
         interrupted = False
         try:
             while True:
-                window = receive()
-                if isinstance(window, tuple) and window[0] == "error":
-                    raise window[1]
-                for items in window.rounds[:window.agreed]:
+                window = take()
+                # Agreed on the consumer's thread, once per window: a consumer that stops
+                # never leaves a collective half issued.
+                agreed = self.agree(window.complete)
+                for items in window.rounds[:agreed]:
                     for lane, batch, snapshot in items:
                         if stop.is_set():
                             return
                         self.consumed[lane] = snapshot
                         self.handed += 1
                         yield batch
-                if window.rest is not None:
-                    self._finish([item for items in window.rounds[window.agreed:]
-                                  for item in items] + window.rest)
+                if agreed < window.size:  # some rank's data ended in this window
+                    left = [item for items in window.rounds[agreed:] for item in items]
+                    while window.rest is None:  # this rank's production goes on: drain it
+                        window = take()
+                        left += [item for items in window.rounds for item in items]
+                    self._finish(left + window.rest)
                     return
         except _Superseded:
             return  # a newer iterator (or a state load) owns this stream now
