@@ -6,8 +6,15 @@ PIP := $(PY) -m pip
 # torch is pinned for the test setup only (a CPU build); the library itself leaves it open.
 TORCH_PIN := torch==2.13.0
 STAMP := $(VENV)/.installed
+# The Megatron tests and smoke run again under Python 3.12 with the newest megatron-core
+# (0.17+ needs 3.12; there torch 2.13.0 is a CUDA build from the registry, about 5 GB).
+PYTHON312 ?= $(shell command -v python3.12 2>/dev/null || ls $$(pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12 2>/dev/null | head -n 1)
+VENV312 := .venv-py312
+PY312 := $(VENV312)/bin/python
+MEGATRON_CORE_312 := megatron-core==0.19.2
+STAMP312 := $(VENV312)/.installed
 
-.PHONY: demo test lint bench smoke-torchtitan smoke-megatron clean
+.PHONY: demo test lint bench smoke-torchtitan smoke-megatron test-megatron-py312 clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -20,6 +27,12 @@ $(STAMP): $(PY) pyproject.toml
 
 install: $(STAMP)
 
+$(STAMP312): pyproject.toml
+	$(PYTHON312) -m venv $(VENV312)
+	$(PY312) -m pip install -q --upgrade pip
+	$(PY312) -m pip install -q -e ".[hf,dev,megatron]" $(TORCH_PIN) $(MEGATRON_CORE_312) tensorboard
+	touch $(STAMP312)
+
 # The loader tour (core), then TorchTitan's debug model trained for 10 steps with it (adapter).
 demo: $(STAMP)
 	$(PY) -m zephon.demo
@@ -28,6 +41,19 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q tests
+	$(MAKE) --no-print-directory smoke-megatron
+	$(MAKE) --no-print-directory test-megatron-py312
+
+# The Megatron tests and smoke under Python 3.12 and megatron-core 0.19 (skipped, saying so,
+# where no python3.12 exists).
+test-megatron-py312:
+ifeq ($(strip $(PYTHON312)),)
+	@echo "test-megatron-py312: SKIPPED: no python3.12 on this machine (megatron-core 0.17+ needs it)"
+else
+	$(MAKE) --no-print-directory $(STAMP312)
+	$(PY312) -m pytest -q tests/megatron
+	$(MAKE) --no-print-directory smoke-megatron SMOKE_PY=$(PY312) SMOKE_MEGATRON_DIR=$(SMOKE_MEGATRON_DIR)-py312
+endif
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
@@ -38,7 +64,7 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.state_size
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(VENV312) .pytest_cache
 
 # TorchTitan's llama3 debug model trained with Zephon on the bundled corpus, on 1 and on 2
 # processes (gloo on CPU); fails unless the loss falls.
@@ -51,15 +77,16 @@ smoke-torchtitan: $(STAMP)
 # fails unless the loss falls.
 SMOKE_MEGATRON_DIR ?= $(or $(TMPDIR),/tmp)/zephon-smoke-megatron
 # The third run switches loaders the Megatron way: --data-path blends indexed datasets.
-smoke-megatron: $(STAMP)
+SMOKE_PY ?= $(PY)
+smoke-megatron: $(if $(filter $(PY),$(SMOKE_PY)),$(STAMP))
 	rm -rf $(SMOKE_MEGATRON_DIR)
-	$(PY) -m zephon_megatron.smoke --nproc 1 --workdir $(SMOKE_MEGATRON_DIR)/1 --check-loss
-	$(PY) -m zephon_megatron.smoke --nproc 2 --workdir $(SMOKE_MEGATRON_DIR)/2 --check-loss
-	$(PY) -m zephon_megatron.smoke --write-indexed-demo $(SMOKE_MEGATRON_DIR)/data
-	$(PY) -m zephon_megatron.smoke --nproc 2 --workdir $(SMOKE_MEGATRON_DIR)/3 --check-loss -- \
+	$(SMOKE_PY) -m zephon_megatron.smoke --nproc 1 --workdir $(SMOKE_MEGATRON_DIR)/1 --check-loss
+	$(SMOKE_PY) -m zephon_megatron.smoke --nproc 2 --workdir $(SMOKE_MEGATRON_DIR)/2 --check-loss
+	$(SMOKE_PY) -m zephon_megatron.smoke --write-indexed-demo $(SMOKE_MEGATRON_DIR)/data
+	$(SMOKE_PY) -m zephon_megatron.smoke --nproc 2 --workdir $(SMOKE_MEGATRON_DIR)/3 --check-loss -- \
 	  --data-path 0.7 $(SMOKE_MEGATRON_DIR)/data/web_text_document \
 	  0.3 $(SMOKE_MEGATRON_DIR)/data/code_text_document --split 98,2,0 \
 	  --dataloader zephon --zephon-lanes 8 --vocab-size 4096 \
 	  --seq-length 64 --micro-batch-size 2 --global-batch-size 8 \
 	  --reset-position-ids --reset-attention-mask --calculate-per-token-loss \
-	  --transformer-impl local --train-iters 12 --eval-iters 0
+	  --transformer-impl local --train-iters 12 --eval-iters 0 --eval-interval 12

@@ -16,11 +16,12 @@ PACKED_FLAGS = ["--reset-position-ids", "--reset-attention-mask", "--eod-mask-lo
 
 def megatron_argv(recipe: Path = PACKED, *extra: str, seq: int = 64, mbs: int = 2,
                   masking: list[str] | None = None) -> list[str]:
-    """A --dataloader zephon command line (Megatron flag names)."""
+    """A --dataloader zephon command line (Megatron flag names), evaluation off."""
     flags = PACKED_FLAGS if masking is None else masking
     return ["--seq-length", str(seq), "--micro-batch-size", str(mbs), "--global-batch-size",
             str(4 * mbs), "--calculate-per-token-loss", "--transformer-impl", "local",
-            "--dataloader", "zephon", "--zephon-recipe", str(recipe), *flags, *extra]
+            "--eval-iters", "0", "--dataloader", "zephon", "--zephon-recipe", str(recipe),
+            *flags, *extra]
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

@@ -89,6 +89,12 @@ def test_an_open_recipe_takes_the_flags(tmp_path: Path) -> None:
     (["--context-parallel-size", "2"], "--context-parallel-size"),
     (["--full-validation"], "--full-validation"),
     (["--transformer-impl", "inference_optimized"], "--transformer-impl"),
+    (["--num-workers", "2"], "--num-workers 2 has no meaning"),
+    (["--data-cache-path", "/cache"], "--data-cache-path names Megatron's index cache"),
+    (["--eval-iters", "10"], "--eval-iters 10 plans evaluation, but there is no "
+                             "--zephon-valid-recipe"),
+    (["--train-iters", "10"], "--train-iters needs --eval-interval"),
+    (["--zephon-test-recipe", "/no/such.toml"], "--zephon-test-recipe '/no/such.toml'"),
 ])
 def test_conflicting_flags_are_named(extra: list[str], needle: str) -> None:
     with pytest.raises(ZephonArgumentError, match=needle):
@@ -106,6 +112,20 @@ def test_required_flags_are_named() -> None:
     cut = argv.index("--zephon-recipe")
     with pytest.raises(ZephonArgumentError, match="--zephon-recipe"):
         settings(argv[:cut] + argv[cut + 2:])
+
+
+def test_megatron_0_19_document_masking_flag_means_reset_attention_mask() -> None:
+    argv = megatron_argv(PACKED, masking=["--reset-position-ids", "--eod-mask-loss",
+                                          "--dataloader-inter-document-masking"])
+    assert settings(argv).masking.document_masking
+
+
+def test_loader_state_goes_into_the_checkpoint_without_dataloader_save() -> None:
+    run = settings(megatron_argv(PACKED, "--save", "ckpt", "--load", "old"))
+    assert (run.dataloader_save, run.dataloader_load) == ("ckpt", "old")
+    run = settings(megatron_argv(PACKED, "--save", "ckpt", "--dataloader-save", "data"))
+    assert (run.dataloader_save, run.dataloader_load) == ("data", "data")
+    assert settings(megatron_argv(PACKED)).dataloader_save is None
 
 
 def test_zephon_flags_need_the_zephon_dataloader() -> None:
@@ -153,12 +173,27 @@ def test_layout_options_are_fixed_by_the_adapter(tmp_path: Path, line: str,
         settings(megatron_argv(path))
 
 
-def test_lanes_must_be_set(tmp_path: Path) -> None:
+def test_lanes_default_to_eight_per_reader_of_the_first_launch(tmp_path: Path) -> None:
     path = tmp_path / "recipe.toml"
     path.write_text(PACKED.read_text().replace("lanes = 8", ""))
-    with pytest.raises(ZephonArgumentError, match="lanes"):
-        settings(megatron_argv(path))
+    argv = megatron_argv(path, "--tensor-model-parallel-size", "2")
+    assert settings_from_args(parse(argv), world_size=24).lanes == 96  # 12 readers
+    assert settings_from_args(parse(argv), world_size=2).lanes == 8
     assert settings(megatron_argv(path, "--zephon-lanes", "4")).lanes == 4
+
+
+def test_a_resume_keeps_the_lanes_of_its_loader_state(tmp_path: Path) -> None:
+    from zephon_megatron.provider import write_dataloader_state
+
+    path = tmp_path / "recipe.toml"
+    path.write_text(PACKED.read_text().replace("lanes = 8", ""))
+    ckpt = tmp_path / "ckpt"
+    write_dataloader_state(ckpt, 6, 0, {"lanes": 96})
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("6")
+    argv = megatron_argv(path, "--load", str(ckpt))
+    assert settings_from_args(parse(argv), world_size=4).lanes == 96
+    with pytest.raises(ZephonArgumentError, match="sizes that work with 96 lanes"):
+        settings_from_args(parse(argv), world_size=5)
 
 
 def test_extra_args_provider_defaults_to_the_external_dataloader_type() -> None:
@@ -200,12 +235,17 @@ def _megatron_parser() -> argparse.ArgumentParser:
     return add_megatron_arguments(parser)
 
 
+NEWER_THAN_0_16 = {"--dataloader-inter-document-masking"}
+
+
 @megatron_lm
 def test_subset_flags_mean_the_same_in_megatron() -> None:
     theirs = _megatron_parser()._option_string_actions
     ours = add_megatron_data_flags(argparse.ArgumentParser())._option_string_actions
     for option, action in ours.items():
         if option in ("-h", "--help"):
+            continue
+        if option in NEWER_THAN_0_16 and option not in theirs:
             continue
         assert option in theirs, f"Megatron-LM has no {option}"
         assert theirs[option].dest == action.dest, option
@@ -218,7 +258,7 @@ def test_subset_flags_mean_the_same_in_megatron() -> None:
 def test_megatron_parser_accepts_the_adapter_flags() -> None:
     parser = make_extra_args_provider("zephon")(_megatron_parser())
     args = parser.parse_args(megatron_argv(PACKED))
-    assert args.dataloader_type == "external"
+    assert args.dataloader_type == "external" and args.num_workers is None
     assert settings_from_args(args).masking.document_masking
 
 
@@ -230,7 +270,7 @@ def test_megatron_validate_args_keeps_the_adapter_choices(monkeypatch) -> None:
 
     argv = [*megatron_argv(PACKED), "--num-layers", "2", "--hidden-size", "64",
             "--num-attention-heads", "4", "--max-position-embeddings", "64",
-            "--train-iters", "3", "--lr", "1e-3"]
+            "--train-iters", "3", "--eval-interval", "3", "--lr", "1e-3"]
     monkeypatch.setattr("sys.argv", ["pretrain_gpt", *argv])
     args = parse_args(make_extra_args_provider("zephon"))
     validate_args(args, zephon_args_defaults(settings_from_args(args), argv))

@@ -111,7 +111,7 @@ def test_a_data_path_blend_trains(tmp_path: Path) -> None:
                    "--seq-length", "64", "--micro-batch-size", "2", "--global-batch-size", "8",
                    "--reset-position-ids", "--reset-attention-mask",
                    "--calculate-per-token-loss", "--transformer-impl", "local",
-                   "--train-iters", "12", "--eval-iters", "0")
+                   "--train-iters", "12", "--eval-iters", "0", "--eval-interval", "12")
     assert result.returncode == 0, f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
     assert "loss" in result.stdout
 
@@ -130,7 +130,7 @@ def test_two_sources_with_different_fields_train(tmp_path: Path) -> None:
         '\n[mixture]\n', f'\n[[datasets]]\nname = "notes"\npath = "{tmp_path / "notes"}"\n'
         'field = "content"\n\n[mixture]\n').replace('repeat = ["demo"]', "repeat = true"))
     result = smoke(tmp_path / "run", "--nproc", "1", "--tag", "two", "--check-loss", "--",
-                   *megatron_argv(recipe), "--train-iters", "12", "--eval-iters", "0")
+                   *megatron_argv(recipe), "--train-iters", "12", "--eval-interval", "12")
     assert result.returncode == 0, f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
 
 
@@ -141,7 +141,7 @@ def test_loader_metrics_reach_the_tensorboard_writer(tmp_path: Path) -> None:
 
     board = tmp_path / "tb"
     result = smoke(tmp_path / "run", "--nproc", "1", "--tag", "tb", "--",
-                   *megatron_argv(PACKED), "--train-iters", "4", "--eval-iters", "0",
+                   *megatron_argv(PACKED), "--train-iters", "4", "--eval-interval", "4",
                    "--log-interval", "2", "--tensorboard-dir", str(board))
     assert result.returncode == 0, f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
     assert "zephon: step 2:" in result.stdout

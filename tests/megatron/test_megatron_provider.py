@@ -9,7 +9,7 @@ import pytest
 import torch
 from megatron_helpers import PACKED, VALIDATION, megatron_argv, parse
 
-from zephon.errors import StateMismatchError
+from zephon.errors import ConfigError, StateMismatchError
 from zephon.recipe import DataRecipe
 from zephon_megatron.arguments import ZephonArgumentError, settings_from_args
 from zephon_megatron.provider import (
@@ -128,15 +128,22 @@ def test_dp_size_must_divide_lanes() -> None:
         iterator(0, 3)
 
 
-def test_provider_builds_train_valid_test_and_repeats_validation() -> None:
-    args = make_args("--zephon-valid-recipe", str(VALIDATION), "--eval-iters", "2")
+def test_provider_builds_train_valid_test_and_repeats_validation(tmp_path: Path) -> None:
+    test_recipe = tmp_path / "test.toml"
+    test_recipe.write_text(VALIDATION.read_text().replace("seed = 0", "seed = 7")
+                           + "\n[shuffle]\nbuffer_size = 16\n")
+    args = make_args("--zephon-valid-recipe", str(VALIDATION), "--eval-iters", "2",
+                     "--zephon-test-recipe", str(test_recipe))
     train, valid, test = ZephonDatasetsProvider(lambda: args, lambda: Topology())([0, 0, 0])
     assert train.role == "train" and valid.role == "valid" and test.role == "test"
     window = 2 * args.global_batch_size // args.micro_batch_size
     assert valid.restart_every == window
     first = tokens(take(valid, window))
     assert tokens(take(valid, window)) == first, "every evaluation scores the same data"
-    assert "cu_seqlens" in next(test)
+    assert test.source.endswith("test.toml") and tokens(take(test, window)) != first
+    args = make_args("--zephon-valid-recipe", str(VALIDATION), "--eval-iters", "2")
+    assert ZephonDatasetsProvider(lambda: args, lambda: Topology())(None)[2] is None, \
+        "no test recipe: no test iterator, so Megatron plans no test"
 
 
 def test_provider_restores_and_checks_megatron_counters(tmp_path: Path) -> None:
@@ -159,3 +166,85 @@ def test_provider_checks_the_model_vocabulary() -> None:
     args.padded_vocab_size = 1024
     with pytest.raises(ZephonArgumentError, match="4096 tokens"):
         ZephonDatasetsProvider(lambda: args, lambda: Topology())(None)
+
+
+def test_a_validation_recipe_too_small_for_one_evaluation_is_refused_before_training(
+        tmp_path: Path) -> None:
+    import json
+
+    from zephon.demo.assets import make_documents
+
+    (tmp_path / "held_out.jsonl").write_text("".join(
+        json.dumps({"text": t}) + "\n" for t in make_documents(30, seed=3)))
+    small = tmp_path / "small.toml"
+    small.write_text(VALIDATION.read_text().replace('path = "demo:corpus"',
+                                                    f'path = "{tmp_path / "held_out.jsonl"}"'))
+    args = make_args("--zephon-valid-recipe", str(small), "--eval-iters", "50")
+    with pytest.raises(ConfigError, match=r"small.toml: the valid data ends after \d+ "
+                                          r"microbatches on this reader, but one evaluation "
+                                          r"reads 200"):
+        ZephonDatasetsProvider(lambda: args, lambda: Topology())(None)
+
+
+def test_evaluation_windows_are_the_same_after_a_resume(tmp_path: Path) -> None:
+    """Evaluations before a checkpoint and after the resume (at another data-parallel size)
+    score the same microbatches: validation restarts every window and is not checkpointed."""
+    valid = ("--zephon-valid-recipe", str(VALIDATION), "--eval-iters", "1")
+    args = make_args(*valid, "--save", str(tmp_path))
+    train, first, _ = ZephonDatasetsProvider(lambda: args, lambda: Topology())(None)
+    take(train, 8)
+    before = tokens(take(first, 4))
+    write_dataloader_state(tmp_path, 2, 0, train.save_state())
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("2")
+    windows = []
+    for rank in (0, 1):  # resumed at data-parallel size 2
+        resumed = make_args(*valid, "--load", str(tmp_path))
+        resumed.iteration, resumed.consumed_train_samples = 2, 16
+        _, again, _ = ZephonDatasetsProvider(lambda r=resumed: r,
+                                             lambda rank=rank: Topology(rank, 2))(None)
+        windows.append([b.tokens for b in map(_Rows, take(again, 2))])
+    assert sorted(row for w in windows for batch in w for row in batch) == sorted(
+        row for batch in before for row in batch)
+
+
+class _Rows:
+    def __init__(self, batch: dict[str, torch.Tensor]) -> None:
+        self.tokens = batch["tokens"].tolist()
+
+
+def test_without_dataloader_save_the_state_lives_in_the_checkpoint(tmp_path: Path) -> None:
+    args = make_args("--save", str(tmp_path / "ckpt"))
+    train, _, _ = ZephonDatasetsProvider(lambda: args, lambda: Topology())(None)
+    assert args.dataloader_save == str(tmp_path / "ckpt"), "Megatron's hook writes it there"
+    take(train, 8)
+    write_dataloader_state(args.dataloader_save, 2, 0, train.save_state())
+    expected = next(train)["tokens"]
+    resumed = make_args("--load", str(tmp_path / "ckpt"))
+    resumed.iteration, resumed.consumed_train_samples = 2, 16
+    again, _, _ = ZephonDatasetsProvider(lambda: resumed, lambda: Topology())(None)
+    assert torch.equal(next(again)["tokens"], expected)
+    lost = make_args()
+    lost.iteration, lost.consumed_train_samples = 2, 16
+    with pytest.raises(ZephonArgumentError, match="pass --load"):
+        ZephonDatasetsProvider(lambda: lost, lambda: Topology())(None)
+
+
+@pytest.mark.parametrize("masking", [False, True])
+def test_middle_pipeline_stages_build_a_pipeline_only_for_document_boundaries(
+        masking: bool) -> None:
+    from megatron_helpers import CONTINUOUS
+
+    asked: list[tuple[int | None, bool]] = []
+
+    def middle_stage(vp_stage: int | None, document_masking: bool) -> bool:
+        asked.append((vp_stage, document_masking))
+        return document_masking  # what compat.stage_reads answers on a middle stage
+
+    argv = megatron_argv(PACKED) if masking else megatron_argv(CONTINUOUS, masking=[])
+    args = parse([*argv, "--zephon-prefetch", "0"])
+    built = ZephonDatasetsProvider(lambda: args, lambda: Topology(), middle_stage)(None, 1)
+    assert asked == [(1, masking)]
+    if masking:
+        assert "cu_seqlens" in next(built[0])
+    else:
+        assert built == (None, None, None)

@@ -2,18 +2,34 @@
 
 :func:`add_zephon_args` is the ``extra_args_provider`` for Megatron-LM's ``pretrain()``: it adds
 ``--dataloader {megatron,zephon}`` (``megatron`` stays the default), ``--zephon-recipe``,
-``--zephon-valid-recipe``, ``--zephon-lanes``, ``--zephon-prefetch`` and, because Megatron-LM
-0.16 only reads it, ``--dataloader-save``. Megatron's own flags keep their meaning:
+``--zephon-valid-recipe``, ``--zephon-test-recipe``, ``--zephon-lanes``, ``--zephon-prefetch``
+and, because Megatron-LM only reads it, ``--dataloader-save``. Megatron's own flags keep their
+meaning or are refused before the model is built:
 
 =========================  ==========================================================
 ``--seq-length``           context length; rows are packed to ``seq_length + 1`` tokens
 ``--micro-batch-size``     rows per microbatch
 ``--reset-position-ids``   ``position_mode = "preserve"`` (absent: ``"sequence"``)
-``--reset-attention-mask`` document masking: ``return_cu_seqlens = true``
+``--reset-attention-mask`` document masking: ``return_cu_seqlens = true`` (Megatron-LM 0.19's
+                           ``--dataloader-inter-document-masking`` means the same)
 ``--eod-mask-loss``        ``eos_mask_loss = true`` (the EOS -> next document label)
 ``--transformer-impl``     ``transformer_engine``: THD packed attention; ``local``: a
                            dense per-document causal mask
+``--eval-iters``           iterations per evaluation; > 0 needs validation data
+                           (``--zephon-valid-recipe`` or a ``--split`` share)
+``--eval-interval``        required with ``--train-iters`` (Megatron-LM 0.16 divides by it)
+``--save``/``--load``      without ``--dataloader-save`` the loader state is written into
+                           the checkpoint itself (``iter_N/mp_rank_*/``) and read from
+                           ``--load``
+``--split``                with ``--data-path``: each dataset's train/valid/test documents
+``--num-workers``          refused: there are no DataLoader workers (``--zephon-prefetch``)
+``--data-cache-path``      refused: there is no index cache to place
 =========================  ==========================================================
+
+Lanes: a recipe's ``lanes``, else ``--zephon-lanes``, else (on resume) the lanes of the loader
+state, else ``DEFAULT_LANES_PER_READER`` (8) times the data-parallel size of the first launch.
+Later launches resume exactly at any data-parallel size dividing that number: started at 12
+readers (96 lanes), a run goes on at 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48 or 96 readers.
 
 Megatron's switches are store-true flags, so "absent" and "off" are the same thing. A recipe
 that leaves one of these choices open takes it from the flags; a recipe that states it must
@@ -40,6 +56,9 @@ from zephon.errors import ConfigError
 log = logging.getLogger(__name__)
 
 DATALOADERS = ("megatron", "zephon")
+DEFAULT_LANES_PER_READER = 8
+"""Lanes per data-parallel reader when nothing fixes the lanes: 8 keeps per-reader memory
+constant (8 packers and shuffle buffers) and lets a run grow 8x or shrink to any divisor."""
 ATTENTION_BY_IMPL = {"transformer_engine": "thd", "local": "dense"}
 # Keys whose value the Megatron batch layout fixes, with the only value it accepts.
 PRESET_FIXED = {"return_labels": True, "return_loss_mask": True, "flatten": False,
@@ -102,6 +121,8 @@ class ZephonSettings:
     attention: str
     """``"thd"`` (Transformer Engine, PackedSeqParams) or ``"dense"`` (local attention)."""
     dataloader_save: str | None
+    """Where Megatron writes the loader state with each checkpoint: ``--dataloader-save``, else
+    the checkpoint directory ``--save`` itself."""
     data_path: tuple[str, ...] | None = None
     """Megatron's ``--data-path`` blend, when the data comes from it (see
     :mod:`zephon_megatron.blend`); ``recipe`` then holds only options, or is empty."""
@@ -110,6 +131,10 @@ class ZephonSettings:
     seed: int = 1234
     log_interval: int | None = None
     """Megatron's ``--log-interval``: iterations between loader metrics."""
+    dataloader_load: str | None = None
+    """Where a resume reads the loader state: ``--dataloader-save``, else ``--load``."""
+    test_recipe: str | None = None
+    """``--zephon-test-recipe``: the test evaluation's data (None: no test)."""
 
 
 # -- parsers -----------------------------------------------------------------------------------
@@ -121,8 +146,11 @@ def add_zephon_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument("--zephon-recipe", default=None, metavar="PATH",
                        help="Zephon data recipe (TOML) for training; needs --dataloader zephon.")
     group.add_argument("--zephon-valid-recipe", default=None, metavar="PATH",
-                       help="Zephon data recipe for validation and test; every evaluation "
-                       "reads the same first microbatches of it.")
+                       help="Zephon data recipe for validation; every evaluation reads the "
+                       "same first microbatches of it.")
+    group.add_argument("--zephon-test-recipe", default=None, metavar="PATH",
+                       help="Zephon data recipe for the test evaluation after training "
+                       "(absent: Megatron plans no test).")
     group.add_argument("--zephon-lanes", type=int, default=None, metavar="L",
                        help="Lanes of the run (fixed across resumes; any data-parallel size "
                        "dividing L gives the same data). Must agree with the recipe's lanes.")
@@ -143,7 +171,8 @@ def make_extra_args_provider(dataloader: str) -> Callable[[argparse.ArgumentPars
     def provider(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         add_zephon_args(parser)
         if dataloader == "zephon":
-            parser.set_defaults(dataloader_type="external")
+            # num_workers: None tells a given --num-workers from Megatron's default.
+            parser.set_defaults(dataloader_type="external", num_workers=None)
         return parser
 
     return provider
@@ -158,6 +187,7 @@ def add_megatron_data_flags(parser: argparse.ArgumentParser) -> argparse.Argumen
     add("--global-batch-size", type=int, default=None)
     add("--reset-position-ids", action="store_true")
     add("--reset-attention-mask", action="store_true")
+    add("--dataloader-inter-document-masking", action="store_true")
     add("--eod-mask-loss", action="store_true")
     add("--no-create-attention-mask-in-dataloader", action="store_false",
         dest="create_attention_mask_in_dataloader")
@@ -167,6 +197,8 @@ def add_megatron_data_flags(parser: argparse.ArgumentParser) -> argparse.Argumen
     add("--dataloader-type", type=str, default=None, choices=["single", "cyclic", "external"])
     add("--data-path", nargs="*", default=None)
     add("--split", type=str, default=None)
+    add("--num-workers", type=int, default=2)
+    add("--data-cache-path", default=None)
     add("--vocab-size", type=int, default=None)
     add("--train-data-path", nargs="*", default=None)
     add("--valid-data-path", nargs="*", default=None)
@@ -191,7 +223,9 @@ def add_megatron_data_flags(parser: argparse.ArgumentParser) -> argparse.Argumen
 def build_standalone_parser() -> argparse.ArgumentParser:
     """Megatron's data flags plus the adapter's, for runs without Megatron-LM (smoke, tests)."""
     parser = argparse.ArgumentParser(description="zephon_megatron", allow_abbrev=False)
-    return add_zephon_args(add_megatron_data_flags(parser))
+    parser = add_zephon_args(add_megatron_data_flags(parser))
+    parser.set_defaults(num_workers=None)
+    return parser
 
 
 # -- validation --------------------------------------------------------------------------------
@@ -247,7 +281,8 @@ def _agree_recipe(recipe: Any, name: str, value: Any, flag: str, given: Any) -> 
 
 def check_megatron_dataloader(args: argparse.Namespace) -> None:
     """With ``--dataloader megatron`` the adapter's data flags would be ignored: refuse them."""
-    for name in ("zephon_recipe", "zephon_valid_recipe", "zephon_lanes", "zephon_prefetch"):
+    for name in ("zephon_recipe", "zephon_valid_recipe", "zephon_test_recipe", "zephon_lanes",
+                 "zephon_prefetch"):
         if getattr(args, name, None) is not None:
             flag = "--" + name.replace("_", "-")
             raise ZephonArgumentError(f"{flag} is only read with --dataloader zephon")
@@ -270,8 +305,10 @@ def settings_from_args(args: argparse.Namespace,
     if not args.zephon_recipe and not data_path:
         raise ZephonArgumentError("--dataloader zephon needs --zephon-recipe PATH (a data "
                                   "recipe) or --data-path (Megatron indexed datasets)")
-    if data_path and args.zephon_valid_recipe:
-        raise ZephonArgumentError("--zephon-valid-recipe conflicts with --data-path: "
+    test_recipe = getattr(args, "zephon_test_recipe", None)
+    if data_path and (args.zephon_valid_recipe or test_recipe):
+        flag = "--zephon-valid-recipe" if args.zephon_valid_recipe else "--zephon-test-recipe"
+        raise ZephonArgumentError(f"{flag} conflicts with --data-path: "
                                   "validation and test come from --split")
     if getattr(args, "split", None) and not data_path:
         raise ZephonArgumentError("--split is only read with --data-path; a recipe's "
@@ -303,15 +340,31 @@ def settings_from_args(args: argparse.Namespace,
                                   f"zephon (use one of {sorted(ATTENTION_BY_IMPL)})")
     if args.zephon_prefetch is not None and args.zephon_prefetch < 0:
         raise ZephonArgumentError("--zephon-prefetch must be >= 0")
+    if getattr(args, "num_workers", None) is not None:
+        raise ZephonArgumentError(
+            f"--num-workers {args.num_workers} has no meaning with --dataloader zephon: there "
+            "are no DataLoader worker processes (each reader prepares microbatches in one "
+            "background thread; --zephon-prefetch sets how many). Remove --num-workers")
+    if getattr(args, "data_cache_path", None):
+        raise ZephonArgumentError(
+            "--data-cache-path names Megatron's index cache, which --dataloader zephon does not "
+            "build; Hub shards are cached as the recipe's [cache] says. Remove "
+            "--data-cache-path")
+    _check_evaluation_flags(args)
 
     if args.zephon_recipe and not Path(args.zephon_recipe).is_file():
         raise ZephonArgumentError(f"--zephon-recipe {args.zephon_recipe!r}: no such file")
+    for flag, path in (("--zephon-valid-recipe", args.zephon_valid_recipe),
+                       ("--zephon-test-recipe", test_recipe)):
+        if path and not Path(path).is_file():
+            raise ZephonArgumentError(f"{flag} {path!r}: no such file")
     recipes = load_recipes(args.zephon_recipe, args.zephon_valid_recipe, data_path,
                            getattr(args, "split", None), args.zephon_lanes,
-                           int(getattr(args, "seed", 1234)))
+                           int(getattr(args, "seed", 1234)), test_recipe)
     recipe = recipes["train"]
     if args.zephon_lanes is not None and args.zephon_lanes < 1:
         raise ZephonArgumentError("--zephon-lanes must be >= 1")
+    dataloader_save, dataloader_load = _state_directories(args)
     # From here on every problem of the recipes is collected and reported at once.
     problems: list[str] = []
 
@@ -325,7 +378,8 @@ def settings_from_args(args: argparse.Namespace,
     def masking_of(r: Any) -> MaskingChoices:
         return resolve_masking(r.to_training, r.source,
                                reset_position_ids=args.reset_position_ids,
-                               reset_attention_mask=args.reset_attention_mask,
+                               reset_attention_mask=args.reset_attention_mask or getattr(
+                                   args, "dataloader_inter_document_masking", False),
                                eod_mask_loss=args.eod_mask_loss)
 
     masking = collect(lambda: masking_of(recipe))
@@ -336,9 +390,13 @@ def settings_from_args(args: argparse.Namespace,
                                       args.zephon_lanes))
         lanes = args.zephon_lanes
     if lanes is None:
+        lanes = default_lanes(args, dataloader_load, world_size)
+    if int(getattr(args, "eval_iters", 0) or 0) > 0 and recipes["valid"] is None:
+        where = ("--split gives validation no share" if data_path
+                 else "there is no --zephon-valid-recipe")
         problems.append(
-            f"{recipe.source}: lanes is not set; set lanes in the recipe or --zephon-lanes to a "
-            "multiple of every data-parallel size the run may use (it fixes the data)")
+            f"--eval-iters {args.eval_iters} plans evaluation, but {where}; Megatron would "
+            "stop at the first evaluation. Give validation data, or --eval-iters 0")
     for valid in (recipes["valid"], recipes["test"]):
         if valid is None:
             continue
@@ -359,15 +417,50 @@ def settings_from_args(args: argparse.Namespace,
         seq_length=args.seq_length, micro_batch_size=args.micro_batch_size,
         global_batch_size=getattr(args, "global_batch_size", None), lanes=lanes,
         prefetch=args.zephon_prefetch, masking=masking, attention=ATTENTION_BY_IMPL[impl],
-        dataloader_save=getattr(args, "dataloader_save", None),
+        dataloader_save=dataloader_save,
         data_path=tuple(data_path) if data_path else None, split=getattr(args, "split", None),
         seed=int(getattr(args, "seed", 1234)),
-        log_interval=getattr(args, "log_interval", None))
+        log_interval=getattr(args, "log_interval", None), dataloader_load=dataloader_load,
+        test_recipe=test_recipe)
+
+
+def _check_evaluation_flags(args: argparse.Namespace) -> None:
+    if getattr(args, "train_iters", None) and getattr(args, "eval_interval", None) is None:
+        raise ZephonArgumentError(
+            "--train-iters needs --eval-interval: Megatron-LM 0.16 computes train_iters // "
+            "eval_interval while it builds the data, even with --eval-iters 0. Pass "
+            "--eval-interval N (and --eval-iters 0 to evaluate never)")
+    interval = getattr(args, "eval_interval", None)
+    if interval is not None and interval < 1:
+        raise ZephonArgumentError(f"--eval-interval must be >= 1, got {interval}")
+
+
+def _state_directories(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """(where checkpoints write the loader state, where a resume reads it)."""
+    explicit = getattr(args, "dataloader_save", None)
+    if explicit:
+        return explicit, explicit
+    return getattr(args, "save", None), getattr(args, "load", None)
+
+
+def default_lanes(args: argparse.Namespace, state_dir: str | None,
+                  world_size: int | None) -> int:
+    """Lanes when neither the recipe nor ``--zephon-lanes`` sets them: the saved run's lanes
+    on resume, else ``DEFAULT_LANES_PER_READER`` x this launch's data-parallel size."""
+    if state_dir and getattr(args, "load", None):
+        from zephon_megatron.provider import saved_lanes
+
+        found = saved_lanes(state_dir, args.load, getattr(args, "ckpt_step", None))
+        if found is not None:
+            return found
+    from zephon_megatron.preflight import data_parallel_size
+
+    return DEFAULT_LANES_PER_READER * data_parallel_size(args, world_size)
 
 
 def load_recipes(recipe: str | None, valid_recipe: str | None,
                  data_path: Sequence[str] | None, split: str | None, lanes: int | None,
-                 seed: int) -> dict[str, Any]:
+                 seed: int, test_recipe: str | None = None) -> dict[str, Any]:
     """``{"train", "valid", "test"}`` recipes (valid/test may be None): from the recipe files,
     or from a ``--data-path`` blend (see :mod:`zephon_megatron.blend`)."""
     if data_path:
@@ -381,13 +474,14 @@ def load_recipes(recipe: str | None, valid_recipe: str | None,
             raise ZephonArgumentError(str(exc)) from None
     train = _load_recipe(recipe, "--zephon-recipe")
     valid = _load_recipe(valid_recipe, "--zephon-valid-recipe") if valid_recipe else None
-    return {"train": train, "valid": valid, "test": valid}
+    test = _load_recipe(test_recipe, "--zephon-test-recipe") if test_recipe else None
+    return {"train": train, "valid": valid, "test": test}
 
 
 def training_recipes(settings: ZephonSettings) -> dict[str, Any]:
     """The recipes ``settings`` were checked with, read again (on every reader)."""
     return load_recipes(settings.recipe, settings.valid_recipe, settings.data_path,
-                        settings.split, settings.lanes, settings.seed)
+                        settings.split, settings.lanes, settings.seed, settings.test_recipe)
 
 
 def _check_shapes(recipe: Any, args: argparse.Namespace) -> None:

@@ -161,6 +161,16 @@ def fetch_microbatch(data_iterator: Iterator[dict[str, torch.Tensor]] | None,
     return out
 
 
+def stage_without_data(attention: str, seq_length: int,
+                       device: torch.device | None = None) -> MegatronBatch:
+    """The batch of a pipeline stage that reads nothing (a middle stage without document
+    masking): no tokens, labels or positions (activations come from the previous stage),
+    only the plain causal mask the dense path needs."""
+    device = device if device is not None else default_device()
+    mask = causal_mask(seq_length, device) if attention == "dense" else None
+    return MegatronBatch(None, None, None, mask, None, None, None)  # type: ignore[arg-type]
+
+
 def get_batch(data_iterator: Iterator[dict[str, torch.Tensor]] | None, *, attention: str,
               tp: TensorParallel | None = None,
               device: torch.device | None = None) -> MegatronBatch:

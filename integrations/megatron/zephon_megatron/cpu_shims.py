@@ -52,6 +52,21 @@ class _CpuCuda(types.ModuleType):
     def current_device() -> torch.device:
         return torch.device("cpu")
 
+    @staticmethod
+    def current_stream() -> _CpuStream:
+        return _CpuStream()
+
+
+class _CpuStream:
+    """The one CPU "stream": work is already ordered, so waiting is a no-op (megatron-core
+    0.19's gradient buffers wait on the current stream before reducing)."""
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def wait_stream(self, stream: Any) -> None:
+        pass
+
 
 class _TorchOnCpu(types.ModuleType):
     """``torch`` as seen by a shimmed module; everything but ``cuda`` is the real torch."""

@@ -11,7 +11,9 @@ reduces.
 
 ``make_forward_step`` binds the attention path once; the returned function has Megatron's
 ``forward_step(data_iterator, model)`` signature and is what both ``pretrain()`` and the CPU
-smoke run call.
+smoke run call. On a pipeline stage that reads nothing
+(:func:`~zephon_megatron.compat.stage_reads`) it runs the model on the previous stage's
+activations without touching the iterator.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 import torch
 
 from zephon_megatron.arguments import settings_from_args
-from zephon_megatron.batch import TensorParallel, get_batch
+from zephon_megatron.batch import TensorParallel, get_batch, stage_without_data
 
 LossResult = tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]
 
@@ -41,17 +43,28 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> LossResul
 
 def make_forward_step(get_args: Callable[[], argparse.Namespace], *,
                       tp: Callable[[], TensorParallel] | None = None,
-                      device: torch.device | None = None
+                      device: torch.device | None = None,
+                      stage_reads: Callable[[int | None, bool], bool] | None = None
                       ) -> Callable[..., tuple[torch.Tensor, Callable[..., LossResult]]]:
     """Megatron's ``forward_step_func`` for the zephon batches of the run ``get_args`` names."""
-    attention: list[str] = []
+    settings: list[Any] = []
 
     def forward_step(data_iterator: Iterator[dict[str, torch.Tensor]] | None, model: Any,
                      *_: Any) -> tuple[torch.Tensor, Callable[..., LossResult]]:
-        if not attention:
-            attention.append(settings_from_args(get_args()).attention)
-        batch = get_batch(data_iterator, attention=attention[0],
-                          tp=tp() if tp is not None else None, device=device)
+        if not settings:
+            settings.append(settings_from_args(get_args()))
+        run = settings[0]
+        if stage_reads is None:
+            from zephon_megatron.compat import model_vp_stage
+            from zephon_megatron.compat import stage_reads as reads
+            vp_stage = model_vp_stage(model)
+        else:
+            reads, vp_stage = stage_reads, None
+        if reads(vp_stage, run.masking.document_masking):
+            batch = get_batch(data_iterator, attention=run.attention,
+                              tp=tp() if tp is not None else None, device=device)
+        else:
+            batch = stage_without_data(run.attention, run.seq_length, device)
         output = model(batch.tokens, batch.position_ids, batch.attention_mask,
                        labels=batch.labels, packed_seq_params=batch.packed_seq_params,
                        loss_mask=batch.loss_mask)

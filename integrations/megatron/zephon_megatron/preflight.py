@@ -17,16 +17,21 @@ import os
 from typing import Any
 
 
+def data_parallel_size(args: argparse.Namespace, world_size: int | None = None) -> int:
+    """``world_size`` (default ``WORLD_SIZE``) over tensor x pipeline x context parallel."""
+    world = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
+    model_ways = (max(1, getattr(args, "tensor_model_parallel_size", 1) or 1)
+                  * max(1, getattr(args, "pipeline_model_parallel_size", 1) or 1)
+                  * max(1, getattr(args, "context_parallel_size", 1) or 1))
+    return max(1, world // model_ways)
+
+
 def recipe_problems(args: argparse.Namespace, recipes: dict[str, Any], lanes: int | None,
                     world_size: int | None = None) -> list[str]:
     """Every problem of ``recipes`` (train/valid/test; None skipped) in this run."""
     from zephon.preflight import check_recipe
 
-    world = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
-    model_ways = (max(1, getattr(args, "tensor_model_parallel_size", 1) or 1)
-                  * max(1, getattr(args, "pipeline_model_parallel_size", 1) or 1)
-                  * max(1, getattr(args, "context_parallel_size", 1) or 1))
-    dp = max(1, world // model_ways)
+    dp = data_parallel_size(args, world_size)
     problems: list[str] = []
     seen: set[int] = set()
     for role, recipe in recipes.items():

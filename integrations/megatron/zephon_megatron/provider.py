@@ -8,9 +8,16 @@ are iterators, not DataLoaders, and each ``next()`` returns one microbatch in th
 preset: ``tokens``, ``labels``, float ``loss_mask``, ``position_ids`` and, with document
 masking, ``cu_seqlens`` (``[B, K]``, -1 after each row's end) and ``max_seqlen``.
 
-Loader state. Megatron-LM checkpoints only counters; with ``--dataloader-save DIR`` it calls
-``save_state()`` on the training iterator of every data-parallel rank and writes
-``DIR/iter_<7 digits>/mp_rank_<tp>[_<pp>]/train_dataloader_dprank<dp>.pt``. The state is keyed
+Pipeline stages. Only stages that need microbatches build a pipeline
+(:func:`~zephon_megatron.compat.stage_reads`): the first and the last, and every stage under
+document masking (each stage's attention needs the boundaries). The provider returns no
+iterators to the others; under virtual pipelining it is called once per model chunk.
+
+Loader state. Megatron-LM checkpoints only counters; it calls ``save_state()`` on the training
+iterator of every data-parallel rank and writes
+``DIR/iter_<7 digits>/mp_rank_<tp>[_<pp>]/train_dataloader_dprank<dp>.pt``, where ``DIR`` is
+``--dataloader-save`` or, without it, the checkpoint directory ``--save`` (the provider sets
+``args.dataloader_save`` so; a resume then reads ``--load``). The state is keyed
 per lane (``{"lane_<l>": entry}``), so on resume :func:`read_dataloader_states` reads *all*
 ranks' files, merges the lanes and lets each rank take the ones it now owns: a run saved at
 data-parallel size 8 resumes at 2 or 16 (any divisor of the lanes). The state describes what
@@ -18,9 +25,11 @@ the trainer consumed, never what the prefetch thread prepared. After restoring, 
 sample count must equal Megatron's ``consumed_train_samples``; a difference (a stale
 ``--dataloader-save`` directory, another batch size) is an error, never a silent restart.
 
-Validation and test iterators read the validation recipe and restart it every
-``eval_iters * global_batch_size / (micro_batch_size * dp)`` microbatches, so every evaluation
-scores the same data; they are not checkpointed.
+Validation and test iterators read the validation and the test recipe and restart them every
+``eval_iters * global_batch_size / (micro_batch_size * dp)`` microbatches (one evaluation), so
+every evaluation, before and after a resume, scores the same data; they are not checkpointed.
+The provider reads one window of each before training starts: a recipe that cannot fill an
+evaluation is refused then, naming it and both counts, never repeated silently.
 
 State files hold plain data only (token arrays as base64 text), so they load with
 ``torch.load(weights_only=True)``. Limits: context parallelism is not supported.
@@ -126,6 +135,12 @@ class ZephonDataIterator:
         try:
             return next(self._iterator)
         except StopIteration:
+            if self.restart_every:
+                raise ConfigError(
+                    f"{self.source}: the {self.role} data ends after {self._since_start} "
+                    f"microbatches on this reader, but one evaluation reads {self.restart_every}"
+                    " (--eval-iters x --global-batch-size / (--micro-batch-size x data-parallel"
+                    " size)); give more data or lower --eval-iters") from None
             if not self.cycle:
                 raise
         self._restart()
@@ -154,6 +169,16 @@ class ZephonDataIterator:
         self.meter.record(tokens, padding, int(out["loss_mask"].sum()), waited)
         self._maybe_log()
         return out
+
+    def check_window(self) -> None:
+        """Read one evaluation window and start over: a recipe too small for it fails here,
+        before training, not at the first evaluation."""
+        if not self.restart_every:
+            return
+        for _ in range(self.restart_every):
+            self._next_batch()
+            self._since_start += 1
+        self._restart()
 
     def _maybe_log(self) -> None:
         if self.log_every is None:
@@ -242,6 +267,32 @@ def _summarize() -> None:
 
 
 # -- state files (the layout Megatron-LM's --dataloader-save writes) --------------------------
+def checkpoint_iteration(load_dir: str | os.PathLike[str],
+                         ckpt_step: int | None = None) -> int | None:
+    """The iteration a resume from ``load_dir`` starts at: ``--ckpt-step``, else Megatron-LM's
+    ``latest_checkpointed_iteration.txt`` (None: nothing to resume)."""
+    if ckpt_step is not None:
+        return int(ckpt_step)
+    tracker = Path(load_dir) / "latest_checkpointed_iteration.txt"
+    if not tracker.is_file():
+        return None
+    text = tracker.read_text().strip()
+    return int(text) if text.isdigit() else None
+
+
+def saved_lanes(state_dir: str | os.PathLike[str], load_dir: str | os.PathLike[str],
+                ckpt_step: int | None = None) -> int | None:
+    """The lanes of the loader state a resume from ``load_dir`` would read, or None."""
+    iteration = checkpoint_iteration(load_dir, ckpt_step)
+    if not iteration:
+        return None
+    try:
+        states = read_dataloader_states(state_dir, iteration)
+    except StateMismatchError:
+        return None
+    return int(states[0]["lanes"])
+
+
 def dataloader_state_path(save_dir: str | os.PathLike[str], iteration: int, dp_rank: int, *,
                           tp_rank: int = 0, pp_rank: int | None = None) -> Path:
     model_dir = f"mp_rank_{tp_rank:02d}" if pp_rank is None else \
@@ -336,15 +387,15 @@ def restore_for_resume(iterator: ZephonDataIterator, settings: ZephonSettings,
     """Load the loader state of ``iteration`` and check it against Megatron's counter."""
     if iteration <= 0 and consumed_train_samples <= 0:
         return
-    if not settings.dataloader_save:
+    if not settings.dataloader_load:
         raise ZephonArgumentError(
             f"resuming at iteration {iteration} ({consumed_train_samples} consumed samples) "
-            "needs the loader state: pass --dataloader-save DIR, the directory the checkpoint "
-            "was saved with")
-    iterator.restore_state(read_dataloader_states(settings.dataloader_save, iteration))
+            "needs the loader state: pass --load (the checkpoint holds it) or --dataloader-save "
+            "DIR, the directory the checkpoint was saved with")
+    iterator.restore_state(read_dataloader_states(settings.dataloader_load, iteration))
     if iterator.consumed_samples != consumed_train_samples:
         raise StateMismatchError(
-            f"the loader state in {settings.dataloader_save} (iteration {iteration}) consumed "
+            f"the loader state in {settings.dataloader_load} (iteration {iteration}) consumed "
             f"{iterator.consumed_samples} samples, but the checkpoint's consumed_train_samples "
             f"is {consumed_train_samples}; the states come from different runs or steps")
 
@@ -361,9 +412,11 @@ class ZephonDatasetsProvider:
     broadcast in get_batch."""
 
     def __init__(self, get_args: Callable[[], argparse.Namespace],
-                 topology: Callable[[], Topology] = topology_from_parallel_state):
+                 topology: Callable[[], Topology] = topology_from_parallel_state,
+                 stage_reads: Callable[[int | None, bool], bool] | None = None):
         self._get_args = get_args
         self._topology = topology
+        self._stage_reads = stage_reads
 
     def __call__(self, train_val_test_num_samples: Sequence[int | None] | None = None,
                  vp_stage: int | None = None) -> tuple[ZephonDataIterator,
@@ -371,6 +424,14 @@ class ZephonDatasetsProvider:
                                                        ZephonDataIterator | None]:
         args = self._get_args()
         settings = settings_from_args(args)
+        # Megatron-LM's checkpoint hook writes the loader state where the settings say.
+        args.dataloader_save = settings.dataloader_save
+        if self._stage_reads is None:
+            from zephon_megatron.compat import stage_reads
+        else:
+            stage_reads = self._stage_reads
+        if not stage_reads(vp_stage, settings.masking.document_masking):
+            return None, None, None
         topology = self._topology()
         recipes = training_recipes(settings)
         recipe = recipes["train"]
@@ -388,9 +449,9 @@ class ZephonDatasetsProvider:
             for role in evaluation:
                 if recipes[role] is not None:
                     _check_vocab(recipes[role], args)
-                    evaluation[role] = build_iterator(recipes[role], settings, topology,
-                                                      role=role, restart_every=window,
-                                                      cycle=True)
+                    evaluation[role] = iterator = build_iterator(
+                        recipes[role], settings, topology, role=role, restart_every=window)
+                    iterator.check_window()
         return train, evaluation["valid"], evaluation["test"]
 
 

@@ -44,7 +44,8 @@ DEFAULT_MEGATRON_FLAGS = [
     "--seq-length", "64", "--micro-batch-size", "2", "--global-batch-size", "8",
     "--reset-position-ids", "--reset-attention-mask", "--eod-mask-loss",
     "--calculate-per-token-loss", "--transformer-impl", "local", "--train-iters", "12",
-    "--eval-iters", "0", "--dataloader", "zephon", "--zephon-recipe", str(RECIPE),
+    "--eval-iters", "0", "--eval-interval", "12", "--dataloader", "zephon",
+    "--zephon-recipe", str(RECIPE),
 ]
 
 
