@@ -174,8 +174,7 @@ def test_layout_options_are_fixed_by_the_adapter(tmp_path: Path, line: str,
 
 
 def test_lanes_default_to_eight_per_reader_of_the_first_launch(tmp_path: Path) -> None:
-    path = tmp_path / "recipe.toml"
-    path.write_text(PACKED.read_text().replace("lanes = 8", ""))
+    path = PACKED  # sets no lanes
     argv = megatron_argv(path, "--tensor-model-parallel-size", "2")
     assert settings_from_args(parse(argv), world_size=24).lanes == 96  # 12 readers
     assert settings_from_args(parse(argv), world_size=2).lanes == 8
@@ -185,8 +184,7 @@ def test_lanes_default_to_eight_per_reader_of_the_first_launch(tmp_path: Path) -
 def test_a_resume_keeps_the_lanes_of_its_loader_state(tmp_path: Path) -> None:
     from zephon_megatron.provider import write_dataloader_state
 
-    path = tmp_path / "recipe.toml"
-    path.write_text(PACKED.read_text().replace("lanes = 8", ""))
+    path = PACKED
     ckpt = tmp_path / "ckpt"
     write_dataloader_state(ckpt, 6, 0, {"lanes": 96})
     (ckpt / "latest_checkpointed_iteration.txt").write_text("6")

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from megatron_helpers import PACKED, megatron_argv, parse
+from megatron_helpers import PACKED, REPO, megatron_argv, parse
 
 from zephon_megatron import gpu_check, pretrain_gpt
 from zephon_megatron.arguments import settings_from_args
@@ -56,7 +56,7 @@ def broken_recipe(tmp_path) -> str:
     """Two datasets, one whose file lacks the text field; lanes 3; rows of 33 tokens."""
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "a.jsonl").write_text('{"body": "no text here"}\n')
-    text = PACKED.read_text().replace("lanes = 8", "lanes = 3").replace(
+    text = "lanes = 3\n" + PACKED.read_text().replace(
         '\n[tokenize]\n', '\n[[datasets]]\nname = "other"\npath = "other"\n\n[tokenize]\n').replace(
         'algorithm = "wrap"', 'algorithm = "wrap"\nmax_length = 33')
     path = tmp_path / "broken.toml"
@@ -104,3 +104,66 @@ def test_vocabulary_and_enum_problems_are_named_before_the_model(tmp_path) -> No
     assert result.returncode == 2
     assert "bad.toml: [mixture] on_exhausted='drian'" in result.stderr
     assert "Megatron-LM" not in result.stderr
+
+
+megatron_training = pytest.mark.skipif(
+    importlib.util.find_spec("megatron.training") is None,
+    reason="Megatron-LM's parser (megatron.training) is not importable: megatron-core 0.19+ "
+    "ships it (make test runs this under .venv-py312); for 0.16 put a checkout on PYTHONPATH")
+
+
+@megatron_training
+def test_gpu_check_dry_run_passes_megatron_parser() -> None:
+    result = run_module("zephon_megatron.gpu_check", "--dry-run", "--gpus", "4")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [line for line in result.stdout.splitlines() if "dry run: ok" in line]
+    assert len(lines) == 2
+    assert "data-parallel 4, lanes 8, eval every 2 x 1" in lines[0]
+    assert "data-parallel 2, lanes 8" in lines[1]  # the resume at another size
+
+
+@megatron_training
+def test_parse_only_refuses_what_megatron_would_trip_on() -> None:
+    flags = gpu_check.pretrain_commands("/tmp/x")[0][1]
+    cut = flags.index("--eval-interval")
+    result = run_module("zephon_megatron.gpu_check", "--parse-only", "1", "--",
+                        *flags[:cut], *flags[cut + 2:])
+    assert result.returncode != 0 and "--train-iters needs --eval-interval" in result.stderr
+
+
+def launch_flags(tmp_path, nodes: int) -> list[str]:
+    """The Megatron flags recipes/megatron/launch_gpu_cluster.sh hands to the entry."""
+    (tmp_path / "bin").mkdir(exist_ok=True)
+    fake = tmp_path / "bin" / "python"
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$ARGS_OUT"\n')
+    fake.chmod(0o755)
+    out = tmp_path / "args"
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+           "ARGS_OUT": str(out), "MEGATRON_LM": "/megatron-lm", "SLURM_NNODES": str(nodes),
+           "MASTER_ADDR": "node0", "CKPT": str(tmp_path / "ckpt")}
+    script = REPO / "recipes" / "megatron" / "launch_gpu_cluster.sh"
+    subprocess.run(["bash", str(script)], env=env, check=True, timeout=60)
+    argv = out.read_text().splitlines()
+    return argv[argv.index("zephon_megatron.pretrain_gpt") + 1:]
+
+
+@pytest.mark.parametrize("nodes", [1, 3, 5])
+def test_the_cluster_launch_script_passes_the_checks_on_any_node_count(tmp_path,
+                                                                       nodes: int) -> None:
+    from zephon_megatron.arguments import build_standalone_parser
+
+    flags = launch_flags(tmp_path, nodes)
+    args, _ = build_standalone_parser().parse_known_args(flags)
+    settings = settings_from_args(args, world_size=8 * nodes)
+    assert settings.lanes == 8 * 4 * nodes  # 8 lanes per reader, TP 2 on 8 GPUs per node
+    assert settings.dataloader_save == str(tmp_path / "ckpt")
+    assert args.global_batch_size % (args.micro_batch_size * 4 * nodes) == 0
+
+
+@megatron_training
+def test_the_cluster_launch_script_passes_megatron_parser(tmp_path, monkeypatch) -> None:
+    flags = launch_flags(tmp_path, 3)
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # the script exports it
+    result = run_module("zephon_megatron.gpu_check", "--parse-only", "24", "--", *flags)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "data-parallel 12, lanes 96" in result.stdout

@@ -45,7 +45,7 @@ DEFAULT_MEGATRON_FLAGS = [
     "--reset-position-ids", "--reset-attention-mask", "--eod-mask-loss",
     "--calculate-per-token-loss", "--transformer-impl", "local", "--train-iters", "12",
     "--eval-iters", "0", "--eval-interval", "12", "--dataloader", "zephon",
-    "--zephon-recipe", str(RECIPE),
+    "--zephon-lanes", "8", "--zephon-recipe", str(RECIPE),
 ]
 
 
