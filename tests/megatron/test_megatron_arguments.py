@@ -85,7 +85,7 @@ def test_an_open_recipe_takes_the_flags(tmp_path: Path) -> None:
     (["--data-path", "/data/x"], "--data-path"),
     (["--mock-data"], "--mock-data"),
     (["--dataloader-type", "single"], "--dataloader-type"),
-    (["--zephon-lanes", "4"], "--zephon-lanes"),
+    (["--zephon-lanes", "0"], "--zephon-lanes must be >= 1"),
     (["--context-parallel-size", "2"], "--context-parallel-size"),
     (["--full-validation"], "--full-validation"),
     (["--transformer-impl", "inference_optimized"], "--transformer-impl"),
@@ -179,6 +179,13 @@ def test_lanes_default_to_eight_per_reader_of_the_first_launch(tmp_path: Path) -
     assert settings_from_args(parse(argv), world_size=24).lanes == 96  # 12 readers
     assert settings_from_args(parse(argv), world_size=2).lanes == 8
     assert settings(megatron_argv(path, "--zephon-lanes", "4")).lanes == 4
+
+
+def test_recipe_lanes_and_the_flag_must_agree(tmp_path: Path) -> None:
+    path = tmp_path / "recipe.toml"
+    path.write_text("lanes = 8\n" + PACKED.read_text())
+    with pytest.raises(ZephonArgumentError, match="lanes = 8 conflicts with --zephon-lanes 4"):
+        settings(megatron_argv(path, "--zephon-lanes", "4"))
 
 
 def test_a_resume_keeps_the_lanes_of_its_loader_state(tmp_path: Path) -> None:

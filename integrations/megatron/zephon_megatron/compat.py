@@ -8,6 +8,12 @@
   ``train_iterator.iterable`` and so raises ``AttributeError`` on the list of per-chunk
   iterators that virtual pipelining hands it (0.16 and 0.19 alike; 0.19 adds keyword-only
   process groups). The hook is wrapped to pass on the chunk iterator that holds the state.
+- :func:`run_pretrain`: Megatron-LM 0.16's ``pretrain()`` parses the command line itself
+  (``args_defaults``, ``extra_args_provider``) and builds the model with a ``model_provider``
+  from the checkout's ``model_provider.py``/``gpt_builders.py``; 0.19's takes a config
+  container built from already parsed arguments (``parse_and_validate_args``,
+  ``pretrain_cfg_container_from_args``) and builds the GPT model from it, so megatron-core
+  0.19's own ``megatron.training`` suffices.
 - megatron-core 0.19's gradient buffers wait on ``torch.cuda.current_stream()``; the CPU runs
   cover that in :mod:`zephon_megatron.cpu_shims`.
 - Megatron-LM 0.19 spells document masking ``--dataloader-inter-document-masking`` as well as
@@ -17,8 +23,55 @@
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
+
+
+def pretrain_takes_a_config() -> bool:
+    """True for Megatron-LM 0.19+ (``pretrain(cfg_container, ...)``)."""
+    from megatron.training import pretrain
+
+    return "args_defaults" not in inspect.signature(pretrain).parameters
+
+
+def modules_for_pretrain() -> tuple[str, ...]:
+    """What ``pretrain()`` with the zephon provider imports beyond megatron-core."""
+    try:
+        if pretrain_takes_a_config():
+            return ("megatron.training",)
+    except ImportError:
+        pass
+    return ("megatron.training", "gpt_builders", "model_provider")
+
+
+def run_pretrain(dataset_provider: Any, forward_step: Any, *,
+                 extra_args_provider: Callable[[Any], Any], args_defaults: dict[str, Any],
+                 get_embedding_ranks: Callable[[list[int]], list[int]] | None = None) -> None:
+    """Megatron-LM's ``pretrain()`` for a GPT model, either signature; reads ``sys.argv``."""
+    from megatron.core.enums import ModelType
+    from megatron.training import pretrain
+
+    if not pretrain_takes_a_config():
+        from gpt_builders import gpt_builder
+        from model_provider import model_provider
+
+        pretrain(dataset_provider, functools.partial(model_provider, gpt_builder),
+                 ModelType.encoder_or_decoder, forward_step, args_defaults=args_defaults,
+                 extra_args_provider=extra_args_provider,
+                 get_embedding_ranks=get_embedding_ranks)
+        return
+    from megatron.training.argument_utils import (
+        gpt_config_from_args,
+        pretrain_cfg_container_from_args,
+    )
+    from megatron.training.arguments import parse_and_validate_args
+
+    args = parse_and_validate_args(extra_args_provider=extra_args_provider,
+                                   args_defaults=args_defaults)
+    config = pretrain_cfg_container_from_args(args, gpt_config_from_args(args))
+    pretrain(config, dataset_provider, ModelType.encoder_or_decoder, forward_step,
+             get_embedding_ranks=get_embedding_ranks)
 
 
 def stage_reads(vp_stage: int | None, document_masking: bool) -> bool:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import importlib.util
 import sys
 from collections.abc import Sequence
-from functools import partial
 from typing import Any
 
 MISSING_MEGATRON_LM = (
@@ -39,12 +38,17 @@ MISSING_MEGATRON_LM = (
     "https://github.com/NVIDIA/Megatron-LM) and put the checkout on PYTHONPATH "
     "(PYTHONPATH=/path/to/Megatron-LM). Transformer Engine and a GPU are needed for real runs; "
     "`make smoke-megatron` exercises the adapter on CPU.")
-REQUIRED_MODULES = ("megatron.training", "gpt_builders", "model_provider", "pretrain_gpt")
+def missing_megatron_lm(dataloader: str = "zephon") -> list[str]:
+    """Modules ``pretrain()`` needs that are not importable: Megatron-LM's training package,
+    and for 0.16 its model builders (:func:`~zephon_megatron.compat.modules_for_pretrain`);
+    ``--dataloader megatron`` also needs the checkout's stock ``pretrain_gpt``."""
+    from zephon_megatron.compat import modules_for_pretrain
 
-
-def missing_megatron_lm() -> list[str]:
+    required = modules_for_pretrain()
+    if dataloader != "zephon":
+        required = (*required, "pretrain_gpt")
     missing = []
-    for name in REQUIRED_MODULES:
+    for name in required:
         try:
             found = importlib.util.find_spec(name) is not None
         except ModuleNotFoundError:
@@ -90,32 +94,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"zephon_megatron: {exc}", file=sys.stderr)
         return 2
-    missing = missing_megatron_lm()
+    missing = missing_megatron_lm(early.dataloader)
     if missing:
         print(MISSING_MEGATRON_LM.format(missing=", ".join(missing)), file=sys.stderr)
         return 2
 
-    import pretrain_gpt as stock  # Megatron-LM's script, from the checkout
-    from gpt_builders import gpt_builder
-    from megatron.core.enums import ModelType
-    from megatron.training import get_args, pretrain
-    from model_provider import model_provider
+    from megatron.training import get_args
 
+    from zephon_megatron.compat import run_pretrain
+
+    try:  # the stock script's embedding ranks where the checkout has it (0.16)
+        from pretrain_gpt import get_embedding_ranks as embedding_ranks
+    except ImportError:  # Megatron's default: the first and the last pipeline stage
+        embedding_ranks = None
     if early.dataloader == "zephon":
+        from zephon_megatron.compat import install_checkpoint_hook
         from zephon_megatron.loss import make_forward_step
         from zephon_megatron.provider import ZephonDatasetsProvider
+
+        install_checkpoint_hook()  # virtual pipelining's per-chunk iterator lists
 
         dataset_provider: Any = ZephonDatasetsProvider(get_args)
         forward_step: Any = make_forward_step(get_args)
     else:
+        import pretrain_gpt as stock  # Megatron-LM's script, from the checkout
+
         dataset_provider = stock.train_valid_test_datasets_provider
         dataset_provider.is_distributed = True
         forward_step = stock.forward_step
-    sys.argv = [sys.argv[0], *argv]  # pretrain() parses sys.argv itself
-    pretrain(dataset_provider, partial(model_provider, gpt_builder),
-             ModelType.encoder_or_decoder, forward_step, args_defaults=args_defaults,
-             extra_args_provider=make_extra_args_provider(early.dataloader),
-             get_embedding_ranks=stock.get_embedding_ranks)
+    sys.argv = [sys.argv[0], *argv]  # Megatron parses sys.argv itself
+    run_pretrain(dataset_provider, forward_step,
+                 extra_args_provider=make_extra_args_provider(early.dataloader),
+                 args_defaults=args_defaults, get_embedding_ranks=embedding_ranks)
     return 0
 
 

@@ -1,0 +1,140 @@
+"""Megatron-LM's own ``pretrain()`` on CPU with ``--dataloader zephon``: the adapter's real path.
+
+``python -m zephon_megatron.cpu_pretrain --nproc N [--trace DIR] -- <Megatron flags>`` starts
+``N`` ranks on gloo (127.0.0.1), each applying :func:`zephon_megatron.cpu_shims.
+install_for_pretrain` and running :func:`zephon_megatron.pretrain_gpt.main` with
+:data:`CPU_FLAGS` added: Megatron-LM's initialization, training loop, evaluation, optimizer and
+checkpoints run as on a cluster, only on a tiny fp32 model. It needs a Megatron-LM checkout
+(``megatron.training``, ``gpt_builders``, ``model_provider``, ``pretrain_gpt``) on
+``PYTHONPATH`` and ``six`` and ``triton`` (the ``megatron-training`` extra); without one it exits
+with status 2 saying so, as the entry does.
+
+``--trace DIR``: every rank writes ``DIR/trace_rank<r>.json``, the global index and a SHA-256
+of each training microbatch it handed to Megatron, so two runs can be compared token for token
+(tests resume at another data-parallel size and compare with an uninterrupted run).
+
+Model parameters are created on the CPU (``--use-cpu-initialization``). About ten seconds per
+run of a 2-layer model, most of it imports; not a benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+CPU_FLAGS = ("--distributed-backend", "gloo", "--use-cpu-initialization",
+             "--no-gradient-accumulation-fusion", "--no-persist-layer-norm",
+             "--transformer-impl", "local")
+"""What a CPU run of Megatron-LM needs: gloo, parameters made on the CPU, no fused CUDA
+kernels, megatron-core's local layers (no Transformer Engine). fp32: no --bf16/--fp16."""
+
+
+def _trace_training_microbatches(directory: Path, rank: int) -> None:
+    from zephon_megatron.provider import ZephonDataIterator
+
+    records: list[dict[str, Any]] = []
+    handed = ZephonDataIterator.__next__
+
+    def traced(self: ZephonDataIterator) -> Any:
+        out = handed(self)
+        if self.role == "train":
+            digest = hashlib.sha256()
+            for key in sorted(out):
+                digest.update(key.encode())
+                digest.update(out[key].contiguous().numpy().tobytes())
+            records.append({"global_microbatch": self.last_global_microbatch,
+                            "digest": digest.hexdigest()})
+        return out
+
+    ZephonDataIterator.__next__ = traced  # type: ignore[method-assign]
+
+    @atexit.register
+    def write() -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / f"trace_rank{rank}.json").write_text(json.dumps(records))
+
+
+def worker(flags: list[str], trace: str | None) -> int:
+    from zephon_megatron.pretrain_gpt import MISSING_MEGATRON_LM, main, missing_megatron_lm
+
+    missing = missing_megatron_lm()
+    if missing:
+        print(MISSING_MEGATRON_LM.format(missing=", ".join(missing)), file=sys.stderr)
+        return 2
+    from zephon_megatron import cpu_shims
+
+    cpu_shims.install_for_pretrain()
+    if trace:
+        _trace_training_microbatches(Path(trace), int(os.environ["RANK"]))
+    return main([*flags, *CPU_FLAGS])
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def launch(nproc: int, flags: Sequence[str], *, trace: str | None = None,
+           timeout: float = 600.0) -> int:
+    """Run ``nproc`` ranks; rank 0 and the last rank (Megatron logs iterations there) print,
+    the others' output is shown only on failure."""
+    port = str(_free_port())
+    procs = []
+    for rank in range(nproc):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank),
+               "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1",
+               "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+        command = [sys.executable, "-m", "zephon_megatron.cpu_pretrain", "--worker",
+                   *(["--trace", trace] if trace else []), "--", *flags]
+        shown = rank in (0, nproc - 1)
+        procs.append(subprocess.Popen(command, env=env, text=True,
+                                      stdout=None if shown else subprocess.PIPE,
+                                      stderr=None if shown else subprocess.STDOUT))
+    deadline = time.monotonic() + timeout
+    codes = []
+    for rank, proc in enumerate(procs):
+        try:
+            out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for other in procs:
+                other.kill()
+            print(f"cpu_pretrain: rank {rank} did not finish in {timeout:.0f} s",
+                  file=sys.stderr)
+            return 1
+        codes.append(proc.returncode)
+        if proc.returncode and out:
+            print(f"--- rank {rank} ---\n{out[-4000:]}", file=sys.stderr)
+    return next((code for code in codes if code), 0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    own, flags = argv[:cut], argv[cut + 1:]
+    parser = argparse.ArgumentParser(prog="python -m zephon_megatron.cpu_pretrain",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--nproc", type=int, default=1, help="data-parallel ranks (gloo)")
+    parser.add_argument("--trace", default=None, metavar="DIR",
+                        help="write each rank's training microbatch digests here")
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    options = parser.parse_args(own)
+    if options.worker:
+        return worker(flags, options.trace)
+    return launch(options.nproc, flags, trace=options.trace, timeout=options.timeout)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,78 @@
+"""Megatron-LM's own pretrain() on CPU with --dataloader zephon: train with evaluation, save,
+resume at another data-parallel size, and compare the data token for token.
+
+Needs what ``pretrain()`` imports: megatron-core 0.19+ ships ``megatron.training`` (make test
+runs this file under .venv-py312); for 0.16 put a Megatron-LM core_v0.16.1 checkout (with six
+and triton) on PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from megatron_helpers import PACKED, VALIDATION
+
+from zephon_megatron.pretrain_gpt import missing_megatron_lm
+
+pytestmark = [
+    pytest.mark.multiprocess,
+    pytest.mark.skipif(bool(missing_megatron_lm()), reason=(
+        f"Megatron-LM's pretrain() is not importable (missing: {', '.join(missing_megatron_lm())}"
+        "): megatron-core 0.19+ ships it; for 0.16 put a core_v0.16.1 checkout on PYTHONPATH")),
+]
+
+MODEL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+         "--seq-length", "64", "--max-position-embeddings", "64", "--lr", "3e-3",
+         "--min-lr", "3e-4", "--lr-decay-style", "cosine", "--lr-warmup-iters", "1",
+         "--lr-decay-iters", "6", "--seed", "1234", "--log-interval", "1"]
+DATA = ["--micro-batch-size", "2", "--global-batch-size", "8", "--reset-position-ids",
+        "--reset-attention-mask", "--eod-mask-loss", "--calculate-per-token-loss",
+        "--dataloader", "zephon", "--zephon-recipe", str(PACKED),
+        "--zephon-valid-recipe", str(VALIDATION), "--eval-interval", "2", "--eval-iters", "1"]
+
+
+def cpu_pretrain(nproc: int, trace: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "zephon_megatron.cpu_pretrain", "--nproc", str(nproc),
+               "--trace", str(trace), "--timeout", "400", "--", *MODEL, *DATA, *flags]
+    return subprocess.run(command, capture_output=True, text=True, timeout=450)
+
+
+def digests(trace: Path) -> dict[int, str]:
+    out: dict[int, str] = {}
+    for path in sorted(trace.glob("trace_rank*.json")):
+        for record in json.loads(path.read_text()):
+            assert record["global_microbatch"] not in out, "two ranks read one microbatch"
+            out[record["global_microbatch"]] = record["digest"]
+    return out
+
+
+def test_pretrain_evaluates_saves_and_resumes_at_another_dp_size_exactly(
+        tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    first = cpu_pretrain(1, tmp_path / "one", "--train-iters", "6", "--save", str(ckpt),
+                         "--save-interval", "4")
+    log = first.stdout + first.stderr
+    assert first.returncode == 0, log[-6000:]
+    assert "validation loss at iteration 2" in log and "iteration        6/       6" in log
+    # no --dataloader-save: the loader state is part of the checkpoint
+    assert (ckpt / "iter_0000004" / "mp_rank_00" / "train_dataloader_dprank000.pt").is_file()
+
+    resumed = cpu_pretrain(2, tmp_path / "two", "--train-iters", "6", "--load", str(ckpt),
+                           "--ckpt-step", "4", "--save", str(tmp_path / "ckpt2"),
+                           "--save-interval", "100")
+    log = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, log[-6000:]
+    assert "iteration        5/       6" in log and "validation loss at iteration 6" in log
+
+    straight, after = digests(tmp_path / "one"), digests(tmp_path / "two")
+    assert sorted(straight) == list(range(24))  # 6 steps x 4 microbatches
+    assert sorted(after) == list(range(16, 24)), "the resume starts where iteration 4 ended"
+    assert all(after[index] == straight[index] for index in after), \
+        "data after the resume at 2 ranks differs from the uninterrupted run"
+    per_rank = [len(json.loads(p.read_text())) for p in sorted(
+        (tmp_path / "two").glob("trace_rank*.json"))]
+    assert per_rank == [4, 4]
