@@ -5,13 +5,16 @@ Usage (one process per GPU; a Megatron-LM checkout on PYTHONPATH)::
     PYTHONPATH=/path/to/Megatron-LM torchrun --nproc-per-node 8 -m zephon_megatron.pretrain_gpt \\
         <Megatron flags> --calculate-per-token-loss --reset-position-ids \\
         --reset-attention-mask --eod-mask-loss --dataloader zephon \\
-        --zephon-recipe recipes/megatron/pretrain_packed.toml --dataloader-save ckpt/data
+        --zephon-recipe recipes/megatron/pretrain_packed.toml --save ckpt --load ckpt
 
-The megatron-core wheel ships only ``megatron.core``; ``pretrain()``, the model builders and
-Megatron's own ``pretrain_gpt.py`` live in a Megatron-LM checkout. Without one this module
-exits at once (status 2) saying what to install. The stock script cannot be used as it is
-(its argument and dataset providers are fixed, and its get_batch hands TE 2-D cu_seqlens), so
-this module calls ``pretrain()`` itself:
+megatron-core 0.16 ships only ``megatron.core``: ``pretrain()``, the model builders and
+Megatron's own ``pretrain_gpt.py`` live in a Megatron-LM checkout. megatron-core 0.19 also
+ships ``megatron.training``, enough for ``--dataloader zephon`` (the model is built from the
+parsed arguments); ``--dataloader megatron`` still needs the checkout's ``pretrain_gpt.py``.
+Where something is missing this module exits at once (status 2) saying what. The stock script
+cannot be used as it is (its argument and dataset providers are fixed, and its get_batch hands
+TE 2-D cu_seqlens), so this module calls ``pretrain()`` itself
+(:func:`~zephon_megatron.compat.run_pretrain`, either version's signature):
 
 - ``--dataloader megatron`` (the default): Megatron's own dataset provider and forward step
   from the checkout's ``pretrain_gpt.py``, i.e. the stock behaviour plus the adapter's flags;
@@ -21,7 +24,8 @@ this module calls ``pretrain()`` itself:
   ``NullTokenizer`` sized to the recipe's tokenizer (the data arrives as token ids).
 
 The command line is validated against the recipe before Megatron initializes, so a bad recipe
-or a conflicting flag fails in a second, naming the problem.
+or a conflicting flag fails in a second, naming the problem. On CPU the same entry runs under
+:mod:`zephon_megatron.cpu_pretrain`.
 """
 
 from __future__ import annotations
