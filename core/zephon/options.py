@@ -26,6 +26,12 @@ class LoaderOptions:
     """0: the lanes run in the caller's thread, a round at a time. Positive: a background
     thread runs them ahead in agreement windows of up to 16 rounds (one window waiting while
     the previous is handed out). Never changes the data."""
+    workers: int = 0
+    """Processes running the document operators (reading, decoding, tokenizing) beside the
+    lanes: 0 keeps them in the lanes' thread. The data, the state and every resume are the
+    same for every value. Each worker loads the operators (the tokenizer) once, about a second
+    to start and its own copy in memory; worth it where tokenization or Python per-document
+    work is the bottleneck and cores are free (see ``benchmarks/throughput.py``)."""
     process_group: Any = dataclasses.field(default=None, metadata={"recipe": False})
     """The data-parallel group used to agree on the end of data (None: the whole world, over
     a gloo group)."""
@@ -37,7 +43,7 @@ class LoaderOptions:
         if not isinstance(self.io_options, StoreOptions):
             raise ConfigError("options: io_options must be a StoreOptions")
         for name, least in (("lanes", 1), ("dp_world_size", 1), ("prefetch", 0),
-                            ("dp_rank", 0)):
+                            ("dp_rank", 0), ("workers", 0)):
             value = getattr(self, name)
             if value is None and name == "lanes":
                 continue

@@ -181,6 +181,8 @@ class DataRecipe:
     lanes: int | None = None
     """Lanes of the run; None lets it default to the data-parallel size (with a warning)."""
     prefetch: int | None = None
+    workers: int | None = None
+    """Processes for the document operators (``LoaderOptions.workers``); None: 0."""
     mixture: dict[str, Any] = field(default_factory=dict)
     tokenize: dict[str, Any] = field(default_factory=dict)
     ops: list[dict[str, Any]] = field(default_factory=list)
@@ -241,6 +243,7 @@ class DataRecipe:
             seed=top.get("seed", 0),
             lanes=top.get("lanes"),
             prefetch=top.get("prefetch"),
+            workers=top.get("workers"),
             mixture=sections.get("mixture", {}),
             tokenize=tokenize,
             ops=ops,
@@ -399,7 +402,8 @@ class DataRecipe:
 
     def build(self, *, seq_len: int | None = None, microbatch_size: int | None = None,
               dp_rank: int = 0, dp_world_size: int = 1, lanes: int | None = None,
-              process_group: Any = None, prefetch: int | None = None) -> Any:
+              process_group: Any = None, prefetch: int | None = None,
+              workers: int | None = None) -> Any:
         """A Pipeline for this rank. ``seq_len`` packs rows to ``seq_len + 1`` tokens unless
         the recipe fixes ``[pack] max_length``; the framework's values win over the recipe's
         only where the recipe leaves them open, and a conflict is an error."""
@@ -415,6 +419,7 @@ class DataRecipe:
             if self.cache else None,
             lanes=chosen_lanes, dp_rank=dp_rank, dp_world_size=dp_world_size,
             prefetch=prefetch if prefetch is not None else self.prefetch,
+            workers=workers if workers is not None else self.workers,
             process_group=process_group)
         before, after = self._op_specs()
         for spec in (*before, *self._tokenize_specs(), *after):

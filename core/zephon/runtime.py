@@ -26,6 +26,7 @@ from zephon.engine.state import (
     lane_key,
     to_portable,
 )
+from zephon.engine.workers import DocumentWorkers
 from zephon.errors import ConfigError, StateMismatchError
 from zephon.ops.base import (
     BuildContext,
@@ -77,13 +78,19 @@ class Loader:
         self._op_fingerprints = [op.fingerprint() for op in built]
         self._titles = [spec.title for spec in specs]
         self.state_loaded = False
+        self.workers: DocumentWorkers | None = None
+        if options.workers:
+            names = [d.name for d in work_source.datasets]
+            self.workers = DocumentWorkers(
+                {i: [op for op in self.document_ops if applies_to(op.spec, name)]
+                 for i, name in enumerate(names)}, options.workers)
         self._use_source(work_source.bound(options.io_options))
 
     def _use_source(self, source: StaticMixtureWorkSource) -> None:
         """Plan the lanes over ``source`` and start a fresh stream."""
         self.source = source
         self.plan = LanePlan(source, self.document_ops, self._row_ops,
-                             any(s.makes_rows for s in self.specs), self.lanes)
+                             any(s.makes_rows for s in self.specs), self.lanes, self.workers)
         source.plan(self.lanes)
         self._fingerprint = {
             "version": STATE_VERSION,

@@ -89,7 +89,7 @@ def test_an_open_recipe_takes_the_flags(tmp_path: Path) -> None:
     (["--context-parallel-size", "2"], "--context-parallel-size"),
     (["--full-validation"], "--full-validation"),
     (["--transformer-impl", "inference_optimized"], "--transformer-impl"),
-    (["--num-workers", "2"], "--num-workers 2 has no meaning"),
+    (["--num-workers", "-1"], "--num-workers must be >= 0"),
     (["--data-cache-path", "/cache"], "--data-cache-path names Megatron's index cache"),
     (["--eval-iters", "10"], "--eval-iters 10 plans evaluation, but there is no "
                              "--zephon-valid-recipe"),
@@ -118,6 +118,11 @@ def test_megatron_0_19_document_masking_flag_means_reset_attention_mask() -> Non
     argv = megatron_argv(PACKED, masking=["--reset-position-ids", "--eod-mask-loss",
                                           "--dataloader-inter-document-masking"])
     assert settings(argv).masking.document_masking
+
+
+def test_num_workers_keeps_its_megatron_meaning() -> None:
+    assert settings(megatron_argv(PACKED, "--num-workers", "2")).workers == 2
+    assert settings(megatron_argv(PACKED)).workers is None  # the recipe decides (0)
 
 
 def test_loader_state_goes_into_the_checkpoint_without_dataloader_save() -> None:

@@ -248,3 +248,10 @@ def test_middle_pipeline_stages_build_a_pipeline_only_for_document_boundaries(
         assert "cu_seqlens" in next(built[0])
     else:
         assert built == (None, None, None)
+
+
+def test_num_workers_changes_nothing_in_the_microbatches() -> None:
+    plain = tokens(take(iterator(), 6))
+    with_workers = iterator(0, 1, "--num-workers", "2")
+    assert with_workers.pipeline._options.workers == 2
+    assert tokens(take(with_workers, 6)) == plain

@@ -16,6 +16,7 @@ from typing import Any
 from zephon.batch import SampleBatch
 from zephon.engine.mixer import MixNode
 from zephon.engine.source import DatasetSource
+from zephon.engine.workers import DocumentWorkers
 from zephon.errors import StateMismatchError
 from zephon.ops.base import DocumentOperator, Node, RowOperator, applies_to
 from zephon.records import Doc, Record, doc_as_record
@@ -52,13 +53,19 @@ class LanePlan:
     makes_rows: bool
     """Whether the first row operator turns documents into rows (else DocumentRows does)."""
     lanes: int
+    workers: DocumentWorkers | None = None
+    """Worker processes for the document operators (None: the lanes' own thread)."""
+
+    def ops_of(self, dataset: int) -> list[DocumentOperator]:
+        """The document operators that apply to dataset number ``dataset``."""
+        name = self.source.datasets[dataset].name
+        return [op for op in self.document_ops if applies_to(op.spec, name)]
 
     def chain(self, lane: int) -> list[Node]:
         """The nodes of ``lane``, upstream first."""
         source = self.source
-        sources = [DatasetSource(source, i, lane, self.lanes,
-                                 [op for op in self.document_ops if applies_to(op.spec, d.name)])
-                   for i, d in enumerate(source.datasets)]
+        sources = [DatasetSource(source, i, lane, self.lanes, self.ops_of(i), self.workers)
+                   for i in range(len(source.datasets))]
         nodes: list[Node] = [MixNode(sources, source.weights, source.by_tokens,
                                      source.on_exhausted)]
         if not self.makes_rows:

@@ -5,6 +5,10 @@ each unit in their seeded order, and runs the pipeline's document operators (map
 tokenize, ...) over them in read-ahead batches, ahead of the mixer. Each row yields zero or
 more documents (a long document may be split into pieces, a filter may drop it).
 
+With ``options(workers=N)`` the batches go to worker processes
+(:mod:`zephon.engine.workers`), up to ``N`` in flight, and come back in submission order;
+nothing else changes.
+
 State is only the position of the next document the mixer has not taken, ``(k, row, piece)``:
 the k-th unit of this lane, the row inside the unit's order, the document among that row's
 outputs. Documents read ahead are not state: a restore reads the unit again from that position
@@ -17,10 +21,12 @@ from __future__ import annotations
 import functools
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 
+from zephon.engine.workers import DocumentWorkers
 from zephon.io.formats import RowLabel, read_unit
 from zephon.ops.base import DocumentOperator, Dropped
 from zephon.records import Doc
@@ -69,7 +75,7 @@ class DatasetSource:
     """Documents of dataset ``index`` for ``lane`` of ``lanes``; see the module docstring."""
 
     def __init__(self, source: StaticMixtureWorkSource, index: int, lane: int, lanes: int,
-                 ops: Sequence[DocumentOperator]):
+                 ops: Sequence[DocumentOperator], workers: DocumentWorkers | None = None):
         self.source = source
         self.index = index
         self.dataset = source.datasets[index]
@@ -87,6 +93,8 @@ class DatasetSource:
         self._ahead: deque[_Ahead] = deque()
         self._unit: _LoadedUnit | None = None
         self._exhausted = False
+        self.workers = workers if workers is not None and self.ops else None
+        self._in_flight: deque[tuple[list[tuple[int, int, int, int]], Future]] = deque()
 
     # -- state -----------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
@@ -101,6 +109,16 @@ class DatasetSource:
         self._next_chunk = min(self.chunk, _FIRST_CHUNK)
         self._ahead.clear()
         self._exhausted = False
+        self.discard_in_flight()
+
+    def __del__(self) -> None:
+        self.discard_in_flight()
+
+    def discard_in_flight(self) -> None:
+        """Drop the batches sent to workers and not taken yet."""
+        while self._in_flight:
+            _, future = self._in_flight.popleft()
+            DocumentWorkers.discard(future)
 
     # -- reading ---------------------------------------------------------------------------
     def next(self) -> Doc | None:
@@ -134,8 +152,29 @@ class DatasetSource:
         return self._unit
 
     def _fill(self) -> bool:
-        if self._exhausted:
+        if self.workers is None:
+            batch = self._gather()
+            if batch is None:
+                return False
+            docs, labels, where = batch
+            self._settle(where, transform_documents(self.ops, docs, labels))
+            return True
+        while len(self._in_flight) < self.workers.workers:
+            batch = self._gather()
+            if batch is None:
+                break
+            docs, labels, where = batch
+            self._in_flight.append((where, self.workers.submit(self.index, docs, labels)))
+        if not self._in_flight:
             return False
+        where, future = self._in_flight.popleft()
+        self._settle(where, DocumentWorkers.result(future))
+        return True
+
+    def _gather(self) -> tuple[list[Doc], list[Any], list[tuple[int, int, int, int]]] | None:
+        """The next read-ahead batch: documents, their labels, where each came from."""
+        if self._exhausted:
+            return None
         k, row, skip = self._read
         docs: list[Doc] = []
         labels: list[Any] = []
@@ -164,9 +203,12 @@ class DatasetSource:
                 k, row = k + 1, 0
         self._read = (k, row, 0)
         if not docs:
-            return False
-        for (wk, wrow, wskip, epoch), (outputs, drops) in zip(
-                where, transform_documents(self.ops, docs, labels), strict=True):
+            return None
+        return docs, labels, where
+
+    def _settle(self, where: list[tuple[int, int, int, int]],
+                rows: list[tuple[list[Doc], list[str]]]) -> None:
+        for (wk, wrow, wskip, epoch), (outputs, drops) in zip(where, rows, strict=True):
             if wskip:  # resumed inside this row: its drops were counted before
                 outputs, drops = outputs[wskip:], []
             if not outputs:
@@ -176,7 +218,6 @@ class DatasetSource:
                 last = p + 1 == wskip + len(outputs)
                 after = (wk, wrow + 1, 0) if last else (wk, wrow, p + 1)
                 self._ahead.append(_Ahead(doc, after, epoch, drops if p == wskip else []))
-        return True
 
 
 def transform_documents(ops: Sequence[DocumentOperator], docs: list[Doc], labels: list[str]

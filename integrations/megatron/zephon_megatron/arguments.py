@@ -22,7 +22,8 @@ meaning or are refused before the model is built:
                            the checkpoint itself (``iter_N/mp_rank_*/``) and read from
                            ``--load``
 ``--split``                with ``--data-path``: each dataset's train/valid/test documents
-``--num-workers``          refused: there are no DataLoader workers (``--zephon-prefetch``)
+``--num-workers``          processes per reader running the document operators (decode,
+                           tokenize): ``workers`` of the loader; absent: the recipe's, or 0
 ``--data-cache-path``      refused: there is no index cache to place
 =========================  ==========================================================
 
@@ -135,6 +136,8 @@ class ZephonSettings:
     """Where a resume reads the loader state: ``--dataloader-save``, else ``--load``."""
     test_recipe: str | None = None
     """``--zephon-test-recipe``: the test evaluation's data (None: no test)."""
+    workers: int | None = None
+    """``--num-workers`` when given: document-operator processes per reader."""
 
 
 # -- parsers -----------------------------------------------------------------------------------
@@ -340,11 +343,9 @@ def settings_from_args(args: argparse.Namespace,
                                   f"zephon (use one of {sorted(ATTENTION_BY_IMPL)})")
     if args.zephon_prefetch is not None and args.zephon_prefetch < 0:
         raise ZephonArgumentError("--zephon-prefetch must be >= 0")
-    if getattr(args, "num_workers", None) is not None:
-        raise ZephonArgumentError(
-            f"--num-workers {args.num_workers} has no meaning with --dataloader zephon: there "
-            "are no DataLoader worker processes (each reader prepares microbatches in one "
-            "background thread; --zephon-prefetch sets how many). Remove --num-workers")
+    workers = getattr(args, "num_workers", None)
+    if workers is not None and workers < 0:
+        raise ZephonArgumentError(f"--num-workers must be >= 0, got {workers}")
     if getattr(args, "data_cache_path", None):
         raise ZephonArgumentError(
             "--data-cache-path names Megatron's index cache, which --dataloader zephon does not "
@@ -421,7 +422,7 @@ def settings_from_args(args: argparse.Namespace,
         data_path=tuple(data_path) if data_path else None, split=getattr(args, "split", None),
         seed=int(getattr(args, "seed", 1234)),
         log_interval=getattr(args, "log_interval", None), dataloader_load=dataloader_load,
-        test_recipe=test_recipe)
+        test_recipe=test_recipe, workers=workers)
 
 
 def _check_evaluation_flags(args: argparse.Namespace) -> None:

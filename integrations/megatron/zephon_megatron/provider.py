@@ -371,7 +371,7 @@ def build_iterator(recipe: Any, settings: ZephonSettings, topology: Topology, *,
                             microbatch_size=settings.micro_batch_size,
                             dp_rank=topology.dp_rank, dp_world_size=topology.dp_size,
                             lanes=settings.lanes, process_group=topology.dp_group,
-                            prefetch=settings.prefetch)
+                            prefetch=settings.prefetch, workers=settings.workers)
     log_every = None
     if role == "train" and settings.global_batch_size and settings.log_interval:
         per_step = settings.global_batch_size // (settings.micro_batch_size * topology.dp_size)

@@ -1,0 +1,142 @@
+"""Document operators in worker processes: ``options(workers=N)``.
+
+A dataset source hands each read-ahead batch of raw rows (text, a few fields) to one of ``N``
+processes, which runs the pipeline's document operators (decode, map, filter, tokenize, ...)
+over it, exactly as :func:`~zephon.engine.source.transform_documents` does in the caller's
+thread with ``workers=0``. A source keeps up to ``N`` batches in flight and takes the results in
+submission order, so what a lane sees, its state and every resume are the same for every
+``N``: the operators are pure and each document is transformed alone.
+
+Transport: the batch goes out pickled (rows of text are small next to their tokens); the
+result comes back through one shared-memory block per batch. The worker pickles the result
+with protocol 5, which leaves every NumPy buffer (token ids, loss masks) out of band, copies
+those buffers back to back into a ``multiprocessing.shared_memory`` block and returns only the
+pickle's skeleton and the buffer sizes. The caller copies the block once and rebuilds the
+arrays as views of that copy: no token array is pickled, and a batch costs one extra copy of
+its tokens.
+
+Trade-offs, measured on a 2-core machine (``benchmarks/throughput.py``): workers pay off where
+per-document Python work or tokenization dominates and cores are free; each worker loads the
+operators (the tokenizer) once, which takes about a second to start, and holds its own copy
+of them in memory. Operators and their functions must pickle (module-level functions, not
+lambdas); :class:`DocumentWorkers` checks that when it is built and names the operator.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+import weakref
+from collections.abc import Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from multiprocessing import shared_memory
+from typing import Any
+
+from zephon.errors import ConfigError
+from zephon.ops.base import DocumentOperator
+
+Rows = list[tuple[list[Any], list[str]]]
+_OPS: dict[int, tuple[DocumentOperator, ...]] = {}
+
+
+def _start_worker(payload: bytes) -> None:
+    _OPS.update(pickle.loads(payload))
+
+
+def _transform(dataset: int, docs: list[Any], labels: list[Any]
+               ) -> tuple[bytes, str | None, list[int]]:
+    from zephon.engine.source import transform_documents
+
+    rows = transform_documents(_OPS[dataset], docs, labels)
+    buffers: list[pickle.PickleBuffer] = []
+    skeleton = pickle.dumps(rows, protocol=5, buffer_callback=buffers.append)
+    views = [buffer.raw() for buffer in buffers]
+    sizes = [view.nbytes for view in views]
+    if not sum(sizes):
+        return skeleton, None, sizes
+    block = shared_memory.SharedMemory(create=True, size=sum(sizes))
+    offset = 0
+    for view, size in zip(views, sizes, strict=True):
+        block.buf[offset:offset + size] = view
+        offset += size
+    name = block.name
+    block.close()
+    return skeleton, name, sizes
+
+
+def _unpack(shipped: tuple[bytes, str | None, list[int]]) -> Rows:
+    skeleton, name, sizes = shipped
+    if name is None:
+        return pickle.loads(skeleton, buffers=[b""] * len(sizes))
+    block = shared_memory.SharedMemory(name=name)
+    try:
+        data = bytearray(block.buf[:sum(sizes)])
+    finally:
+        block.close()
+        block.unlink()
+    view = memoryview(data)
+    buffers, offset = [], 0
+    for size in sizes:
+        buffers.append(view[offset:offset + size])
+        offset += size
+    return pickle.loads(skeleton, buffers=buffers)
+
+
+def _free(future: Future) -> None:
+    if not future.cancelled() and future.exception() is None:
+        _unpack(future.result())
+
+
+def _discard(future: Future) -> None:
+    """Free the shared memory of a result nobody will read, now or when it is done."""
+    if not future.cancel():
+        future.add_done_callback(_free)
+
+
+class DocumentWorkers:
+    """``workers`` processes running the document operators of every dataset.
+
+    ``ops_by_dataset`` maps a dataset's index to its operators. The processes start on the
+    first :meth:`submit` (spawned, so the caller's threads are never forked)."""
+
+    def __init__(self, ops_by_dataset: dict[int, Sequence[DocumentOperator]], workers: int):
+        self.workers = workers
+        self._payload = self._pickle(ops_by_dataset)
+        self._pool: ProcessPoolExecutor | None = None
+        self._finalizer: weakref.finalize | None = None
+
+    @staticmethod
+    def _pickle(ops_by_dataset: dict[int, Sequence[DocumentOperator]]) -> bytes:
+        for ops in ops_by_dataset.values():
+            for op in ops:
+                try:
+                    pickle.dumps(op)
+                except Exception as exc:
+                    raise ConfigError(
+                        f"options(workers=...) runs {op.spec.title} in worker processes, but "
+                        f"it cannot be sent there ({type(exc).__name__}: {exc}); define its "
+                        "functions at module level, or use workers=0") from None
+        return pickle.dumps({i: tuple(ops) for i, ops in ops_by_dataset.items()})
+
+    def submit(self, dataset: int, docs: list[Any], labels: list[Any]) -> Future:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
+                initializer=_start_worker, initargs=(self._payload,))
+            self._finalizer = weakref.finalize(self, self._pool.shutdown, wait=True,
+                                               cancel_futures=True)
+        return self._pool.submit(_transform, dataset, docs, labels)
+
+    @staticmethod
+    def result(future: Future) -> Rows:
+        return _unpack(future.result())
+
+    @staticmethod
+    def discard(future: Future) -> None:
+        _discard(future)
+
+    def close(self) -> None:
+        """Stop the processes (started again by the next :meth:`submit`)."""
+        if self._finalizer is not None:
+            self._finalizer()
+        self._pool = self._finalizer = None

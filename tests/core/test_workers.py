@@ -1,0 +1,100 @@
+"""options(workers=N): document operators in worker processes give the same data and state."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+from tests.conftest import write_jsonl
+from tests.core import toy_ops
+from zephon import Pipeline
+from zephon.demo.assets import make_documents
+from zephon.engine.workers import DocumentWorkers, _transform, _unpack
+from zephon.errors import ConfigError
+from zephon.io import Dataset
+from zephon.records import Doc
+from zephon.work import MixtureSpec, StaticMixtureWorkSource
+
+
+def source_for(paths: dict) -> StaticMixtureWorkSource:
+    datasets = [Dataset.from_path(n, p) for n, p in paths.items()]
+    return StaticMixtureWorkSource(datasets, MixtureSpec(dict.fromkeys(paths, 1.0)),
+                                   seed=3, unit_bytes=2048, on_exhausted="drain")
+
+
+def pipeline(paths: dict, tokenizer_dir: str, workers: int) -> Pipeline:
+    return (Pipeline(source_for(paths)).options(lanes=2, workers=workers)
+            .filter(toy_ops.keep_even_length).tokenize(tokenizer_id=tokenizer_dir,
+                                                 max_document_tokens=40)
+            .pack_flat(65).shuffle(8).batch(2))
+
+
+def tokens(batches) -> list[list[list[int]]]:
+    return [[r.payload["input_ids"].tolist() for r in b.records] for b in batches]
+
+
+def test_every_worker_count_gives_the_same_batches_and_resumes_the_same(
+        two_datasets, tokenizer_dir) -> None:
+    reference = pipeline(two_datasets, tokenizer_dir, 0)
+    straight = tokens(reference)
+    assert len(straight) > 20
+    for workers in (1, 2):
+        run = pipeline(two_datasets, tokenizer_dir, workers)
+        it = iter(run)
+        head = tokens(next(it) for _ in range(7))
+        state = run.state_dict()
+        assert head == straight[:7], f"workers={workers}"
+        resumed = pipeline(two_datasets, tokenizer_dir, 0 if workers == 2 else 2)
+        resumed.load_state_dict(state)
+        assert tokens(resumed) == straight[7:], f"resume of workers={workers}"
+        assert str(resumed.report()) == str(reference.report())  # counts, drops, filtered
+        rest = tokens(it)
+        assert rest == straight[7:], f"workers={workers} after a state_dict"
+        assert str(run.report()) == str(reference.report())
+
+
+def test_results_come_back_through_shared_memory_not_pickled(tokenizer_dir) -> None:
+    from zephon.engine import workers as module
+    from zephon.ops.base import BuildContext
+    from zephon.ops.tokenize import TokenizeSpec
+
+    op = TokenizeSpec(tokenizer_id=tokenizer_dir).build(BuildContext(seed=0, lanes=1))
+    module._OPS[0] = (op,)
+    texts = make_documents(30, seed=4, min_words=200, max_words=300)
+    docs = [Doc(None, f"d{i}", "d", fields={"text": t}) for i, t in enumerate(texts)]
+    shipped = _transform(0, docs, [f"row {i}" for i in range(len(docs))])
+    skeleton, name, sizes = shipped
+    token_bytes = sum(int(d.tokens.nbytes) for row, _ in _unpack(
+        _transform(0, docs, ["x"] * len(docs))) for d in row)
+    assert name is not None and sum(sizes) >= token_bytes
+    assert len(skeleton) < token_bytes / 4, "token arrays travelled inside the pickle"
+    rows = _unpack(shipped)
+    assert [len(r) for r, _ in rows] == [1] * len(texts)
+    assert all(isinstance(d.tokens, np.ndarray) and d.tokens.dtype == np.int32
+               for r, _ in rows for d in r)
+
+
+def test_operators_that_cannot_reach_a_worker_are_named(tmp_path, tokenizer_dir) -> None:
+    write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_documents(5, seed=1)])
+    local = Pipeline(source_for({"d": tmp_path / "d.jsonl"})).options(workers=1).filter(
+        lambda doc: True).tokenize(tokenizer_id=tokenizer_dir).pack_flat(33).batch(1)
+    with pytest.raises(ConfigError, match=r"filter.*cannot be sent.*workers=0"):
+        iter(local)
+
+
+def test_workers_must_not_be_negative(tmp_path) -> None:
+    write_jsonl(tmp_path / "d.jsonl", [{"text": "ka"}])
+    with pytest.raises(ConfigError, match="workers must be an integer >= 0"):
+        Pipeline(source_for({"d": tmp_path / "d.jsonl"})).options(workers=-1)
+
+
+def test_document_workers_pickle_their_operators_once(tokenizer_dir) -> None:
+    from zephon.ops.base import BuildContext
+    from zephon.ops.tokenize import TokenizeSpec
+
+    op = TokenizeSpec(tokenizer_id=tokenizer_dir).build(BuildContext(seed=0, lanes=1))
+    pool = DocumentWorkers({0: [op]}, 2)
+    assert pickle.loads(pool._payload)[0][0].spec == op.spec
+    pool.close()
