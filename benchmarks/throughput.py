@@ -7,11 +7,13 @@ subprocesses, alternating ``--repeats`` times:
 - ``bare``: the HF fast tokenizer (Rust backend) batch-encoding the same texts, 256 per call,
   ids converted to int32 arrays: the floor any loader that tokenizes on the fly pays;
 - ``pipeline``: ``tokenize -> pack_flat(2049, "wrap") -> batch(8) -> to_training(return_labels)``
-  over the same files, from constructing the Pipeline to the last batch.
+  over the same files, from constructing the Pipeline to the last batch, once per
+  ``--workers`` value (``options(workers=N)``: N processes run the tokenizer; their CPU time
+  is counted with the pipeline's).
 
 Prints tokens/s of both (medians), the median ratio of side-by-side pairs in throughput and in
 CPU seconds per token, the pipeline's time to first batch, and the peak RSS of each process.
-Usage: ``python -m benchmarks.throughput [--docs 10000]``.
+Usage: ``python -m benchmarks.throughput [--docs 10000] [--workers 0,2]``.
 """
 
 from __future__ import annotations
@@ -56,8 +58,12 @@ def peak_rss_mib() -> float:
 
 
 def cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+    """This process's CPU time and that of its finished children (worker processes)."""
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        total += usage.ru_utime + usage.ru_stime
+    return total
 
 
 def child_bare(paths: dict[str, str]) -> dict[str, float]:
@@ -82,7 +88,9 @@ def child_bare(paths: dict[str, str]) -> dict[str, float]:
             "rss_mib": peak_rss_mib()}
 
 
-def child_pipeline(paths: dict[str, str]) -> dict[str, float]:
+def child_pipeline(paths: dict[str, str], workers: int) -> dict[str, float]:
+    import gc
+
     import torch  # noqa: F401 - a trainer has torch loaded before it builds its loader
 
     from zephon import Pipeline
@@ -93,7 +101,8 @@ def child_pipeline(paths: dict[str, str]) -> dict[str, float]:
     start = time.perf_counter()
     source = StaticMixtureWorkSource([Dataset.from_path("bench", paths["data"])],
                                      MixtureSpec({"bench": 1.0}), seed=0)
-    pipeline = (Pipeline(source).tokenize(tokenizer_id=paths["tokenizer"], field="text")
+    pipeline = (Pipeline(source).options(workers=workers)
+                .tokenize(tokenizer_id=paths["tokenizer"], field="text")
                 .pack_flat(2049, "wrap").batch(8, drop_last=False))
     tokens = 0
     first = None
@@ -104,6 +113,8 @@ def child_pipeline(paths: dict[str, str]) -> dict[str, float]:
             first = time.perf_counter() - start
     elapsed = time.perf_counter() - start
     report = pipeline.report()
+    del pipeline
+    gc.collect()  # stops the worker processes, so their CPU time is counted
     return {"tokens": tokens, "seconds": elapsed, "cpu": cpu_seconds() - cpu,
             "first_batch_s": first,
             "rss_mib": peak_rss_mib(), "padding": report.padding_tokens,
@@ -116,45 +127,52 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--root", default=".bench")
-    parser.add_argument("--child", choices=["bare", "pipeline"])
+    parser.add_argument("--workers", default="0",
+                        help="comma-separated worker counts to measure the pipeline with")
+    parser.add_argument("--child")
     parser.add_argument("--paths")
     args = parser.parse_args()
     if args.child:
         paths = json.loads(args.paths)
-        result = child_bare(paths) if args.child == "bare" else child_pipeline(paths)
+        if args.child == "bare":
+            result = child_bare(paths)
+        else:
+            result = child_pipeline(paths, int(args.child.split(":")[1]))
         print(json.dumps(result))
         return
     print(f"building corpus: {args.docs} documents in {args.files} Parquet files "
           f"(cached under {args.root})", flush=True)
     paths = build_corpus(Path(args.root), args.docs, args.files)
-    runs: dict[str, list[dict[str, float]]] = {"bare": [], "pipeline": []}
+    kinds = ["bare", *(f"pipeline:{int(w)}" for w in args.workers.split(","))]
+    runs: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
     for repeat in range(args.repeats):
-        for kind in ("bare", "pipeline"):
+        for kind in kinds:
             out = subprocess.run([sys.executable, __file__, "--child", kind, "--paths",
                                   json.dumps(paths)], capture_output=True, text=True, check=True)
             result = json.loads(out.stdout.strip().splitlines()[-1])
             runs[kind].append(result)
-            print(f"  run {repeat + 1} {kind:<8} {result['tokens'] / result['seconds']:>12,.0f} "
+            print(f"  run {repeat + 1} {kind:<10} {result['tokens'] / result['seconds']:>12,.0f} "
                   f"tokens/s  ({result['tokens']:,} tokens, {result['seconds']:.1f} s wall, "
                   f"{result['cpu']:.1f} s CPU, "
                   f"peak RSS {result['rss_mib']:.0f} MiB)", flush=True)
     bare = statistics.median(r["tokens"] / r["seconds"] for r in runs["bare"])
-    pipe = statistics.median(r["tokens"] / r["seconds"] for r in runs["pipeline"])
-    first = statistics.median(r["first_batch_s"] for r in runs["pipeline"])
-    # Ratios of adjacent runs: a shared machine's speed drifts more between repeats than
-    # between two runs a few seconds apart.
-    pairs = list(zip(runs["pipeline"], runs["bare"], strict=True))
-    ratio = statistics.median((p["tokens"] / p["seconds"]) / (b["tokens"] / b["seconds"])
-                              for p, b in pairs)
-    cpu_ratio = statistics.median((p["cpu"] / p["tokens"]) / (b["cpu"] / b["tokens"])
+    print(f"\nbare tokenizer      {bare:>12,.0f} tokens/s, peak RSS "
+          f"{max(r['rss_mib'] for r in runs['bare']):.0f} MiB")
+    for kind in kinds[1:]:
+        pipe = statistics.median(r["tokens"] / r["seconds"] for r in runs[kind])
+        first = statistics.median(r["first_batch_s"] for r in runs[kind])
+        # Ratios of adjacent runs: a shared machine's speed drifts more between repeats than
+        # between two runs a few seconds apart.
+        pairs = list(zip(runs[kind], runs["bare"], strict=True))
+        ratio = statistics.median((p["tokens"] / p["seconds"]) / (b["tokens"] / b["seconds"])
                                   for p, b in pairs)
-    print(f"\nbare tokenizer   {bare:>12,.0f} tokens/s")
-    print(f"zephon pipeline  {pipe:>12,.0f} tokens/s")
-    print(f"ratio            {ratio:>12.2f}x throughput, {cpu_ratio:.2f}x CPU per token "
-          "(medians of side-by-side pairs)")
-    print(f"first batch      {first:>12.2f} s")
-    print(f"peak RSS         {max(r['rss_mib'] for r in runs['pipeline']):>12.0f} MiB (pipeline), "
-          f"{max(r['rss_mib'] for r in runs['bare']):.0f} MiB (bare)")
+        cpu_ratio = statistics.median((p["cpu"] / p["tokens"]) / (b["cpu"] / b["tokens"])
+                                      for p, b in pairs)
+        workers = kind.split(":")[1]
+        print(f"pipeline workers={workers:<2} {pipe:>10,.0f} tokens/s: {ratio:.2f}x the bare "
+              f"tokenizer, {cpu_ratio:.2f}x its CPU per token (medians of side-by-side "
+              f"pairs); first batch {first:.2f} s; peak RSS "
+              f"{max(r['rss_mib'] for r in runs[kind]):.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ per step as gradient all-reduces impose). Prints, per run: data-wait p50/p99/max
 first batch, the total wait as a share of wall time (after the first batch), the time to the
 10th batch, and the step-time inflation against the loop without a loader.
 
-Usage: ``python -m benchmarks.trainer_wait [--steps 120] [--docs 4000]``.
+Usage: ``python -m benchmarks.trainer_wait [--steps 120] [--docs 4000] [--workers N]``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from pathlib import Path
 BUSY_S = 0.002
 
 
-def pipeline_for(paths: dict[str, str], rank: int = 0, world: int = 1, prefetch: int = 4):
+def pipeline_for(paths: dict[str, str], rank: int = 0, world: int = 1, prefetch: int = 4,
+                 workers: int = 0):
     from zephon import Pipeline
     from zephon.io import Dataset
     from zephon.work import StaticMixtureWorkSource
@@ -35,13 +36,13 @@ def pipeline_for(paths: dict[str, str], rank: int = 0, world: int = 1, prefetch:
     source = StaticMixtureWorkSource([Dataset.from_path("bench", paths["data"])], seed=0,
                                      repeat=True)
     return (Pipeline(source).options(lanes=4, dp_rank=rank, dp_world_size=world,
-                                     prefetch=prefetch)
+                                     prefetch=prefetch, workers=workers)
             .tokenize(tokenizer_id=paths["tokenizer"]).pack_flat(2049, "wrap").batch(4))
 
 
-def capacity(paths: dict[str, str], batches: int) -> float:
+def capacity(paths: dict[str, str], batches: int, workers: int = 0) -> float:
     """Microbatches per second of a tight loop, read ahead as in training (after 10)."""
-    iterator = iter(pipeline_for(paths))
+    iterator = iter(pipeline_for(paths, workers=workers))
     for _ in range(10):
         next(iterator)
     start = time.perf_counter()
@@ -51,7 +52,7 @@ def capacity(paths: dict[str, str], batches: int) -> float:
 
 
 def trainer(paths: dict[str, str], step_s: float, steps: int, rank: int, world: int,
-            port: int | None) -> dict[str, float]:
+            port: int | None, workers: int = 0) -> dict[str, float]:
     import torch  # noqa: F401 - a trainer has torch loaded before it builds its loader
 
     if world > 1:
@@ -60,7 +61,7 @@ def trainer(paths: dict[str, str], step_s: float, steps: int, rank: int, world: 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world)
     start = time.perf_counter()
-    iterator = iter(pipeline_for(paths, rank, world))
+    iterator = iter(pipeline_for(paths, rank, world, workers=workers))
     waits, tenth = [], None
     for step in range(steps):
         asked = time.perf_counter()
@@ -85,11 +86,13 @@ def trainer(paths: dict[str, str], step_s: float, steps: int, rank: int, world: 
             "inflation": (wall - waits[0]) / (step_s * (steps - 1)) - 1}
 
 
-def run_child(paths: dict[str, str], step_s: float, steps: int, world: int) -> list[dict]:
+def run_child(paths: dict[str, str], step_s: float, steps: int, world: int,
+              workers: int = 0) -> list[dict]:
     port = _free_port()
     procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.trainer_wait", "--child",
                                json.dumps({"paths": paths, "step_s": step_s, "steps": steps,
-                                           "rank": r, "world": world, "port": port})],
+                                           "rank": r, "world": world, "port": port,
+                                           "workers": workers})],
                               stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})
              for r in range(world)]
@@ -107,17 +110,19 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--docs", type=int, default=4000)
     parser.add_argument("--root", default=".bench")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="options(workers=N) of every pipeline, the capacity's included")
     parser.add_argument("--child")
     args = parser.parse_args()
     if args.child:
         spec = json.loads(args.child)
         print(json.dumps(trainer(spec["paths"], spec["step_s"], spec["steps"], spec["rank"],
-                                 spec["world"], spec["port"])))
+                                 spec["world"], spec["port"], spec.get("workers", 0))))
         return
     from benchmarks.throughput import build_corpus
 
     paths = build_corpus(Path(args.root), args.docs, 8)
-    rate = capacity(paths, 100)
+    rate = capacity(paths, 100, args.workers)
     print(f"capacity: {rate:.1f} microbatches/s of 4 x 2049 tokens "
           f"({rate * 4 * 2049:,.0f} tokens/s), one rank, tight loop with read-ahead")
     print(f"{'load':>6}{'ranks':>7}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'wait %':>8}"
@@ -126,7 +131,7 @@ def main() -> None:
         for world in (1, 2):
             # Two ranks share this machine's cores: each runs at the load of its share.
             step_s = 1 / (load * rate / world)
-            results = run_child(paths, step_s, args.steps, world)
+            results = run_child(paths, step_s, args.steps, world, args.workers)
             worst = max(results, key=lambda r: r["wait_share"])
             print(f"{load:>6.0%}{world:>7}{worst['p50_ms']:>9.2f}{worst['p99_ms']:>9.2f}"
                   f"{worst['max_ms']:>9.1f}{100 * worst['wait_share']:>7.2f}%"
