@@ -8,7 +8,14 @@ TORCH_PIN := torch==2.13.0
 STAMP := $(VENV)/.installed
 # The Megatron tests and smoke run again under Python 3.12 with the newest megatron-core
 # (0.17+ needs 3.12; there torch 2.13.0 is a CUDA build from the registry, about 5 GB).
-PYTHON312 ?= $(shell command -v python3.12 2>/dev/null || ls $$(pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12 2>/dev/null | head -n 1)
+# The first candidate that really runs Python 3.12: a pyenv shim answers `command -v` even when
+# 3.12 is not among the active versions, so each candidate is asked for its version.
+ifeq ($(origin PYTHON312),undefined)
+PYTHON312 := $(shell for p in "$$(command -v python3.12 2>/dev/null)" \
+  $$(ls -d $$(pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12 2>/dev/null); do \
+  [ -n "$$p" ] && "$$p" -c 'import sys; assert sys.version_info[:2] == (3, 12)' \
+  >/dev/null 2>&1 && { echo "$$p"; break; }; done)
+endif
 VENV312 := .venv-py312
 PY312 := $(VENV312)/bin/python
 MEGATRON_CORE_312 := megatron-core==0.19.2
