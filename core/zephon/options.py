@@ -24,8 +24,15 @@ class LoaderOptions:
     """Number of data-parallel ranks (given by the framework)."""
     prefetch: int = 4
     """0: the lanes run in the caller's thread, a round at a time. Positive: a background
-    thread runs them ahead in agreement windows of up to 16 rounds (one window waiting while
-    the previous is handed out). Never changes the data."""
+    thread runs them ahead, within ``read_ahead_tokens``. Never changes the data."""
+    read_ahead_tokens: int = 1 << 24
+    """Tokens the background thread may hold ahead of the consumer (with ``prefetch > 0``):
+    three windows of rounds (a round is one microbatch of every lane this rank owns), each
+    window of up to 16 rounds. The default, 16.8M tokens, is about 130 MiB of token ids and
+    positions, and holds 16-round windows while a round is under 350k tokens (for example 8
+    lanes of 8 x 4097). Smaller budgets shrink the windows down to one round, which costs one
+    end-of-data agreement per round. Rounds of unpacked rows have no fixed size and always
+    use 16-round windows."""
     workers: int = 0
     """Processes running the document operators (reading, decoding, tokenizing) beside the
     lanes: 0 keeps them in the lanes' thread. The data, the state and every resume are the
@@ -43,7 +50,7 @@ class LoaderOptions:
         if not isinstance(self.io_options, StoreOptions):
             raise ConfigError("options: io_options must be a StoreOptions")
         for name, least in (("lanes", 1), ("dp_world_size", 1), ("prefetch", 0),
-                            ("dp_rank", 0), ("workers", 0)):
+                            ("dp_rank", 0), ("workers", 0), ("read_ahead_tokens", 1)):
             value = getattr(self, name)
             if value is None and name == "lanes":
                 continue

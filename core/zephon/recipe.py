@@ -46,7 +46,8 @@ the section and the key. The keys are not listed here but derived from the class
 them (:func:`recipe_schema`): the operator specs (``[tokenize]``, ``[pack]``, ``[shuffle]``,
 ``[batch]``, ``[[ops]]``), ``TokenEstimation`` and the work source's options (``[mixture]``,
 ``[work]``), ``CacheOptions`` (``[cache]``), ``TrainingOptions`` (``[to_training]``) and
-``LoaderOptions`` (top-level ``lanes``, ``prefetch``), so a new field is a new key.
+``LoaderOptions`` (top-level ``lanes``, ``prefetch``, ``read_ahead_tokens``, ``workers``), so a
+new field is a new key.
 
 Mixing is by tokens when ``[mixture] by = "tokens"`` or any token-estimation key (``primer``,
 ``calibration_samples``, ``calibration_shards_max``) is given, by documents otherwise: the
@@ -181,6 +182,8 @@ class DataRecipe:
     lanes: int | None = None
     """Lanes of the run; None lets it default to the data-parallel size (with a warning)."""
     prefetch: int | None = None
+    read_ahead_tokens: int | None = None
+    """Read-ahead budget (``LoaderOptions.read_ahead_tokens``); None: its default."""
     workers: int | None = None
     """Processes for the document operators (``LoaderOptions.workers``); None: 0."""
     mixture: dict[str, Any] = field(default_factory=dict)
@@ -243,6 +246,7 @@ class DataRecipe:
             seed=top.get("seed", 0),
             lanes=top.get("lanes"),
             prefetch=top.get("prefetch"),
+            read_ahead_tokens=top.get("read_ahead_tokens"),
             workers=top.get("workers"),
             mixture=sections.get("mixture", {}),
             tokenize=tokenize,
@@ -419,6 +423,7 @@ class DataRecipe:
             if self.cache else None,
             lanes=chosen_lanes, dp_rank=dp_rank, dp_world_size=dp_world_size,
             prefetch=prefetch if prefetch is not None else self.prefetch,
+            read_ahead_tokens=self.read_ahead_tokens,
             workers=workers if workers is not None else self.workers,
             process_group=process_group)
         before, after = self._op_specs()

@@ -15,9 +15,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from zephon.batch import SampleBatch
-from zephon.engine.agreement import RoundAgreement
+from zephon.engine.agreement import RoundAgreement, check_agreement_group
 from zephon.engine.lane import LanePlan
-from zephon.engine.rank import RankStream
+from zephon.engine.rank import RankStream, window_rounds
 from zephon.engine.source import projected_columns, transform_documents
 from zephon.engine.state import (
     STATE_VERSION,
@@ -36,6 +36,8 @@ from zephon.ops.base import (
     applies_to,
     check_chain,
 )
+from zephon.ops.batch import BatchSpec
+from zephon.ops.pack import PackSpec
 from zephon.options import LoaderOptions
 from zephon.progress import progress
 from zephon.records import Doc
@@ -70,6 +72,7 @@ class Loader:
                 f"sizes for {self.lanes} lanes are {_divisors(self.lanes)}")
         if work_source.by_tokens and not any(s.makes_tokens for s in specs):
             raise ConfigError("token_estimation (mixing by tokens) needs tokenize(...)")
+        check_agreement_group(options.process_group)
         context = BuildContext(seed=work_source.seed, lanes=self.lanes)
         built = [spec.build(context) for spec in specs]
         self.specs = list(specs)
@@ -99,9 +102,13 @@ class Loader:
             "ops": self._op_fingerprints,
         }
         options = self.options
-        self.stream = RankStream(self.plan, options.dp_rank, options.dp_world_size,
-                                 options.prefetch,
-                                 RoundAgreement(options.dp_world_size, options.process_group))
+        owned = self.lanes // options.dp_world_size
+        per_microbatch = microbatch_tokens(self.specs)
+        self.stream = RankStream(
+            self.plan, options.dp_rank, options.dp_world_size, options.prefetch,
+            RoundAgreement(options.dp_world_size, options.process_group),
+            window_rounds(options.read_ahead_tokens,
+                          per_microbatch * owned if per_microbatch else None))
 
     def _follow_moved_branches(self, saved: dict[str, Any]) -> None:
         """Re-pin Hub datasets whose branch moved since ``saved`` (a state fingerprint) to
@@ -242,6 +249,16 @@ class Loader:
             [*source.weights, *[0.0] * len(source.unused)], source.by_tokens,
             sum(s["microbatches"] for s in snapshots), stream.leftover, stream.finished,
             {ds.name: ds.skipped_files() for ds in source.datasets})
+
+
+def microbatch_tokens(specs: Sequence[OperatorSpec]) -> int | None:
+    """Tokens in one microbatch when rows have a fixed length (flat packing then batching),
+    else None."""
+    pack = next((s for s in specs if isinstance(s, PackSpec) and s.flat), None)
+    batch = next((s for s in specs if isinstance(s, BatchSpec)), None)
+    if pack is None or batch is None:
+        return None
+    return pack.max_length * batch.microbatch_size
 
 
 def _measure(ops: Sequence[DocumentOperator]) -> Any:

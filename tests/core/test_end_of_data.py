@@ -82,8 +82,9 @@ from zephon import Pipeline
 from zephon.io import Dataset
 from zephon.work import MixtureSpec, StaticMixtureWorkSource
 
-rank, world, port, short, long, tokenizer, out, prefetch = sys.argv[1:9]
-rank, world = int(rank), int(world)
+import time
+rank, world, port, short, long, tokenizer, out, prefetch, pause = sys.argv[1:10]
+rank, world, pause = int(rank), int(world), float(pause)
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                         world_size=world)
 source = StaticMixtureWorkSource(
@@ -96,25 +97,28 @@ batches, tokens, before = 0, 0, calls[0]
 for batch in pipeline:
     batches += 1
     tokens += sum(s.length for r in batch.records for s in r.meta["documents"])
+    time.sleep(pause)  # a trainer's step
 agreements = calls[0] - before
 dist.barrier()
 report = pipeline.report()
 json.dump({"batches": batches, "tokens": tokens, "agreements": agreements,
+           "kinds": pipeline.loader().stream.agreements,
            "leftover": report.leftover, "dropped": report.dropped,
            "read": sum(d.tokens for d in report.datasets)}, open(out, "w"))
 dist.destroy_process_group()
 """
 
 
-def run_ranks(tmp_path, two_datasets, tokenizer_dir, world, prefetch):
+def run_ranks(tmp_path, two_datasets, tokenizer_dir, world, prefetch, pause=0.0):
     script = tmp_path / "counting_worker.py"
     script.write_text(COUNTING_WORKER)
     port = free_port()
-    outs = [tmp_path / f"count{prefetch}_rank{r}.json" for r in range(world)]
+    outs = [tmp_path / f"count{prefetch}_{pause}_rank{r}.json" for r in range(world)]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     procs = [subprocess.Popen([sys.executable, str(script), str(r), str(world), str(port),
                                str(two_datasets["short"]), str(two_datasets["long"]),
-                               tokenizer_dir, str(outs[r]), str(prefetch)], env=env)
+                               tokenizer_dir, str(outs[r]), str(prefetch), str(pause)],
+                              env=env)
              for r in range(world)]
     for proc in procs:
         assert proc.wait(timeout=240) == 0
@@ -137,3 +141,22 @@ def test_four_ranks_agree_once_per_window_not_per_round(two_datasets, tokenizer_
     assert all(r["agreements"] >= rounds for r in per_round)  # prefetch=0: one per round
     per_100 = 100 * windowed[0]["agreements"] / windowed[0]["batches"]
     assert per_100 < 100 / 2 / 4  # < a quarter of one per round of 2 microbatches
+    # Whether an agreement is issued ahead or on demand is itself agreed: every rank issues
+    # the same collectives in the same order.
+    assert all(r["kinds"] == windowed[0]["kinds"] for r in windowed)
+
+
+@pytest.mark.multiprocess
+def test_a_trainer_paced_consumer_agrees_ahead_of_need(two_datasets, tokenizer_dir, tmp_path):
+    """With a step between microbatches the producers run ahead, and the agreements are
+    issued a window ahead (asynchronously) instead of when the consumer needs them."""
+    paced = run_ranks(tmp_path, two_datasets, tokenizer_dir, 4, prefetch=4, pause=0.01)
+    batches = {r["batches"] for r in paced}
+    assert len(batches) == 1 and batches.pop() > 50
+    kinds = paced[0]["kinds"]
+    assert all(r["kinds"] == kinds for r in paced)
+    assert all(r["agreements"] == kinds["ahead"] + kinds["on_demand"] for r in paced)
+    assert kinds["ahead"] >= 1, kinds
+    for result in paced:
+        assert result["tokens"] + result["leftover"]["tokens"] + result["dropped"]["tokens"] \
+            == result["read"]

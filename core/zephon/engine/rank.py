@@ -1,39 +1,48 @@
-"""The per-rank iterator: owned lanes, round-robin hand-out, prefetch, consumed state.
+"""The per-rank iterator: owned lanes, round-robin hand-out, read-ahead, consumed state.
 
 Rank ``r`` of ``W`` owns the lanes ``l`` with ``l % W == r`` and hands out, round by round, the
 next microbatch of each of its lanes in lane order; global microbatch ``m`` is therefore the
 ``m // L``-th microbatch of lane ``m % L`` for every ``W`` that divides ``L``.
 
-With ``prefetch > 0`` a producer thread runs the lanes ahead of the consumer in agreement
-windows of 1, 2, 4, 8, then 16 rounds, one window waiting while the consumer hands out the
-previous one (so up to 32 rounds ahead), and attaches to every microbatch the snapshot its lane
-had right after making it. Handing the microbatch to the caller makes that snapshot the lane's
-consumed state, so the state always describes what the trainer received, never what was
-prefetched. ``prefetch=0`` runs the lanes in the caller's thread, a round at a time. Either way
-the lanes produce the same microbatches.
+Read-ahead. With ``prefetch > 0`` a producer thread runs the lanes ahead of the consumer in
+windows of 1, 2, 4, ... rounds up to :func:`window_rounds` (at most 16): the largest window for
+which :data:`WINDOWS_HELD` windows fit in ``read_ahead_tokens``. At most that many windows
+exist at once (the one being handed out and the ones made ahead); the producer waits for room
+before it makes the next, so read-ahead memory is bounded by the token budget, not by a
+microbatch count. Every microbatch carries the snapshot its lane had right after making it;
+handing it to the caller makes that snapshot the lane's consumed state, so the state always
+describes what the trainer received, never what was read ahead. ``prefetch=0`` runs the lanes
+in the caller's thread, a round at a time. Either way the lanes produce the same microbatches.
+
+End of data. A round is complete when every lane has its microbatch; the run ends on all ranks
+at the first incomplete round. Ranks agree per window, not per microbatch
+(:mod:`zephon.engine.agreement`): the consumer issues the agreement for the next window when it
+starts handing out the current one, asynchronously, and reads the result when it needs it, so
+the collective's latency hides behind a window of training. Where the next window was not yet
+made on every rank, the result says so and the consumer agrees again, synchronously, when it
+needs that window; it then goes on synchronously (once per window) until an agreement finds
+every rank a window ahead. Every choice between the two depends only on agreed results, so all
+ranks issue the same collectives in the same order, and a consumer that stops never leaves a
+collective its peers did not also issue. Each rank then runs its lanes to their end and
+reports every microbatch no rank handed out as left over, so the report accounts for all data
+read.
 
 One consumer at a time: a new ``iter()`` from the thread that iterates retires the previous
 iterator (it ends) and continues from the consumed state; ``iter()`` from another thread while
 an iterator is live raises, since two consumers would each get part of the stream.
-
-A round is complete when every lane has its microbatch; the run ends on all ranks at the first
-incomplete round. Ranks agree once per window of rounds, not per microbatch (see
-:mod:`zephon.engine.agreement`); the agreement runs on the consumer's thread so that a consumer
-that stops never leaves a collective half issued. Each rank then runs its lanes to their end
-and reports every microbatch no rank handed out as left over, so the report accounts for all
-data read.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
-import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from zephon.batch import SampleBatch
+from zephon.engine.agreement import SPAN, UNKNOWN, RoundAgreement
 from zephon.engine.lane import Lane, LanePlan
 from zephon.errors import ZephonError
 from zephon.io import cancel
@@ -44,19 +53,109 @@ log = logging.getLogger(__name__)
 _END = object()
 _INTERRUPT_JOIN_S = 1.5
 WINDOW_ROUNDS = 16
-"""Rounds per end-of-data agreement once the windows have grown (1, 2, 4, 8, 16, 16, ...)."""
+"""Rounds per window once the windows have grown (1, 2, 4, 8, 16, 16, ...), at most."""
+WINDOWS_HELD = 3
+"""Windows that may exist at once: the one being handed out and two made ahead."""
+
+
+def window_rounds(read_ahead_tokens: int, round_tokens: int | None) -> int:
+    """The largest window (in rounds) for which :data:`WINDOWS_HELD` windows of
+    ``round_tokens`` tokens a round fit in ``read_ahead_tokens``, between 1 and
+    :data:`WINDOW_ROUNDS` (rounds of unknown size: :data:`WINDOW_ROUNDS`). Computed from the
+    recipe alone, so every rank uses the same windows."""
+    if not round_tokens:
+        return WINDOW_ROUNDS
+    return max(1, min(WINDOW_ROUNDS, read_ahead_tokens // (WINDOWS_HELD * round_tokens)))
+
+
+def _window_size(index: int, largest: int) -> int:
+    return min(1 << min(index, 30), largest)
 
 
 class _Window:
-    """Rounds of microbatches of one agreement window: the window's size in the schedule,
-    how many of its rounds this rank has complete, and, in the last window this rank
-    produces (its data ended), the rest of its production."""
+    """Rounds of microbatches of one window: its size in the schedule, how many of its
+    rounds this rank has complete, and whether this rank's data ends in it."""
 
-    __slots__ = ("complete", "rest", "rounds", "size")
+    __slots__ = ("complete", "ended", "rounds", "size")
 
-    def __init__(self, rounds: list[list[Any]], size: int, complete: int,
-                 rest: list[Any] | None):
-        self.rounds, self.size, self.complete, self.rest = rounds, size, complete, rest
+    def __init__(self, rounds: list[list[Any]], size: int, complete: int, ended: bool):
+        self.rounds, self.size, self.complete, self.ended = rounds, size, complete, ended
+
+
+class _Drained:
+    """What this rank's lanes made after its last window, counted (never held): leftover
+    counts and each lane's final snapshot."""
+
+    __slots__ = ("counts", "snapshots")
+
+    def __init__(self) -> None:
+        self.counts = {"microbatches": 0, "rows": 0, "documents": 0, "tokens": 0}
+        self.snapshots: dict[int, Any] = {}
+
+    def add(self, items: Iterable[Any]) -> _Drained:
+        for lane, batch, snapshot in items:
+            self.snapshots[lane] = snapshot  # final counts, including what a flush dropped
+            if batch is None:
+                continue
+            self.counts["microbatches"] += 1
+            for record in batch.records:
+                documents, tokens = record_counts(record)
+                self.counts["rows"] += 1
+                self.counts["documents"] += documents
+                self.counts["tokens"] += tokens
+        return self
+
+
+class _Failure:
+    """An exception raised by the producer, re-raised on the consumer's thread."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+class _Handoff:
+    """Windows from the producer thread to the consumer. At most ``capacity`` windows exist
+    that the consumer has not finished: the producer waits for room before making the next
+    one, so what is read ahead never exceeds ``capacity`` windows."""
+
+    def __init__(self, capacity: int, stop: threading.Event):
+        self._capacity = capacity
+        self._stop = stop
+        self._cond = threading.Condition()
+        self._ready: deque[Any] = deque()
+        self._open = 0
+
+    def wait_for_room(self) -> bool:
+        with self._cond:
+            while self._open >= self._capacity and not self._stop.is_set():
+                self._cond.wait(0.1)
+            return not self._stop.is_set()
+
+    def put(self, item: Any) -> None:
+        with self._cond:
+            self._ready.append(item)
+            if isinstance(item, _Window):
+                self._open += 1
+            self._cond.notify_all()
+
+    def get(self, block: bool) -> Any:
+        """The next item, or None when ``block`` is false and none is ready."""
+        with self._cond:
+            while not self._ready:
+                if self._stop.is_set():
+                    raise _Superseded
+                if not block:
+                    return None
+                self._cond.wait(0.1)
+            return self._ready.popleft()
+
+    def finished(self) -> None:
+        """The consumer is done with one window: room for the producer."""
+        with self._cond:
+            self._open -= 1
+            self._cond.notify_all()
 
 
 class _Superseded(Exception):
@@ -75,13 +174,16 @@ def _stop_producers() -> None:
 
 class RankStream:
     def __init__(self, plan: LanePlan, rank: int, world_size: int, prefetch: int,
-                 agree: Callable[[bool], bool]):
+                 agree: RoundAgreement, largest_window: int = WINDOW_ROUNDS):
         self.plan = plan
         self.lanes = plan.lanes
         self.rank, self.world_size = rank, world_size
         self.owned = [lane for lane in range(self.lanes) if lane % world_size == rank]
         self.prefetch = prefetch
         self.agree = agree
+        self.largest_window = largest_window
+        self.agreements = {"ahead": 0, "on_demand": 0}
+        """Agreements issued ahead of need (asynchronously) and when the consumer needed them."""
         self.consumed: dict[int, dict[str, Any] | None] = dict.fromkeys(self.owned)
         self.start_global = 0
         self.handed = 0
@@ -159,11 +261,10 @@ class RankStream:
                 return
 
     def _windows(self, production: Iterator[Any], start: int,
-                 largest: int) -> Iterator[_Window]:
-        """Rounds in agreement windows of 1, 2, 4, ... ``largest`` rounds (a fixed schedule,
-        the same on every rank), each with the number of its rounds this rank has complete.
-        The window where this rank's data ends also carries the rest of its production, for
-        the leftover count, and is the last."""
+                 largest: int) -> Iterator[_Window | _Drained]:
+        """Rounds in windows of 1, 2, 4, ... ``largest`` rounds (a fixed schedule, the same
+        on every rank), each with the number of its rounds this rank has complete. After the
+        window where this rank's data ends comes the rest of its production, counted."""
         schedule = self._schedule(start)
         ended: set[int] = set()
         size = 1
@@ -185,89 +286,144 @@ class RankStream:
                     break
                 complete += 1
             if complete == size:
-                yield _Window(rounds, size, complete, None)
+                yield _Window(rounds, size, complete, False)
                 size = min(2 * size, largest)
                 continue
-            rest = [item for item in production if item is not _END]
-            yield _Window(rounds, size, complete, rest)
+            yield _Window(rounds, size, complete, True)
+            yield _Drained().add(item for item in production if item is not _END)
             return
 
     def _consume(self, lanes: dict[int, Lane], start: int,
                  stop: threading.Event) -> Iterator[SampleBatch]:
-        # Agreement windows grow to WINDOW_ROUNDS rounds when a producer thread runs ahead;
-        # without one (prefetch=0) every round is agreed on as it is needed.
-        largest = WINDOW_ROUNDS if self.prefetch > 0 else 1
+        # Windows grow to largest_window rounds when a producer thread runs ahead; without one
+        # (prefetch=0) every round is a window, agreed on as it is needed.
+        largest = self.largest_window if self.prefetch > 0 else 1
         windows = self._windows(self._production(lanes, start), start, largest)
+        thread = None
         if self.prefetch > 0:
-            # One window waits while the consumer hands out the previous one.
-            channel: queue.Queue = queue.Queue(maxsize=1)
-
-            def offer(item: Any) -> bool:
-                while not stop.is_set():
-                    try:
-                        channel.put(item, timeout=0.1)
-                        return True
-                    except queue.Full:
-                        continue
-                return False
+            handoff = _Handoff(WINDOWS_HELD, stop)
 
             def produce() -> None:
                 try:
                     with cancel.cancel_when(stop):
-                        for window in windows:
-                            if not offer(window):
+                        while handoff.wait_for_room():
+                            window = next(windows, None)
+                            if window is None:
                                 return
+                            handoff.put(window)
                 except cancel.Cancelled:
                     return
-                except BaseException as exc:  # forwarded to the consumer
-                    offer(("error", exc))
+                except BaseException as exc:  # re-raised on the consumer's thread
+                    handoff.put(_Failure(exc))
 
             thread = threading.Thread(target=produce, name=f"zephon-rank{self.rank}",
                                       daemon=True)
             thread.start()
             _RUNNING.add((stop, thread))
 
-            def receive() -> Any:
-                while not stop.is_set():
-                    try:
-                        return channel.get(timeout=0.1)
-                    except queue.Empty:
-                        continue
-                raise _Superseded
-        else:
-            thread = None
+            def receive(block: bool) -> Any:
+                item = handoff.get(block)
+                if isinstance(item, _Failure):
+                    raise item.error
+                return item
 
-            def receive() -> Any:
+            finished = handoff.finished
+        else:
+            def receive(block: bool) -> Any:
                 if stop.is_set():
                     raise _Superseded
-                return next(windows)
+                return next(windows) if block else None
 
-        def take() -> _Window:
-            window = receive()
-            if isinstance(window, tuple) and window[0] == "error":
-                raise window[1]
-            return window
+            def finished() -> None:
+                pass
 
+        local: deque[_Window] = deque()  # received, not finished; local[0] is window `base`
+        drained: list[_Drained] = []
+        base = 0
+
+        def take(block: bool) -> bool:
+            """Receive one more window (False: none ready, or only the drained rest)."""
+            item = receive(block)
+            if isinstance(item, _Drained):
+                drained.append(item)
+                return False
+            if item is not None:
+                local.append(item)
+            return item is not None
+        agreed: dict[int, int] = {}  # window index -> rounds every rank hands out
+        unagreed = 0  # the first window without an agreed count
+        ahead = False  # the last agreement found every rank a window ahead: agree early
+
+        def entries(first: int) -> list[int]:
+            """This rank's complete rounds for windows first .. first + SPAN - 1."""
+            while not drained and take(False):
+                pass
+            out = []
+            for index in range(first, first + SPAN):
+                if index - base < len(local):
+                    out.append(local[index - base].complete)
+                elif local and local[-1].ended:
+                    out.append(0)  # this rank's data ended in an earlier window
+                else:
+                    out.append(UNKNOWN)
+            return out
+
+        def settle(result: list[int], first: int, early: bool) -> None:
+            nonlocal unagreed, ahead
+            covered = 0
+            for value in result:
+                if value == UNKNOWN:
+                    break
+                agreed[first + covered] = value
+                covered += 1
+                if value < _window_size(first + covered - 1, largest):
+                    break  # the data ends in this window: later entries mean nothing
+            unagreed = first + covered
+            ahead = covered >= (1 if early else 2)
+
+        pending = None
         interrupted = False
         try:
             while True:
-                window = take()
-                # Agreed on the consumer's thread, once per window: a consumer that stops
-                # never leaves a collective half issued.
-                agreed = self.agree(window.complete)
-                for items in window.rounds[:agreed]:
+                index = base
+                if index not in agreed and pending is not None:
+                    first, handle = pending
+                    pending = None
+                    settle(handle.result(), first, True)
+                if index not in agreed:  # agree now, once this rank has the window
+                    while not local:
+                        take(True)
+                    self.agreements["on_demand"] += 1
+                    settle(self.agree.start(unagreed, entries(unagreed)).result(), unagreed,
+                           False)
+                window, count = local[0], agreed.pop(index)
+                if count == window.size and ahead and pending is None \
+                        and index + 1 == unagreed:
+                    # Agree on the next window while this one is handed out.
+                    self.agreements["ahead"] += 1
+                    pending = (unagreed, self.agree.start(unagreed, entries(unagreed)))
+                for items in window.rounds[:count]:
                     for lane, batch, snapshot in items:
                         if stop.is_set():
                             return
                         self.consumed[lane] = snapshot
                         self.handed += 1
                         yield batch
-                if agreed < window.size:  # some rank's data ended in this window
-                    left = [item for items in window.rounds[agreed:] for item in items]
-                    while window.rest is None:  # this rank's production goes on: drain it
-                        window = take()
-                        left += [item for items in window.rounds for item in items]
-                    self._finish(left + window.rest)
+                local.popleft()
+                finished()
+                base += 1
+                if count < window.size:  # some rank's data ended in this window: drain
+                    rest = _Drained().add(item for items in window.rounds[count:]
+                                          for item in items)
+                    while not window.ended:
+                        while not local:
+                            take(True)
+                        window = local.popleft()
+                        finished()
+                        rest.add(item for items in window.rounds for item in items)
+                    while not drained:
+                        take(True)
+                    self._finish(rest, drained[0])
                     return
         except _Superseded:
             return  # a newer iterator (or a state load) owns this stream now
@@ -284,18 +440,12 @@ class RankStream:
                 thread.join(timeout=_INTERRUPT_JOIN_S if interrupted else 30)
                 _RUNNING.discard((stop, thread))
 
-    def _finish(self, items: list[Any]) -> None:
+    def _finish(self, *parts: _Drained) -> None:
         """End of data: count what no rank will hand out (this rank's drained lanes)."""
-        for lane, batch, snapshot in items:
-            self.consumed[lane] = snapshot  # final counts, including what a flush dropped
-            if batch is None:
-                continue
-            self.leftover["microbatches"] += 1
-            for record in batch.records:
-                documents, tokens = record_counts(record)
-                self.leftover["rows"] += 1
-                self.leftover["documents"] += documents
-                self.leftover["tokens"] += tokens
+        for part in parts:
+            self.consumed.update(part.snapshots)
+            for key, value in part.counts.items():
+                self.leftover[key] += value
         self.finished = True
         if self.leftover["microbatches"]:
             log.warning("zephon: end of data; rank %d left over %d microbatch(es) "
