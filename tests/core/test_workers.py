@@ -98,3 +98,19 @@ def test_document_workers_pickle_their_operators_once(tokenizer_dir) -> None:
     pool = DocumentWorkers({0: [op]}, 2)
     assert pickle.loads(pool._payload)[0][0].spec == op.spec
     pool.close()
+
+
+def test_workers_share_the_cores_among_their_tokenizers(monkeypatch) -> None:
+    import os
+
+    from zephon.engine import workers as module
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert [module._tokenizer_threads(n) for n in (1, 2, 3, 8, 16)] == [8, 4, 2, 1, 1]
+    payload = pickle.dumps({})
+    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    module._start_worker(payload, 4)
+    assert os.environ["RAYON_NUM_THREADS"] == "4"
+    monkeypatch.setenv("RAYON_NUM_THREADS", "1")  # the user's own setting wins
+    module._start_worker(payload, 4)
+    assert os.environ["RAYON_NUM_THREADS"] == "1"
