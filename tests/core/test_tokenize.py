@@ -111,3 +111,117 @@ def test_long_texts_in_slices_give_the_whole_text_tokens(which, tokenizer_dir, t
     sliced = encoder.encode([text, "short"])
     assert np.array_equal(sliced[0], whole)
     assert np.array_equal(sliced[1], encoder.encode(["short"])[0])
+
+
+def long_text(words: int) -> str:
+    from zephon.demo.assets import make_documents
+
+    return " ".join(" ".join(make_documents(40, seed=6)).split(" ")[:words])
+
+
+@pytest.mark.parametrize("limit", [7, 64, 500])
+def test_long_texts_are_cut_into_pieces_as_they_are_taken(tokenizer_dir, monkeypatch, limit):
+    """With max_document_tokens a long text's pieces are made slice by slice: the same pieces
+    as cutting the whole text's tokens, made one at a time."""
+    import zephon.ops.tokenize as tokenize_module
+    import zephon.tokenizer as tokenizer_module
+    from zephon.ops.base import LazyPieces
+    from zephon.records import Doc
+
+    text = long_text(3000)
+    op = DocumentTokenizer(TokenizeSpec(tokenizer_id=tokenizer_dir, max_document_tokens=limit))
+    [eager] = op.encode([text])
+    monkeypatch.setattr(tokenize_module, "LONG_TEXT_CHARS", 1000)
+    monkeypatch.setattr(tokenizer_module, "LONG_TEXT_CHARS", 1000)
+    monkeypatch.setattr(tokenizer_module, "SLICE_CHARS", 333)
+    doc = Doc(None, "d", "web", fields={"text": text})
+    [outcome, short] = op.apply([doc, Doc(None, "s", "web", fields={"text": "Ka lo."})],
+                                ["row 0", "row 1"])
+    assert isinstance(outcome, LazyPieces) and isinstance(short, list)
+    made = []
+    slices = []
+    real = op.encoder.slices
+
+    def counted(text):
+        for ids in real(text):
+            slices.append(len(made))
+            yield ids
+
+    monkeypatch.setattr(op.encoder, "slices", counted)
+    for piece in outcome:
+        made.append(piece)
+    assert [p.tokens.tolist() for p in made] == [p.tolist() for p in eager]
+    assert [p.doc_start for p in made] == [limit * i for i in range(len(eager))]
+    assert len(slices) > 5 and slices == sorted(slices)
+    assert slices[-1] > 0  # the text was tokenized while pieces were taken, not before
+    assert list(outcome)[3].tokens.tolist() == eager[3].tolist()  # iterating again remakes
+
+
+def test_a_long_document_resumes_inside_itself_exactly(tokenizer_dir, tmp_path,
+                                                       monkeypatch) -> None:
+    import zephon.ops.tokenize as tokenize_module
+    import zephon.tokenizer as tokenizer_module
+    from tests.conftest import write_jsonl
+    from zephon import Pipeline
+    from zephon.engine.source import DatasetSource, _LazyRow
+    from zephon.io import Dataset
+    from zephon.work import StaticMixtureWorkSource
+
+    monkeypatch.setattr(tokenize_module, "LONG_TEXT_CHARS", 1000)
+    monkeypatch.setattr(tokenizer_module, "LONG_TEXT_CHARS", 1000)
+    monkeypatch.setattr(tokenizer_module, "SLICE_CHARS", 333)
+    path = write_jsonl(tmp_path / "long.jsonl", [{"text": "Short one."}, {"text": long_text(4000)},
+                                                 {"text": "Another short one."}])
+
+    def pipeline(**options) -> Pipeline:
+        source = StaticMixtureWorkSource([Dataset.from_path("long", path)], shuffle_rows=False)
+        return (Pipeline(source).options(**options)
+                .tokenize(tokenizer_id=tokenizer_dir, max_document_tokens=48)
+                .pack_flat(33).batch(2))
+
+    def rows(batches) -> list[list[int]]:
+        return [r.payload["input_ids"].tolist() for b in batches for r in b.records]
+
+    straight = rows(pipeline(prefetch=0))
+    assert len(straight) > 100
+    assert rows(pipeline(workers=1)) == straight  # pieces made in a worker are the same
+    batches = len(straight) // 2
+    for cut in (3, batches // 3, batches - 2):
+        run = pipeline()
+        iterator = iter(run)
+        head = rows(next(iterator) for _ in range(cut))
+        state = run.state_dict()
+        assert len(str(state)) < 20_000, "a long document's pieces went into the state"
+        resumed = pipeline()
+        resumed.load_state_dict(state)
+        assert head + rows(resumed) == straight, cut
+    sources = []
+    real_init = DatasetSource.__init__
+
+    def recorded(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        sources.append(self)
+
+    monkeypatch.setattr(DatasetSource, "__init__", recorded)
+    iterator = iter(pipeline(prefetch=0))
+    for _ in range(20):
+        next(iterator)
+    [source] = sources
+    assert isinstance(source._ahead[0], _LazyRow)  # inside the long document
+    assert len(source._ahead) <= 2  # its next piece and the row after it, not all pieces
+
+
+def test_a_very_long_document_without_a_limit_is_named_once(tokenizer_dir, monkeypatch,
+                                                             caplog):
+    import zephon.ops.tokenize as tokenize_module
+    from zephon.records import Doc
+
+    monkeypatch.setattr(tokenize_module, "LONG_DOCUMENT_TOKENS", 100)
+    op = DocumentTokenizer(TokenizeSpec(tokenizer_id=tokenizer_dir))
+    docs = [Doc(None, f"d{i}", "web", fields={"text": long_text(200)}) for i in range(2)]
+    with caplog.at_level("WARNING", logger="zephon.ops.tokenize"):
+        op.apply(docs, ["web/part-0.jsonl:7", "web/part-0.jsonl:8"])
+        op.apply(docs, ["web/part-0.jsonl:9", "web/part-0.jsonl:10"])
+    [record] = [r for r in caplog.records if "max_document_tokens" in r.getMessage()]
+    assert "web/part-0.jsonl:7" in record.getMessage()
+    assert "[tokenize] max_document_tokens" in record.getMessage()

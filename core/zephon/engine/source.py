@@ -19,8 +19,9 @@ a replay. Drops are counted by reason when the mixer moves past them.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -28,7 +29,7 @@ import numpy as np
 
 from zephon.engine.workers import DocumentWorkers
 from zephon.io.formats import RowLabel, read_unit
-from zephon.ops.base import DocumentOperator, Dropped
+from zephon.ops.base import DocumentOperator, Dropped, LazyPieces
 from zephon.records import Doc
 from zephon.work.source import StaticMixtureWorkSource
 
@@ -37,10 +38,11 @@ Position = tuple[int, int, int]
 # not wait for a full batch of documents to be encoded (the output is the same either way).
 _FIRST_CHUNK = 8
 _DEFAULT_CHUNK = 256
-CHUNK_CHARS = 1 << 20
+CHUNK_CHARS = 1 << 18
 """A read-ahead batch ends once its documents' text fields reach this many characters, so
-one batch of long documents is not one long burst: 1 MiB of text is about 250k tokens, some
-0.1-0.3 s of tokenizing on two cores, which the producer's windows ahead cover."""
+one batch of long documents is not one long burst: 256 KiB of text is about 65k tokens, some
+30-60 ms of tokenizing on two cores and about 30 MiB of the tokenizer's working memory. Batch
+size changes neither tokens nor (above about 30 documents) speed."""
 
 
 def projected_columns(ops: Sequence[DocumentOperator]) -> list[str] | None:
@@ -75,6 +77,35 @@ class _Ahead:
         self.doc, self.after, self.epoch, self.drops = doc, after, epoch, drops
 
 
+class _LazyRow:
+    """A row whose documents are made as the mixer takes them (a long text's pieces): only
+    the next one is held. ``skip`` pieces were taken before a resume; they are made again
+    and dropped."""
+
+    __slots__ = ("drops", "epoch", "k", "next_doc", "piece", "pieces", "row")
+
+    def __init__(self, outputs: list[Doc | LazyPieces], k: int, row: int, skip: int,
+                 epoch: int, drops: list[str]):
+        self.pieces: Iterator[Doc] = itertools.chain.from_iterable(
+            o if isinstance(o, LazyPieces) else (o,) for o in outputs)
+        self.k, self.row, self.epoch, self.drops = k, row, epoch, drops
+        for _ in range(skip):
+            next(self.pieces, None)
+        self.piece = skip
+        self.next_doc = next(self.pieces, None)
+
+    def take(self) -> tuple[Doc | None, Position]:
+        """The next document (None: the row has none left) and the position after it."""
+        doc = self.next_doc
+        if doc is None:
+            return None, (self.k, self.row + 1, 0)
+        self.next_doc = next(self.pieces, None)
+        self.piece += 1
+        if self.next_doc is None:
+            return doc, (self.k, self.row + 1, 0)
+        return doc, (self.k, self.row, self.piece)
+
+
 class DatasetSource:
     """Documents of dataset ``index`` for ``lane`` of ``lanes``; see the module docstring."""
 
@@ -94,7 +125,7 @@ class DatasetSource:
         self.skipped: dict[str, int] = {}
         self.epoch = 0
         self._read: Position = (0, 0, 0)
-        self._ahead: deque[_Ahead] = deque()
+        self._ahead: deque[_Ahead | _LazyRow] = deque()
         self._unit: _LoadedUnit | None = None
         self._exhausted = False
         self.workers = workers if workers is not None and self.ops else None
@@ -130,6 +161,18 @@ class DatasetSource:
         while True:
             if not self._ahead and not self._fill():
                 return None
+            if isinstance(self._ahead[0], _LazyRow):
+                lazy = self._ahead[0]
+                doc, self.position = lazy.take()
+                self.epoch = lazy.epoch
+                for reason in lazy.drops:
+                    self.skipped[reason] = self.skipped.get(reason, 0) + 1
+                lazy.drops = []
+                if lazy.next_doc is None:
+                    self._ahead.popleft()
+                if doc is not None:
+                    return doc
+                continue
             item = self._ahead.popleft()
             self.position = item.after
             self.epoch = item.epoch
@@ -161,7 +204,7 @@ class DatasetSource:
             if batch is None:
                 return False
             docs, labels, where = batch
-            self._settle(where, transform_documents(self.ops, docs, labels))
+            self._settle(where, transform_documents(self.ops, docs, labels, lazy=True))
             return True
         while len(self._in_flight) < self.workers.workers:
             batch = self._gather()
@@ -216,7 +259,12 @@ class DatasetSource:
                 rows: list[tuple[list[Doc], list[str]]]) -> None:
         for (wk, wrow, wskip, epoch), (outputs, drops) in zip(where, rows, strict=True):
             if wskip:  # resumed inside this row: its drops were counted before
-                outputs, drops = outputs[wskip:], []
+                drops = []
+            if any(isinstance(o, LazyPieces) for o in outputs):
+                self._ahead.append(_LazyRow(outputs, wk, wrow, wskip, epoch, drops))
+                continue
+            if wskip:
+                outputs = outputs[wskip:]
             if not outputs:
                 self._ahead.append(_Ahead(None, (wk, wrow + 1, 0), epoch, drops))
                 continue
@@ -226,19 +274,25 @@ class DatasetSource:
                 self._ahead.append(_Ahead(doc, after, epoch, drops if p == wskip else []))
 
 
-def transform_documents(ops: Sequence[DocumentOperator], docs: list[Doc], labels: list[str]
-                        ) -> list[tuple[list[Doc], list[str]]]:
-    """Each row's documents after every document operator, and the drop reasons on the way."""
-    rows: list[tuple[list[Doc], list[str]]] = [([d], []) for d in docs]
-    for op in ops:
+def transform_documents(ops: Sequence[DocumentOperator], docs: list[Doc], labels: list[str],
+                        lazy: bool = False) -> list[tuple[list[Any], list[str]]]:
+    """Each row's documents after every document operator, and the drop reasons on the way.
+
+    ``lazy``: the last operator's :class:`LazyPieces` stay lazy (elements of a row's list);
+    otherwise, and before later operators, they are made into documents here."""
+    rows: list[tuple[list[Any], list[str]]] = [([d], []) for d in docs]
+    for index, op in enumerate(ops):
         items = [(i, d) for i, (outputs, _) in enumerate(rows) for d in outputs]
         if not items:
             break
         outcomes = op.apply([d for _, d in items], [labels[i] for i, _ in items])
-        fresh: list[tuple[list[Doc], list[str]]] = [([], drops) for _, drops in rows]
+        keep_lazy = lazy and index == len(ops) - 1
+        fresh: list[tuple[list[Any], list[str]]] = [([], drops) for _, drops in rows]
         for (i, _), outcome in zip(items, outcomes, strict=True):
             if isinstance(outcome, Dropped):
                 fresh[i][1].append(outcome.reason)
+            elif isinstance(outcome, LazyPieces) and keep_lazy:
+                fresh[i][0].append(outcome)
             else:
                 fresh[i][0].extend(outcome)
         rows = fresh

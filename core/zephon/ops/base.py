@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -51,7 +51,26 @@ class Dropped:
     reason: str
 
 
-Outcome = list[Doc] | Dropped
+class LazyPieces:
+    """The pieces of one long document, made as they are taken rather than all at once.
+
+    A document operator may return it in place of a list when holding every piece would cost
+    memory in proportion to the document (``tokenize`` does for long texts with
+    ``max_document_tokens``). Iterating calls ``make()`` afresh and yields the pieces in order,
+    so a resume inside the document makes them again instead of holding them. It is kept lazy
+    only where the operator is the dataset's last document operator in the lanes' own
+    process; elsewhere it is turned into a list."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make: Callable[[], Iterator[Doc]]):
+        self.make = make
+
+    def __iter__(self) -> Iterator[Doc]:
+        return self.make()
+
+
+Outcome = list[Doc] | LazyPieces | Dropped
 """What a document operator makes of one document: zero or more documents, or a drop."""
 
 

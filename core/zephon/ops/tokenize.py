@@ -5,12 +5,21 @@ Documents are encoded in batches of ``batch_size`` through the Rust backend (see
 than ``max_document_tokens`` (counting BOS/EOS) is split into consecutive pieces of at most that
 many tokens, each packed as its own document; only the first piece carries BOS and only the
 last carries EOS. Empty or null texts produce no document and are counted.
+
+With ``max_document_tokens``, a text longer than ``LONG_TEXT_CHARS`` (256 KiB) is tokenized in
+slices as its pieces are taken (:class:`~zephon.ops.base.LazyPieces`), so a 50 MB document
+holds one slice's tokens and one piece at a time instead of its 12M tokens; a resume inside it
+tokenizes the text again up to the resumed piece. Without the option such a document becomes
+one document of all its tokens: the packer then makes every row of it at once, and those rows
+wait in the lane's state until they are handed out (about 8 bytes a token), which is logged.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import functools
+import logging
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -22,10 +31,13 @@ from zephon.ops.base import (
     DocumentOperator,
     DocumentSpec,
     Dropped,
+    LazyPieces,
     Outcome,
 )
 from zephon.records import Doc
-from zephon.tokenizer import TextEncoder, resolve_encoder
+from zephon.tokenizer import LONG_TEXT_CHARS, TextEncoder, resolve_encoder
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -83,6 +95,7 @@ class DocumentTokenizer(DocumentOperator):
         special = self.encoder.special
         self.bos = _special(spec.add_bos, special.bos, "add_bos", "BOS")
         self.eos = _special(spec.add_eos, special.eos, "add_eos", "EOS")
+        self._warned_long = False
 
     def fingerprint(self) -> dict[str, Any]:
         return {
@@ -109,13 +122,59 @@ class DocumentTokenizer(DocumentOperator):
                 raise DataError(f"{label}: field {name!r} is {type(value).__name__}, "
                                 "expected text")
             texts.append(value or "")
+        lazy = self._made_lazily(texts)
         out: list[Outcome] = []
-        for doc, pieces in zip(docs, self.encode(texts), strict=True):
+        eager = iter(self.encode([t for t, made_lazily in zip(texts, lazy, strict=True)
+                                  if not made_lazily]))
+        for doc, text, made_lazily, label in zip(docs, texts, lazy, where, strict=True):
+            if made_lazily:
+                out.append(LazyPieces(functools.partial(self._lazy_pieces, doc, text)))
+                continue
+            pieces = next(eager)
             if not pieces:
                 out.append(Dropped("empty"))
                 continue
+            if self.spec.max_document_tokens is None and not self._warned_long \
+                    and pieces[0].size > LONG_DOCUMENT_TOKENS:
+                self._warned_long = True
+                log.warning(
+                    "zephon: %s: a document of %s tokens, and tokenize has no "
+                    "max_document_tokens: the packer makes all its rows at once and they wait "
+                    "in the lane's state (about %d MiB) until handed out. Set "
+                    "max_document_tokens (recipes: [tokenize] max_document_tokens) to cut it "
+                    "into pieces made as they are needed", label,
+                    f"{pieces[0].size:,}", pieces[0].size * 8 >> 20)
             out.append(split_pieces(doc, pieces, None))
         return out
+
+    def _made_lazily(self, texts: list[str]) -> list[bool]:
+        """Which texts are cut into pieces as the pieces are taken: those long enough to be
+        tokenized in slices, when pieces are asked for. A byte-level tokenizer gives every
+        non-empty text at least one token, so such a document is never empty."""
+        if self.spec.max_document_tokens is None or not self.encoder.sliceable:
+            return [False] * len(texts)
+        return [len(t) > LONG_TEXT_CHARS for t in texts]
+
+    def _lazy_pieces(self, doc: Doc, text: str) -> Iterator[Doc]:
+        """The pieces of one long text, made slice by slice: at most one slice's tokens and
+        one piece are held at a time, not the whole document's tokens."""
+        limit = self.spec.max_document_tokens
+        assert limit is not None
+        pending = np.array([self.bos] if self.bos is not None else [], dtype=np.int32)
+        offset = doc.doc_start
+        for ids in self.encoder.slices(text):
+            pending = np.concatenate([pending, ids])
+            cut = pending.size - pending.size % limit
+            for start in range(0, cut, limit):
+                yield Doc(pending[start:start + limit].copy(), doc.doc_id, doc.dataset, offset)
+                offset += limit
+            pending = pending[cut:]
+        if self.eos is not None:
+            pending = np.concatenate([pending, np.array([self.eos], dtype=np.int32)])
+        for start in range(0, pending.size, limit):
+            piece = pending[start:start + limit]
+            yield Doc(piece.copy(), doc.doc_id, doc.dataset, offset)
+            offset += piece.size
 
     def encode(self, texts: list[str]) -> list[list[np.ndarray]]:
         """Each text -> its pieces (an empty list for an empty document)."""
@@ -135,6 +194,10 @@ class DocumentTokenizer(DocumentOperator):
             else:
                 out.append([doc[i:i + limit] for i in range(0, doc.size, limit)])
         return out
+
+
+LONG_DOCUMENT_TOKENS = 1 << 20
+"""Without ``max_document_tokens``, a document longer than this is logged (once)."""
 
 
 def split_pieces(doc: Doc, pieces: list[np.ndarray], masks: list[np.ndarray] | None
