@@ -6,6 +6,8 @@ subprocesses, alternating ``--repeats`` times:
 
 - ``bare``: the HF fast tokenizer (Rust backend) batch-encoding the same texts, 256 per call,
   ids converted to int32 arrays: the floor any loader that tokenizes on the fly pays;
+- ``hf-call``: the transformers tokenizer's batch call (``tokenizer(texts)["input_ids"]``, 256
+  texts a call), as a hand-written loop that tokenizes on the fly uses it;
 - ``pipeline``: ``tokenize -> pack_flat(2049, "wrap") -> batch(8) -> to_training(return_labels)``
   over the same files, from constructing the Pipeline to the last batch, once per
   ``--workers`` value (``options(workers=N)``: N processes run the tokenizer; their CPU time
@@ -88,6 +90,27 @@ def child_bare(paths: dict[str, str]) -> dict[str, float]:
             "rss_mib": peak_rss_mib()}
 
 
+def child_hf_call(paths: dict[str, str]) -> dict[str, float]:
+    """The transformers tokenizer's batch call, as a hand-written on-the-fly loop uses it."""
+    import numpy as np
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
+    texts = []
+    for path in sorted(Path(paths["data"]).glob("*.parquet")):
+        texts += pq.read_table(path, columns=["text"]).column("text").to_pylist()
+    tokenizer = AutoTokenizer.from_pretrained(paths["tokenizer"])
+    cpu = cpu_seconds()
+    start = time.perf_counter()
+    tokens = 0
+    for i in range(0, len(texts), 256):
+        for ids in tokenizer(texts[i:i + 256], add_special_tokens=False)["input_ids"]:
+            tokens += np.array(ids, dtype=np.int32).size
+    elapsed = time.perf_counter() - start
+    return {"tokens": tokens, "seconds": elapsed, "cpu": cpu_seconds() - cpu,
+            "rss_mib": peak_rss_mib()}
+
+
 def child_pipeline(paths: dict[str, str], workers: int) -> dict[str, float]:
     import gc
 
@@ -136,6 +159,8 @@ def main() -> None:
         paths = json.loads(args.paths)
         if args.child == "bare":
             result = child_bare(paths)
+        elif args.child == "hf-call":
+            result = child_hf_call(paths)
         else:
             result = child_pipeline(paths, int(args.child.split(":")[1]))
         print(json.dumps(result))
@@ -143,7 +168,7 @@ def main() -> None:
     print(f"building corpus: {args.docs} documents in {args.files} Parquet files "
           f"(cached under {args.root})", flush=True)
     paths = build_corpus(Path(args.root), args.docs, args.files)
-    kinds = ["bare", *(f"pipeline:{int(w)}" for w in args.workers.split(","))]
+    kinds = ["bare", "hf-call", *(f"pipeline:{int(w)}" for w in args.workers.split(","))]
     runs: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
     for repeat in range(args.repeats):
         for kind in kinds:
@@ -158,7 +183,14 @@ def main() -> None:
     bare = statistics.median(r["tokens"] / r["seconds"] for r in runs["bare"])
     print(f"\nbare tokenizer      {bare:>12,.0f} tokens/s, peak RSS "
           f"{max(r['rss_mib'] for r in runs['bare']):.0f} MiB")
-    for kind in kinds[1:]:
+    def rate(run: dict[str, float]) -> float:
+        return run["tokens"] / run["seconds"]
+
+    hf = statistics.median(rate(r) for r in runs["hf-call"])
+    hf_vs_bare = statistics.median(rate(h) / rate(b) for h, b in zip(
+        runs["hf-call"], runs["bare"], strict=True))
+    print(f"transformers call   {hf:>12,.0f} tokens/s: {hf_vs_bare:.2f}x the bare tokenizer")
+    for kind in kinds[2:]:
         pipe = statistics.median(r["tokens"] / r["seconds"] for r in runs[kind])
         first = statistics.median(r["first_batch_s"] for r in runs[kind])
         # Ratios of adjacent runs: a shared machine's speed drifts more between repeats than
@@ -168,11 +200,13 @@ def main() -> None:
                                   for p, b in pairs)
         cpu_ratio = statistics.median((p["cpu"] / p["tokens"]) / (b["cpu"] / b["tokens"])
                                       for p, b in pairs)
+        hf_ratio = statistics.median((p["tokens"] / p["seconds"]) / (h["tokens"] / h["seconds"])
+                                     for p, h in zip(runs[kind], runs["hf-call"], strict=True))
         workers = kind.split(":")[1]
         print(f"pipeline workers={workers:<2} {pipe:>10,.0f} tokens/s: {ratio:.2f}x the bare "
-              f"tokenizer, {cpu_ratio:.2f}x its CPU per token (medians of side-by-side "
-              f"pairs); first batch {first:.2f} s; peak RSS "
-              f"{max(r['rss_mib'] for r in runs[kind]):.0f} MiB")
+              f"tokenizer, {cpu_ratio:.2f}x its CPU per token, {hf_ratio:.2f}x the "
+              f"transformers call (medians of side-by-side pairs); first batch {first:.2f} s; "
+              f"peak RSS {max(r['rss_mib'] for r in runs[kind]):.0f} MiB")
 
 
 if __name__ == "__main__":
