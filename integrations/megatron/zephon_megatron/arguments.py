@@ -158,7 +158,9 @@ def add_zephon_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        help="Lanes of the run (fixed across resumes; any data-parallel size "
                        "dividing L gives the same data). Must agree with the recipe's lanes.")
     group.add_argument("--zephon-prefetch", type=int, default=None, metavar="N",
-                       help="Microbatches prepared ahead by a background thread per rank.")
+                       help="0 runs the loader on the training thread; positive (the "
+                       "default) reads ahead on a background thread, within the recipe's "
+                       "read_ahead_tokens.")
     if "--dataloader-save" not in parser._option_string_actions:
         group.add_argument("--dataloader-save", default=None, metavar="DIR",
                            help="Directory for the loader state written with every checkpoint "

@@ -89,7 +89,8 @@ class ZephonDataLoader(BaseDataLoader):
         it from ``validator.steps`` (steps = -1: one finite pass)."""
 
         prefetch: int | None = None
-        """Microbatches prepared ahead by a background thread; None keeps the recipe's."""
+        """0 runs the loader on the training thread; positive reads ahead on a background
+        thread, within the recipe's ``read_ahead_tokens``. None keeps the recipe's."""
 
         check_batches: bool = True
         """Check every batch: labels -100 on padding, positions restart at 0 and grow by one
