@@ -350,6 +350,7 @@ class RankStream:
             if item is not None:
                 local.append(item)
             return item is not None
+
         agreed: dict[int, int] = {}  # window index -> rounds every rank hands out
         unagreed = 0  # the first window without an agreed count
         ahead = False  # the last agreement found every rank a window ahead: agree early
