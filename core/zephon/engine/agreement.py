@@ -75,13 +75,10 @@ class RoundAgreement:
         self.world_size = world_size
         self._group = process_group
         self._warned = False
-        self.issued = 0
-        """Agreements this process has issued (for tests and benchmarks)."""
 
     def start(self, first: int, entries: Sequence[int]) -> Pending:
         """Issue the agreement on windows ``first, first + 1, ...`` (``entries``: this rank's
         complete rounds in each, or UNKNOWN); it runs while the caller goes on."""
-        self.issued += 1
         if self.world_size == 1:
             return Pending(list(entries))
         try:
