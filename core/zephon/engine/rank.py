@@ -35,6 +35,7 @@ an iterator is live raises, since two consumers would each get part of the strea
 from __future__ import annotations
 
 import atexit
+import itertools
 import logging
 import threading
 from collections import deque
@@ -267,8 +268,8 @@ class RankStream:
         window where this rank's data ends comes the rest of its production, counted."""
         schedule = self._schedule(start)
         ended: set[int] = set()
-        size = 1
-        while True:
+        for index in itertools.count():
+            size = _window_size(index, largest)
             rounds: list[list[Any]] = []
             complete = 0
             for _ in range(size):
@@ -287,7 +288,6 @@ class RankStream:
                 complete += 1
             if complete == size:
                 yield _Window(rounds, size, complete, False)
-                size = min(2 * size, largest)
                 continue
             yield _Window(rounds, size, complete, True)
             yield _Drained().add(item for item in production if item is not _END)

@@ -161,25 +161,20 @@ class DatasetSource:
         while True:
             if not self._ahead and not self._fill():
                 return None
-            if isinstance(self._ahead[0], _LazyRow):
-                lazy = self._ahead[0]
-                doc, self.position = lazy.take()
-                self.epoch = lazy.epoch
-                for reason in lazy.drops:
-                    self.skipped[reason] = self.skipped.get(reason, 0) + 1
-                lazy.drops = []
-                if lazy.next_doc is None:
+            item = self._ahead[0]
+            if isinstance(item, _LazyRow):
+                doc, after = item.take()
+                if item.next_doc is None:
                     self._ahead.popleft()
-                if doc is not None:
-                    return doc
-                continue
-            item = self._ahead.popleft()
-            self.position = item.after
-            self.epoch = item.epoch
+            else:
+                doc, after = item.doc, item.after
+                self._ahead.popleft()
+            self.position, self.epoch = after, item.epoch
             for reason in item.drops:
                 self.skipped[reason] = self.skipped.get(reason, 0) + 1
-            if item.doc is not None:
-                return item.doc
+            item.drops = []
+            if doc is not None:
+                return doc
 
     def _load(self, k: int) -> _LoadedUnit | None:
         if self._unit is not None and self._unit.k == k:
@@ -263,8 +258,7 @@ class DatasetSource:
             if any(isinstance(o, LazyPieces) for o in outputs):
                 self._ahead.append(_LazyRow(outputs, wk, wrow, wskip, epoch, drops))
                 continue
-            if wskip:
-                outputs = outputs[wskip:]
+            outputs = outputs[wskip:]
             if not outputs:
                 self._ahead.append(_Ahead(None, (wk, wrow + 1, 0), epoch, drops))
                 continue
