@@ -24,7 +24,9 @@ class LoaderOptions:
     """Number of data-parallel ranks (given by the framework)."""
     prefetch: int = 4
     """0: the lanes run in the caller's thread, a round at a time. Positive: a background
-    thread runs them ahead, within ``read_ahead_tokens``. Never changes the data."""
+    thread runs them ahead, within ``read_ahead_tokens``, and (with ``workers=0``) a second
+    one runs the document operators a batch ahead of it, so the tokenizer encodes while the
+    lanes pack. Never changes the data."""
     read_ahead_tokens: int = 1 << 24
     """Tokens the background thread may hold ahead of the consumer (with ``prefetch > 0``):
     three windows of rounds (a round is one microbatch of every lane this rank owns), each
@@ -35,7 +37,8 @@ class LoaderOptions:
     use 16-round windows."""
     workers: int = 0
     """Processes running the document operators (reading, decoding, tokenizing) beside the
-    lanes: 0 keeps them in the lanes' thread. The data, the state and every resume are the
+    lanes: 0 keeps them in this process (on the document thread, or with ``prefetch=0`` in the
+    lanes' thread). The data, the state and every resume are the
     same for every value. Each worker loads the operators (the tokenizer) once, about a second
     to start and its own copy in memory; worth it where tokenization or Python per-document
     work is the bottleneck and cores are free (see ``benchmarks/throughput.py``)."""

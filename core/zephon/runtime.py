@@ -16,9 +16,10 @@ from typing import Any
 
 from zephon.batch import SampleBatch
 from zephon.engine.agreement import RoundAgreement, check_agreement_group
+from zephon.engine.document_thread import DocumentThread
 from zephon.engine.lane import LanePlan
 from zephon.engine.rank import RankStream, window_rounds
-from zephon.engine.source import projected_columns, transform_documents
+from zephon.engine.source import Offload, projected_columns, transform_documents
 from zephon.engine.state import (
     STATE_VERSION,
     check_fingerprint,
@@ -81,12 +82,14 @@ class Loader:
         self._op_fingerprints = [op.fingerprint() for op in built]
         self._titles = [spec.title for spec in specs]
         self.state_loaded = False
-        self.workers: DocumentWorkers | None = None
+        names = [d.name for d in work_source.datasets]
+        ops_by_dataset = {i: [op for op in self.document_ops if applies_to(op.spec, name)]
+                          for i, name in enumerate(names)}
+        self.workers: Offload | None = None
         if options.workers:
-            names = [d.name for d in work_source.datasets]
-            self.workers = DocumentWorkers(
-                {i: [op for op in self.document_ops if applies_to(op.spec, name)]
-                 for i, name in enumerate(names)}, options.workers)
+            self.workers = DocumentWorkers(ops_by_dataset, options.workers)
+        elif options.prefetch > 0:
+            self.workers = DocumentThread(ops_by_dataset)
         self._use_source(work_source.bound(options.io_options))
 
     def _use_source(self, source: StaticMixtureWorkSource) -> None:

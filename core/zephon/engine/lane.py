@@ -15,8 +15,7 @@ from typing import Any
 
 from zephon.batch import SampleBatch
 from zephon.engine.mixer import MixNode
-from zephon.engine.source import DatasetSource
-from zephon.engine.workers import DocumentWorkers
+from zephon.engine.source import DatasetSource, Offload
 from zephon.errors import StateMismatchError
 from zephon.ops.base import DocumentOperator, Node, RowOperator, applies_to
 from zephon.records import Doc, Record, doc_as_record
@@ -53,8 +52,9 @@ class LanePlan:
     makes_rows: bool
     """Whether the first row operator turns documents into rows (else DocumentRows does)."""
     lanes: int
-    workers: DocumentWorkers | None = None
-    """Worker processes for the document operators (None: the lanes' own thread)."""
+    workers: Offload | None = None
+    """Worker processes or the document thread for the document operators (None: the lanes'
+    own thread)."""
 
     def ops_of(self, dataset: int) -> list[DocumentOperator]:
         """The document operators that apply to dataset number ``dataset``."""

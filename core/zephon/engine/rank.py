@@ -11,8 +11,11 @@ exist at once (the one being handed out and the ones made ahead); the producer w
 before it makes the next, so read-ahead memory is bounded by the token budget, not by a
 microbatch count. Every microbatch carries the snapshot its lane had right after making it;
 handing it to the caller makes that snapshot the lane's consumed state, so the state always
-describes what the trainer received, never what was read ahead. ``prefetch=0`` runs the lanes
-in the caller's thread, a round at a time. Either way the lanes produce the same microbatches.
+describes what the trainer received, never what was read ahead. Under the producer, the
+dataset sources hand their document work to the document thread or worker processes
+(:mod:`zephon.engine.document_thread`, :mod:`zephon.engine.workers`). ``prefetch=0`` runs the
+lanes and their document operators in the caller's thread, a round at a time. Either way the
+lanes produce the same microbatches.
 
 End of data. A round is complete when every lane has its microbatch; the run ends on all ranks
 at the first incomplete round. Ranks agree per window, not per microbatch

@@ -119,6 +119,8 @@ class DocumentWorkers:
 
     def __init__(self, ops_by_dataset: dict[int, Sequence[DocumentOperator]], workers: int):
         self.workers = workers
+        self.in_flight = workers
+        """Batches a source keeps submitted: one per process."""
         self._payload = self._pickle(ops_by_dataset)
         self._pool: ProcessPoolExecutor | None = None
         self._finalizer: weakref.finalize | None = None

@@ -1,0 +1,159 @@
+"""The document thread: operators one batch ahead on their own thread, same data and state."""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+
+import pytest
+
+from tests.conftest import write_jsonl
+from zephon import Pipeline
+from zephon.demo.assets import make_documents
+from zephon.engine import source as source_module
+from zephon.engine.document_thread import DocumentThread
+from zephon.errors import DataError
+from zephon.io import Dataset
+from zephon.ops.base import DocumentOperator
+from zephon.records import Doc
+from zephon.work import MixtureSpec, StaticMixtureWorkSource
+
+THREAD = "zephon-documents"
+
+
+def source_for(paths: dict) -> StaticMixtureWorkSource:
+    datasets = [Dataset.from_path(n, p) for n, p in paths.items()]
+    return StaticMixtureWorkSource(datasets, MixtureSpec(dict.fromkeys(paths, 1.0)),
+                                   seed=5, unit_bytes=2048, on_exhausted="drain")
+
+
+def pipeline(paths: dict, tokenizer_dir: str, prefetch: int, seen: list | None = None
+             ) -> Pipeline:
+    def note_thread(row: dict) -> dict:
+        if seen is not None:
+            seen.append(threading.current_thread().name)
+        return row
+
+    return (Pipeline(source_for(paths)).options(lanes=3, prefetch=prefetch)
+            .map(note_thread).tokenize(tokenizer_id=tokenizer_dir, max_document_tokens=40)
+            .pack_flat(65).shuffle(8).batch(2))
+
+
+def tokens(batches) -> list[list[list[int]]]:
+    return [[r.payload["input_ids"].tolist() for r in b.records] for b in batches]
+
+
+def document_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == THREAD and t.is_alive()}
+
+
+def test_the_thread_runs_the_operators_and_changes_no_batch_and_no_state(
+        two_datasets, tokenizer_dir, monkeypatch) -> None:
+    monkeypatch.setattr(source_module, "CHUNK_CHARS", 2000)  # many batches per unit
+    seen_sync: list[str] = []
+    reference = pipeline(two_datasets, tokenizer_dir, 0, seen_sync)
+    straight = tokens(reference)
+    assert len(straight) > 30
+    assert THREAD not in seen_sync, "prefetch=0 runs everything on the caller's thread"
+    seen: list[str] = []
+    threaded = pipeline(two_datasets, tokenizer_dir, 4, seen)
+    it = iter(threaded)
+    head = tokens(next(it) for _ in range(11))
+    state = threaded.state_dict()
+    assert head == straight[:11]
+    assert set(seen) == {THREAD}
+    assert tokens(it) == straight[11:]
+    assert str(threaded.report()) == str(reference.report())
+    # the state taken with batches in flight resumes exactly, with or without the thread
+    for prefetch in (0, 4):
+        resumed = pipeline(two_datasets, tokenizer_dir, prefetch)
+        resumed.load_state_dict(state)
+        assert tokens(resumed) == straight[11:], f"resume with prefetch={prefetch}"
+    sync_state = pipeline(two_datasets, tokenizer_dir, 0)
+    it = iter(sync_state)
+    for _ in range(17):
+        next(it)
+    resumed = pipeline(two_datasets, tokenizer_dir, 4)
+    resumed.load_state_dict(sync_state.state_dict())
+    assert tokens(resumed) == straight[17:]
+
+
+class _Gate(DocumentOperator):
+    """Holds the thread inside ``apply`` until released; records what it was given."""
+
+    def __init__(self) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.applied: list[str] = []
+
+    def apply(self, docs, where):
+        self.entered.set()
+        assert self.release.wait(10)
+        self.applied += [d.doc_id for d in docs]
+        return [[d] for d in docs]
+
+
+def docs(*ids: str) -> list[Doc]:
+    return [Doc(None, i, "d", fields={"text": i}) for i in ids]
+
+
+def test_batches_come_back_in_order_and_a_discarded_one_never_runs() -> None:
+    gate = _Gate()
+    thread = DocumentThread({0: [gate]})
+    first = thread.submit(0, docs("a", "b"), ["x", "y"])
+    assert gate.entered.wait(10)
+    second = thread.submit(0, docs("c"), ["z"])
+    third = thread.submit(0, docs("d"), ["w"])
+    thread.discard(second)  # queued behind the running batch: it is dropped unrun
+    gate.release.set()
+    assert [d.doc_id for row, _ in thread.result(first) for d in row] == ["a", "b"]
+    assert [d.doc_id for row, _ in thread.result(third) for d in row] == ["d"]
+    assert second.cancelled() and gate.applied == ["a", "b", "d"]
+    thread.close()
+
+
+def test_an_error_on_the_thread_reaches_the_caller_naming_the_line(tmp_path,
+                                                                   tokenizer_dir) -> None:
+    rows = [{"text": t} for t in make_documents(40, seed=2)] + [{"text": 7}]
+    write_jsonl(tmp_path / "d" / "bad.jsonl", rows)
+    messages = []
+    for prefetch in (0, 4):
+        run = (Pipeline(source_for({"d": tmp_path / "d"})).options(prefetch=prefetch)
+               .tokenize(tokenizer_id=tokenizer_dir).pack_flat(65).batch(2, drop_last=False))
+        with pytest.raises(DataError) as caught:
+            list(run)
+        messages.append(str(caught.value))
+    assert "bad.jsonl:41: field 'text' is int" in messages[1]
+    assert messages[0] == messages[1]
+
+
+def test_the_thread_stops_with_its_pipeline(two_datasets, tokenizer_dir) -> None:
+    before = document_threads()
+    run = pipeline(two_datasets, tokenizer_dir, 4)
+    it = iter(run)
+    next(it)
+    started = document_threads() - before
+    assert len(started) == 1  # one per pipeline, however many sources (3 lanes x 2 here)
+    del it, run
+    gc.collect()
+    (thread,) = started
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_starts_its_own_thread() -> None:
+    gate = _Gate()
+    gate.release.set()
+    thread = DocumentThread({0: [gate]})
+    assert thread.result(thread.submit(0, docs("a"), ["x"]))
+    pid = os.fork()
+    if pid == 0:  # the parent's thread does not exist here
+        try:
+            rows = thread.result(thread.submit(0, docs("b"), ["y"]))
+            os._exit(0 if rows[0][0][0].doc_id == "b" else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    thread.close()
