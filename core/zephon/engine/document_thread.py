@@ -14,10 +14,14 @@ Python work, some 10% of the time; with the next batch already encoding, they do
 2-core machine (``benchmarks/throughput.py``) this took the pipeline from about 0.85x to about
 0.97x the bare tokenizer, at about the same CPU per token.
 
-Limits: one thread per rank, whatever the number of sources; the operators run on it one
-batch at a time, so they need not be thread-safe among themselves, but they run beside the
-lanes' thread (which makes long documents' lazy pieces with the same tokenizer; the Rust
-tokenizer encodes from several threads safely). Memory: each source holds up to
+The thread serves every source of the rank in submission order, so the batch a source needs
+now could wait behind other sources' read-ahead (with 4 lanes, up to 7 batches, a second or
+more): a batch the thread has not started when its source asks for it is taken back and run
+on the asking thread instead. Operators must therefore be pure, as for worker processes: two
+batches may be transformed at once, one on each thread (the Rust tokenizer encodes from
+several threads safely).
+
+Limits: one thread per rank, whatever the number of sources. Memory: each source holds up to
 ``in_flight`` batches of at most ``CHUNK_CHARS`` of text and their tokens, 2 x 1 MiB of text
 and about 2 MiB of tokens per source with the defaults.
 """
@@ -45,14 +49,25 @@ def _serve(requests: queue.SimpleQueue) -> None:
         request = requests.get()
         if request is _STOP:
             return
-        future, ops, docs, labels = request
-        if not future.set_running_or_notify_cancel():
-            continue
-        try:
-            future.set_result(transform_documents(ops, docs, labels, lazy=True))
-        except BaseException as exc:
-            future.set_exception(exc)
-        del request, future, docs, labels
+        if request.set_running_or_notify_cancel():
+            try:
+                request.set_result(transform_documents(*request.work(), lazy=True))
+            except BaseException as exc:
+                request.set_exception(exc)
+        del request
+
+
+class _Batch(Future):
+    """A submitted batch: its result, and what to run if the asking thread takes it back."""
+
+    def __init__(self, ops: tuple[DocumentOperator, ...], docs: list[Any], labels: list[Any]):
+        super().__init__()
+        self._work: tuple[Any, ...] | None = (ops, docs, labels)
+
+    def work(self) -> tuple[Any, ...]:
+        work, self._work = self._work, None
+        assert work is not None
+        return work
 
 
 class DocumentThread:
@@ -77,9 +92,9 @@ class DocumentThread:
         if self._requests is None or self._pid != os.getpid():
             self._start()
         assert self._requests is not None
-        future: Future = Future()
-        self._requests.put((future, self._ops[dataset], docs, labels))
-        return future
+        batch = _Batch(self._ops[dataset], docs, labels)
+        self._requests.put(batch)
+        return batch
 
     def _start(self) -> None:
         requests: queue.SimpleQueue = queue.SimpleQueue()
@@ -90,6 +105,13 @@ class DocumentThread:
 
     @staticmethod
     def result(future: Future) -> Rows:
+        """The batch's rows. One the thread has not started is taken back and run here: the
+        thread serves every source of the rank in turn, and the batch a source needs now must
+        not wait behind other sources' read-ahead."""
+        if isinstance(future, _Batch) and future.cancel():
+            from zephon.engine.source import transform_documents
+
+            return transform_documents(*future.work(), lazy=True)
         return future.result()
 
     @staticmethod
