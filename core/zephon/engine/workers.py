@@ -119,8 +119,6 @@ class DocumentWorkers:
 
     def __init__(self, ops_by_dataset: dict[int, Sequence[DocumentOperator]], workers: int):
         self.workers = workers
-        self.in_flight = workers
-        """Batches a source keeps submitted: one per process."""
         self._payload = self._pickle(ops_by_dataset)
         self._pool: ProcessPoolExecutor | None = None
         self._finalizer: weakref.finalize | None = None
@@ -137,6 +135,11 @@ class DocumentWorkers:
                         f"it cannot be sent there ({type(exc).__name__}: {exc}); define its "
                         "functions at module level, or use workers=0") from None
         return pickle.dumps({i: tuple(ops) for i, ops in ops_by_dataset.items()})
+
+    @property
+    def in_flight(self) -> int:
+        """Batches a source keeps submitted: one per process."""
+        return self.workers
 
     def submit(self, dataset: int, docs: list[Any], labels: list[Any]) -> Future:
         if self._pool is None:
