@@ -28,13 +28,13 @@ class LoaderOptions:
     one runs the document operators a batch ahead of it, so the tokenizer encodes while the
     lanes pack. Never changes the data."""
     read_ahead_tokens: int = 1 << 24
-    """Tokens the background thread may hold ahead of the consumer (with ``prefetch > 0``):
-    three windows of rounds (a round is one microbatch of every lane this rank owns), each
-    window of up to 16 rounds. The default, 16.8M tokens, is about 130 MiB of token ids and
-    positions, and holds 16-round windows while a round is under 350k tokens (for example 8
-    lanes of 8 x 4097). Smaller budgets shrink the windows down to one round, which costs one
-    end-of-data agreement per round. Rounds of unpacked rows have no fixed size and always
-    use 16-round windows."""
+    """Tokens the background thread may hold ahead of the consumer (with ``prefetch > 0``), in
+    whole rounds (a round is one microbatch of every lane this rank owns), at most 64 rounds.
+    The default, 16.8M tokens, is about 130 MiB of token ids and positions, and allows the
+    64 rounds while a round is under 262k tokens (for example 8 lanes of 4 x 8193). Smaller
+    budgets hold fewer rounds (at least one); each agreement on the end of data then grants
+    fewer rounds, so ranks agree more often. Rounds of unpacked rows have no fixed size and
+    always hold 64."""
     workers: int = 0
     """Processes running the document operators (reading, decoding, tokenizing) beside the
     lanes: 0 keeps them in this process (on the document thread, or with ``prefetch=0`` in the

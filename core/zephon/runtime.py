@@ -18,7 +18,7 @@ from zephon.batch import SampleBatch
 from zephon.engine.agreement import RoundAgreement, check_agreement_group
 from zephon.engine.document_thread import DocumentThread
 from zephon.engine.lane import LanePlan
-from zephon.engine.rank import RankStream, window_rounds
+from zephon.engine.rank import RankStream, rounds_ahead
 from zephon.engine.source import Offload, projected_columns, transform_documents
 from zephon.engine.state import (
     STATE_VERSION,
@@ -110,8 +110,8 @@ class Loader:
         self.stream = RankStream(
             self.plan, options.dp_rank, options.dp_world_size, options.prefetch,
             RoundAgreement(options.dp_world_size, options.process_group),
-            window_rounds(options.read_ahead_tokens,
-                          per_microbatch * owned if per_microbatch else None))
+            rounds_ahead(options.read_ahead_tokens,
+                         per_microbatch * owned if per_microbatch else None))
 
     def _follow_moved_branches(self, saved: dict[str, Any]) -> None:
         """Re-pin Hub datasets whose branch moved since ``saved`` (a state fingerprint) to

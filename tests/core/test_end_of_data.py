@@ -83,15 +83,16 @@ from zephon.io import Dataset
 from zephon.work import MixtureSpec, StaticMixtureWorkSource
 
 import time
-rank, world, port, short, long, tokenizer, out, prefetch, pause = sys.argv[1:10]
-rank, world, pause = int(rank), int(world), float(pause)
+rank, world, port, short, long, tokenizer, out, prefetch, pause, budget = sys.argv[1:11]
+rank, world, pause, budget = int(rank), int(world), float(pause), int(budget)
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                         world_size=world)
 source = StaticMixtureWorkSource(
     [Dataset.from_path("short", short), Dataset.from_path("long", long)],
     MixtureSpec({"short": 0.5, "long": 0.5}), seed=5, on_exhausted="drain", unit_bytes=2048)
+options = {"read_ahead_tokens": budget} if budget else {}
 pipeline = (Pipeline(source).options(lanes=8, dp_rank=rank, dp_world_size=world,
-                                     prefetch=int(prefetch))
+                                     prefetch=int(prefetch), **options)
             .tokenize(tokenizer_id=tokenizer).pack_flat(33, "wrap").batch(1))
 batches, tokens, before = 0, 0, calls[0]
 for batch in pipeline:
@@ -109,15 +110,16 @@ dist.destroy_process_group()
 """
 
 
-def run_ranks(tmp_path, two_datasets, tokenizer_dir, world, prefetch, pause=0.0):
+def run_ranks(tmp_path, two_datasets, tokenizer_dir, world, prefetch, pause=0.0, budget=0):
     script = tmp_path / "counting_worker.py"
     script.write_text(COUNTING_WORKER)
     port = free_port()
-    outs = [tmp_path / f"count{prefetch}_{pause}_rank{r}.json" for r in range(world)]
+    outs = [tmp_path / f"count{prefetch}_{pause}_{budget}_rank{r}.json" for r in range(world)]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     procs = [subprocess.Popen([sys.executable, str(script), str(r), str(world), str(port),
                                str(two_datasets["short"]), str(two_datasets["long"]),
-                               tokenizer_dir, str(outs[r]), str(prefetch), str(pause)],
+                               tokenizer_dir, str(outs[r]), str(prefetch), str(pause),
+                               str(budget)],
                               env=env)
              for r in range(world)]
     for proc in procs:
@@ -125,38 +127,46 @@ def run_ranks(tmp_path, two_datasets, tokenizer_dir, world, prefetch, pause=0.0)
     return [json.loads(p.read_text()) for p in outs]
 
 
+ROUND_TOKENS = 2 * 33  # 8 lanes over 4 ranks, microbatches of one 33-token row
+
+
 @pytest.mark.multiprocess
-def test_four_ranks_agree_once_per_window_not_per_round(two_datasets, tokenizer_dir, tmp_path):
-    windowed = run_ranks(tmp_path, two_datasets, tokenizer_dir, 4, prefetch=4)
+def test_four_ranks_agree_far_less_than_once_per_round(two_datasets, tokenizer_dir,
+                                                       tmp_path):
+    """A tight loop outruns its producer: it waits for 1, 2, 4, ... 16 rounds before it
+    agrees, so its agreements stay far below one per round; prefetch=0 agrees per round."""
+    ahead = run_ranks(tmp_path, two_datasets, tokenizer_dir, 4, prefetch=4,
+                      budget=32 * ROUND_TOKENS)
     per_round = run_ranks(tmp_path, two_datasets, tokenizer_dir, 4, prefetch=0)
-    batches = {r["batches"] for r in windowed}
+    batches = {r["batches"] for r in ahead}
     assert len(batches) == 1 and batches.pop() > 50  # every rank the same number
-    assert [r["batches"] for r in per_round] == [r["batches"] for r in windowed]
-    rounds = windowed[0]["batches"] // 2  # 8 lanes over 4 ranks: 2 microbatches a round
-    for result in windowed:
-        # Windows of 1, 2, 4, 8, 16, 16, ... rounds: far below one agreement per round.
-        assert result["agreements"] <= rounds / 16 + 6, (result["agreements"], rounds)
+    assert [r["batches"] for r in per_round] == [r["batches"] for r in ahead]
+    rounds = ahead[0]["batches"] // 2  # 8 lanes over 4 ranks: 2 microbatches a round
+    for result in ahead:
+        assert result["agreements"] <= rounds / 4 + 4, (result["agreements"], rounds)
         assert result["tokens"] + result["leftover"]["tokens"] + result["dropped"]["tokens"] \
             == result["read"]
     assert all(r["agreements"] >= rounds for r in per_round)  # prefetch=0: one per round
-    per_100 = 100 * windowed[0]["agreements"] / windowed[0]["batches"]
-    assert per_100 < 100 / 2 / 4  # < a quarter of one per round of 2 microbatches
     # Whether an agreement is issued ahead or on demand is itself agreed: every rank issues
     # the same collectives in the same order.
-    assert all(r["kinds"] == windowed[0]["kinds"] for r in windowed)
+    assert all(r["kinds"] == ahead[0]["kinds"] for r in ahead)
 
 
 @pytest.mark.multiprocess
 def test_a_trainer_paced_consumer_agrees_ahead_of_need(two_datasets, tokenizer_dir, tmp_path):
-    """With a step between microbatches the producers run ahead, and the agreements are
-    issued a window ahead (asynchronously) instead of when the consumer needs them."""
-    paced = run_ranks(tmp_path, two_datasets, tokenizer_dir, 4, prefetch=4, pause=0.01)
+    """With a step between microbatches the producers run ahead (here at most 4 rounds), and
+    the agreements go out asynchronously, halfway through the rounds the last one granted,
+    instead of when the consumer needs them."""
+    paced = run_ranks(tmp_path, two_datasets, tokenizer_dir, 4, prefetch=4, pause=0.01,
+                      budget=4 * ROUND_TOKENS)
     batches = {r["batches"] for r in paced}
     assert len(batches) == 1 and batches.pop() > 50
     kinds = paced[0]["kinds"]
     assert all(r["kinds"] == kinds for r in paced)
     assert all(r["agreements"] == kinds["ahead"] + kinds["on_demand"] for r in paced)
-    assert kinds["ahead"] >= 1, kinds
+    assert kinds["ahead"] > 2 * kinds["on_demand"], kinds
+    rounds = paced[0]["batches"] // 2
+    assert paced[0]["agreements"] <= rounds / 1.5 + 4  # each one grants about 4 rounds
     for result in paced:
         assert result["tokens"] + result["leftover"]["tokens"] + result["dropped"]["tokens"] \
             == result["read"]

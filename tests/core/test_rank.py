@@ -1,18 +1,19 @@
-"""The rank stream: read-ahead bounded by the token budget, and the end-of-data protocol
-(early and on-demand agreements) against simulated peers, in one process."""
+"""The rank stream: read-ahead bounded by the token budget, rounds handed out as soon as they
+are made, and the end-of-data protocol (agreements ahead of need and on demand) against
+simulated peers, in one process."""
 
 from __future__ import annotations
 
 import random
+import threading
 import time
 
 import pytest
 
 from zephon import Pipeline
-from zephon.engine import rank as rank_module
-from zephon.engine.agreement import SPAN, UNKNOWN, Pending, check_agreement_group
+from zephon.engine.agreement import OPEN, Pending, check_agreement_group
 from zephon.engine.lane import Lane
-from zephon.engine.rank import WINDOW_ROUNDS, WINDOWS_HELD, window_rounds
+from zephon.engine.rank import MAX_ROUNDS_AHEAD, rounds_ahead
 from zephon.errors import ConfigError
 from zephon.io import Dataset
 from zephon.work import MixtureSpec, StaticMixtureWorkSource
@@ -33,34 +34,34 @@ def tokens(batches) -> list[list[list[int]]]:
     return [[r.payload["input_ids"].tolist() for r in b.records] for b in batches]
 
 
-def window_start(index: int, largest: int) -> int:
-    """The first round of window ``index`` in the schedule 1, 2, 4, ... largest."""
-    return sum(rank_module._window_size(i, largest) for i in range(index))
-
-
 class SimulatedPeers:
-    """An agreement with one more rank, whose entries ``peer(first, entries, early)`` gives
-    (``early``: issued ahead of need, when a real peer may not have the window yet)."""
+    """An agreement with one more rank, whose report ``peer(made, ended, on_demand)`` gives
+    from this rank's report (``on_demand``: issued because the consumer needs a round)."""
+
+    local = False
 
     def __init__(self, run: Pipeline, peer):
         self.stream = run.loader().stream
         self.stream.agree = self
         self.peer = peer
-        self.calls: list[tuple[int, list[int]]] = []
+        self.calls: list[tuple[int, bool, bool]] = []
+        self.horizon = 0
 
-    def start(self, first: int, entries: list[int]) -> Pending:
-        early = sum(self.stream.agreements.values()) == len(self.calls) + 1 and \
-            self.stream.agreements["ahead"] > sum(1 for c in self.calls if c[2])
-        theirs = self.peer(first, list(entries), early)
-        self.calls.append((first, list(entries), early))
-        return Pending([min(a, b) for a, b in zip(entries, theirs, strict=True)])
+    def start(self, made: int, ended: bool) -> Pending:
+        on_demand = self.stream.agreements["on_demand"] > sum(c[2] for c in self.calls)
+        self.calls.append((made, ended, on_demand))
+        their_made, their_ended = self.peer(made, ended, on_demand)
+        agreed = min(made, their_made)
+        final = min(made if ended else OPEN, their_made if their_ended else OPEN)
+        self.horizon = agreed
+        return Pending((agreed, final))
 
 
-def test_window_rounds_fit_the_budget() -> None:
-    assert window_rounds(1 << 24, None) == WINDOW_ROUNDS  # unpacked rows: no fixed size
-    assert window_rounds(1 << 24, 8 * 8 * 4097) == WINDOW_ROUNDS
-    assert window_rounds(WINDOWS_HELD * 5 * 1000, 1000) == 5
-    assert window_rounds(10, 1000) == 1  # never below one round
+def test_rounds_ahead_fit_the_budget() -> None:
+    assert rounds_ahead(1 << 24, None) == MAX_ROUNDS_AHEAD  # unpacked rows: no fixed size
+    assert rounds_ahead(1 << 24, 8 * 4 * 4097) == MAX_ROUNDS_AHEAD  # 8 lanes of 4 x 4097
+    assert rounds_ahead(5 * 1000, 1000) == 5
+    assert rounds_ahead(10, 1000) == 1  # never below one round
 
 
 def test_read_ahead_stays_within_the_token_budget(two_datasets, tokenizer_dir,
@@ -74,9 +75,8 @@ def test_read_ahead_stays_within_the_token_budget(two_datasets, tokenizer_dir,
         return batch
 
     monkeypatch.setattr(Lane, "next_microbatch", counted)
-    budget = WINDOWS_HELD * 2 * ROUND_TOKENS  # windows of two rounds
-    run = pipeline(two_datasets, tokenizer_dir, read_ahead_tokens=budget)
-    assert run.loader().stream.largest_window == 2
+    run = pipeline(two_datasets, tokenizer_dir, read_ahead_tokens=2 * ROUND_TOKENS)
+    assert run.loader().stream.rounds_ahead == 2
     history, out = [], []
     for batch in run:
         time.sleep(0.003)  # a trainer slower than the loader: the producer fills its budget
@@ -84,16 +84,47 @@ def test_read_ahead_stays_within_the_token_budget(two_datasets, tokenizer_dir,
         history.append(made[0] - len(out))
     assert len(out) > 30
     # Near the end the producer runs the lanes out to count what is left over (never held).
-    ahead = max(history[:len(out) - WINDOWS_HELD * 2 * LANES])
-    assert ahead <= WINDOWS_HELD * 2 * LANES, "read ahead beyond the token budget"
-    assert ahead >= 2 * LANES, "the producer never got a window ahead"
+    ahead = max(history[:len(out) - 3 * LANES])
+    # Two rounds held, plus the rest of the one being handed out.
+    assert ahead < 3 * LANES, "read ahead beyond the token budget"
+    assert ahead >= 2 * LANES, "the producer never filled its budget"
     assert tokens(out) == tokens(pipeline(two_datasets, tokenizer_dir, prefetch=0))
 
 
+@pytest.mark.parametrize("with_peers", [False, True])
+def test_a_round_is_handed_out_as_soon_as_it_is_made(two_datasets, tokenizer_dir,
+                                                     monkeypatch, with_peers) -> None:
+    """The producer stalls after round ``stall`` (a slow unit read, say): every microbatch of
+    the rounds before it still reaches the trainer, none is held back for later rounds."""
+    stall = 5
+    made, resume = [0], threading.Event()
+    real = Lane.next_microbatch
+
+    def stalling(self):
+        if made[0] == (stall + 1) * LANES:
+            resume.wait(30)
+        made[0] += 1
+        return real(self)
+
+    straight = tokens(pipeline(two_datasets, tokenizer_dir, prefetch=0))
+    monkeypatch.setattr(Lane, "next_microbatch", stalling)
+    run = pipeline(two_datasets, tokenizer_dir)
+    if with_peers:
+        SimulatedPeers(run, lambda made, ended, on_demand: (made, ended))
+    iterator = iter(run)
+    got, started = [], time.monotonic()
+    for _ in range((stall + 1) * LANES):
+        got.append(next(iterator))
+    assert time.monotonic() - started < 20, "rounds waited for the stalled producer"
+    assert not resume.is_set()
+    resume.set()
+    got += list(iterator)
+    assert tokens(got) == straight
+
+
 def test_a_slow_consumer_agrees_ahead_of_need(two_datasets, tokenizer_dir) -> None:
-    run = pipeline(two_datasets, tokenizer_dir, read_ahead_tokens=WINDOWS_HELD * 2 *
-                   ROUND_TOKENS)
-    peers = SimulatedPeers(run, lambda first, entries, early: entries)
+    run = pipeline(two_datasets, tokenizer_dir, read_ahead_tokens=8 * ROUND_TOKENS)
+    peers = SimulatedPeers(run, lambda made, ended, on_demand: (made, ended))
     out = []
     for batch in run:
         out.append(batch)
@@ -107,17 +138,18 @@ def test_a_slow_consumer_agrees_ahead_of_need(two_datasets, tokenizer_dir) -> No
 @pytest.mark.parametrize("seed", range(4))
 def test_a_peer_that_lags_at_random_changes_no_batch(two_datasets, tokenizer_dir,
                                                      seed) -> None:
-    """A peer that has made a random number of windows ahead: early agreements come back
-    unknown at random, the consumer agrees again when it needs the window, and the data is
-    the same."""
+    """A peer whose producer is behind this rank's by a random number of rounds: the
+    horizon grows by whatever both have, and the data is the same."""
     straight = tokens(pipeline(two_datasets, tokenizer_dir, prefetch=0))
-    run = pipeline(two_datasets, tokenizer_dir, read_ahead_tokens=WINDOWS_HELD * 2 *
-                   ROUND_TOKENS)
+    run = pipeline(two_datasets, tokenizer_dir, read_ahead_tokens=4 * ROUND_TOKENS)
     rng = random.Random(seed)
+    peers: SimulatedPeers
 
-    def peer(first: int, entries: list[int], early: bool) -> list[int]:
-        known = rng.randint(0 if early else 1, SPAN)  # on demand, every rank has the window
-        return entries[:known] + [UNKNOWN] * (SPAN - known)
+    def peer(made: int, ended: bool, on_demand: bool) -> tuple[int, bool]:
+        # On demand the peer, too, has the round its consumer needs.
+        least = min(made, peers.horizon + on_demand)
+        theirs = rng.randint(least, made)
+        return theirs, ended and theirs == made  # the same data: it ends where this rank does
 
     peers = SimulatedPeers(run, peer)
     out = []
@@ -125,44 +157,52 @@ def test_a_peer_that_lags_at_random_changes_no_batch(two_datasets, tokenizer_dir
         out.append(batch)
         time.sleep(0.002)
     assert tokens(out) == straight
-    early = [c for c in peers.calls if c[2]]
-    assert all(c[1][0] != UNKNOWN for c in peers.calls if not c[2])
-    rounds = len(out) // LANES
-    assert len(peers.calls) <= 2 * (rounds / 2 + 2)  # at most two per window
-    assert len(early) == run.loader().stream.agreements["ahead"]
+    assert len(peers.calls) <= 2 * (len(out) // LANES) + 4
 
 
-def test_a_peer_that_never_gets_ahead_means_one_agreement_per_window(
+def test_a_peer_that_never_gets_ahead_is_agreed_with_only_on_demand(
         two_datasets, tokenizer_dir) -> None:
-    run = pipeline(two_datasets, tokenizer_dir, read_ahead_tokens=WINDOWS_HELD * 2 *
-                   ROUND_TOKENS)
-    SimulatedPeers(run, lambda first, entries, early: entries[:1] + [UNKNOWN] * (SPAN - 1))
+    """A peer with just the round its consumer needs: an agreement ahead of need would find
+    nothing more, so none is issued; one agreement per round on demand."""
+    run = pipeline(two_datasets, tokenizer_dir)
+    peers: SimulatedPeers
+
+    def peer(made: int, ended: bool, on_demand: bool) -> tuple[int, bool]:
+        return min(made, peers.horizon + 1), False
+
+    peers = SimulatedPeers(run, peer)
     out = list(run)
     counts = run.loader().stream.agreements
-    assert counts["ahead"] == 0  # never a window known ahead: no early agreement
-    assert counts["on_demand"] <= len(out) // LANES / 2 + 2
+    assert counts["ahead"] == 0
+    assert counts["on_demand"] <= len(out) // LANES + 2
+    assert tokens(out) == tokens(pipeline(two_datasets, tokenizer_dir, prefetch=0))
+
+
+def test_a_consumer_that_outruns_its_producer_agrees_every_few_rounds(
+        two_datasets, tokenizer_dir) -> None:
+    """A tight loop waits for its producer anyway: it waits for 1, 2, 4, ... 16 rounds
+    before agreeing, rather than agreeing once per round."""
+    run = pipeline(two_datasets, tokenizer_dir, read_ahead_tokens=64 * ROUND_TOKENS)
+    peers = SimulatedPeers(run, lambda made, ended, on_demand: (made, ended))
+    out = list(run)
+    rounds = len(out) // LANES
+    assert rounds > 20
+    assert len(peers.calls) <= rounds / 4 + 8, (len(peers.calls), rounds)
 
 
 @pytest.mark.parametrize("end_round", [0, 1, 5, 9])
 def test_a_peer_whose_data_ends_first_ends_this_rank_at_the_same_round(
         two_datasets, tokenizer_dir, end_round) -> None:
-    largest = 4
-    budget = WINDOWS_HELD * largest * ROUND_TOKENS
     reference = pipeline(two_datasets, tokenizer_dir, prefetch=0)
     straight = tokens(reference)
     assert len(straight) > 12 * LANES
-    made = sum(len(b) for b in straight) + reference.report().leftover["rows"]
+    made_rows = sum(len(b) for b in straight) + reference.report().leftover["rows"]
 
-    def peer(first: int, entries: list[int], early: bool) -> list[int]:
-        out = []
-        for index in range(first, first + SPAN):
-            begin = window_start(index, largest)
-            size = rank_module._window_size(index, largest)
-            out.append(max(0, min(size, end_round - begin)))
-        return out
+    def peer(made: int, ended: bool, on_demand: bool) -> tuple[int, bool]:
+        return min(made, end_round), made >= end_round
 
     for consumer_sleep in (0.0, 0.002):
-        run = pipeline(two_datasets, tokenizer_dir, read_ahead_tokens=budget)
+        run = pipeline(two_datasets, tokenizer_dir, read_ahead_tokens=4 * ROUND_TOKENS)
         SimulatedPeers(run, peer)
         out = []
         for batch in run:
@@ -170,7 +210,7 @@ def test_a_peer_whose_data_ends_first_ends_this_rank_at_the_same_round(
             time.sleep(consumer_sleep)
         assert tokens(out) == straight[:end_round * LANES]
         # every row no rank handed out is left over
-        assert run.report().leftover["rows"] + sum(len(b) for b in out) == made
+        assert run.report().leftover["rows"] + sum(len(b) for b in out) == made_rows
 
 
 def test_gpu_backends_are_refused_for_the_agreement(monkeypatch) -> None:

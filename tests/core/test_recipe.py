@@ -215,8 +215,8 @@ def test_read_ahead_budget_from_a_recipe(recipe_file):
                                                            "read_ahead_tokens = 2000"))
     pipeline = DataRecipe.from_toml(recipe_file).build(seq_len=64, microbatch_size=2)
     assert pipeline.loader_options.read_ahead_tokens == 2000
-    # a round is 2 lanes x 2 rows x 65 tokens: three windows of 2 rounds fit in 2000 tokens
-    assert pipeline.loader().stream.largest_window == 2
+    # a round is 2 lanes x 2 rows x 65 tokens: 7 rounds fit in 2000 tokens
+    assert pipeline.loader().stream.rounds_ahead == 7
     recipe_file.write_text(recipe_file.read_text().replace("read_ahead_tokens = 2000",
                                                            "read_ahead_tokens = 0"))
     with pytest.raises(ConfigError, match="read_ahead_tokens must be an integer >= 1"):

@@ -1,25 +1,32 @@
 """Agreement between data-parallel ranks on how many rounds of microbatches all can deliver.
 
-A round is the ``j``-th microbatch of every lane; rounds are grouped into *windows* (see
-:mod:`zephon.engine.rank`). The run ends at the first round in which some lane has no
-microbatch left, on every rank at once, so no rank waits in a collective for a peer that
-stopped. One agreement is an element-wise MIN all-reduce of :data:`SPAN` int32 entries, one
-per window from the first window not yet agreed: each rank writes how many of the window's
-rounds it has complete, or :data:`UNKNOWN` (-1) when its producer has not made that window yet.
-An entry is agreed when no rank wrote UNKNOWN; the agreed prefix is what every rank may hand out.
+A round is the ``j``-th microbatch of every lane. The run ends at the first round in which
+some lane has no microbatch left, on every rank at once, so no rank waits in a collective for a
+peer that stopped. One agreement is a MIN all-reduce of two int64 values per rank:
 
-Cost model: at most one all-reduce of 16 bytes per window of up to 16 rounds, usually issued
-asynchronously (``async_op=True``) one window ahead of need, so the consumer's thread only
-issues it and later reads a result that has long arrived. It blocks the consumer only where
-the consumer outruns its producer, and then it waits for data anyway. Over the default gloo
-group it never touches a GPU; NCCL groups are refused (reading their result would synchronize
-the device): pass a gloo group over the data-parallel ranks.
+- ``made``: the rounds this rank's producer has complete so far (counted from the round the
+  iterator started at);
+- ``final``: ``made`` once this rank's data has ended (its next round is incomplete), else
+  :data:`OPEN`.
+
+The result is the *horizon* ``min(made)``: rounds below it exist on every rank and may be
+handed out. When ``min(final)`` equals the horizon the end is known: some rank's data ends
+right there and every other rank has made at least that many rounds. (``min(final)`` is never
+below the horizon, since a rank that ended reports ``final == made``.)
+
+Cost model: one all-reduce of 16 bytes each time the consumer catches up with the horizon,
+issued asynchronously (``async_op=True``) halfway through the rounds the previous result
+granted, so its latency hides behind those rounds of training; where the producers run ``R``
+rounds ahead, that is one agreement per ``R / 2`` rounds or fewer (with the default read-ahead,
+one per 32 rounds). A consumer that outruns its producer waits for several rounds before it
+agrees (see :mod:`zephon.engine.rank`), so even a tight loop issues about two agreements per 16
+rounds. Over the default gloo group it never touches a GPU; NCCL groups are refused (reading
+their result would synchronize the device): pass a gloo group over the data-parallel ranks.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 from zephon.distributed import world_gloo_group
@@ -27,26 +34,28 @@ from zephon.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-SPAN = 4
-"""Windows one agreement covers (entries of its vector)."""
-UNKNOWN = -1
-"""An entry a rank cannot fill yet: its producer has not made that window."""
+OPEN = 1 << 62
+"""``final`` of a rank whose data has not ended."""
 
 
 class Pending:
-    """The result of one agreement, read with :meth:`result` (waits if it has not arrived)."""
+    """The result of one agreement, read with :meth:`result` (waits if it has not arrived):
+    ``(horizon, end)``, ``end`` None while no rank's data has ended at the horizon."""
 
     __slots__ = ("_tensor", "_values", "_work")
 
-    def __init__(self, values: list[int] | None = None, work: Any = None, tensor: Any = None):
+    def __init__(self, values: tuple[int, int] | None = None, work: Any = None,
+                 tensor: Any = None):
         self._values, self._work, self._tensor = values, work, tensor
 
-    def result(self) -> list[int]:
+    def result(self) -> tuple[int, int | None]:
         if self._values is None:
             self._work.wait()
-            self._values = [int(v) for v in self._tensor.tolist()]
+            made, final = (int(v) for v in self._tensor.tolist())
+            self._values = (made, final)
             self._work = self._tensor = None
-        return self._values
+        made, final = self._values
+        return made, (final if final == made else None)
 
 
 def check_agreement_group(process_group: Any) -> None:
@@ -68,40 +77,52 @@ def check_agreement_group(process_group: Any) -> None:
 
 
 class RoundAgreement:
-    """``start(first, entries) -> Pending`` of the element-wise minimum over the data-parallel
-    group."""
+    """``start(made, ended) -> Pending`` of the minimum over the data-parallel group."""
 
     def __init__(self, world_size: int, process_group: Any = None):
         self.world_size = world_size
         self._group = process_group
         self._warned = False
 
-    def start(self, first: int, entries: Sequence[int]) -> Pending:
-        """Issue the agreement on windows ``first, first + 1, ...`` (``entries``: this rank's
-        complete rounds in each, or UNKNOWN); it runs while the caller goes on."""
+    @property
+    def local(self) -> bool:
+        """Whether this rank decides alone (one rank, or no process group to agree over):
+        an agreement then costs nothing and answers at once."""
         if self.world_size == 1:
-            return Pending(list(entries))
+            return True
+        try:
+            import torch.distributed as dist
+        except ImportError:  # pragma: no cover - torch is present wherever ranks exist
+            return True
+        return not dist.is_available() or not dist.is_initialized()
+
+    def start(self, made: int, ended: bool) -> Pending:
+        """Issue the agreement on this rank's ``made`` rounds (``ended``: its data ends
+        there); it runs while the caller goes on."""
+        values = (made, made if ended else OPEN)
+        if self.world_size == 1:
+            return Pending(values)
         try:
             import torch
             import torch.distributed as dist
         except ImportError:  # pragma: no cover - torch is present wherever ranks exist
-            return self._alone(entries)
+            return self._alone(values)
         if not dist.is_available() or not dist.is_initialized():
-            return self._alone(entries)
+            return self._alone(values)
         if self._group is None:
             if dist.get_world_size() != self.world_size:
-                return self._alone(entries, "the default process group has "
+                return self._alone(values, "the default process group has "
                                    f"{dist.get_world_size()} ranks, not dp_world_size="
                                    f"{self.world_size}; pass process_group=<the DP group>")
             self._group = world_gloo_group()
-        tensor = torch.tensor(list(entries), dtype=torch.int32)
+        tensor = torch.tensor(values, dtype=torch.int64)
         work = dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=self._group, async_op=True)
         return Pending(work=work, tensor=tensor)
 
-    def _alone(self, entries: Sequence[int], why: str = "torch.distributed is not initialized"
-               ) -> Pending:
+    def _alone(self, values: tuple[int, int],
+               why: str = "torch.distributed is not initialized") -> Pending:
         if not self._warned:
             log.warning("zephon: %s, so ranks cannot agree on the end of data; each rank stops "
                         "when its own lanes run out", why)
             self._warned = True
-        return Pending(list(entries))
+        return Pending(values)

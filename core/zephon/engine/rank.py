@@ -4,31 +4,31 @@ Rank ``r`` of ``W`` owns the lanes ``l`` with ``l % W == r`` and hands out, roun
 next microbatch of each of its lanes in lane order; global microbatch ``m`` is therefore the
 ``m // L``-th microbatch of lane ``m % L`` for every ``W`` that divides ``L``.
 
-Read-ahead. With ``prefetch > 0`` a producer thread runs the lanes ahead of the consumer in
-windows of 1, 2, 4, ... rounds up to :func:`window_rounds` (at most 16): the largest window for
-which :data:`WINDOWS_HELD` windows fit in ``read_ahead_tokens``. At most that many windows
-exist at once (the one being handed out and the ones made ahead); the producer waits for room
-before it makes the next, so read-ahead memory is bounded by the token budget, not by a
-microbatch count. Every microbatch carries the snapshot its lane had right after making it;
-handing it to the caller makes that snapshot the lane's consumed state, so the state always
-describes what the trainer received, never what was read ahead. Under the producer, the
-dataset sources hand their document work to the document thread or worker processes
-(:mod:`zephon.engine.document_thread`, :mod:`zephon.engine.workers`). ``prefetch=0`` runs the
-lanes and their document operators in the caller's thread, a round at a time. Either way the
-lanes produce the same microbatches.
+Read-ahead. With ``prefetch > 0`` a producer thread runs the lanes ahead of the consumer, a
+round at a time, up to :func:`rounds_ahead` rounds: as many as fit in ``read_ahead_tokens``,
+at most :data:`MAX_ROUNDS_AHEAD`. A round goes to the consumer as soon as it is made (and
+agreed, below), never held back for later rounds, so a producer only slightly faster than its
+trainer still never makes it wait. Every microbatch carries the snapshot its lane had right
+after making it; handing it to the caller makes that snapshot the lane's consumed state, so the
+state always describes what the trainer received, never what was read ahead. Under the
+producer, the dataset sources hand their document work to the document thread or worker
+processes (:mod:`zephon.engine.document_thread`, :mod:`zephon.engine.workers`). ``prefetch=0``
+runs the lanes and their document operators in the caller's thread, a round at a time. Either
+way the lanes produce the same microbatches.
 
 End of data. A round is complete when every lane has its microbatch; the run ends on all ranks
-at the first incomplete round. Ranks agree per window, not per microbatch
-(:mod:`zephon.engine.agreement`): the consumer issues the agreement for the next window when it
-starts handing out the current one, asynchronously, and reads the result when it needs it, so
-the collective's latency hides behind a window of training. Where the next window was not yet
-made on every rank, the result says so and the consumer agrees again, synchronously, when it
-needs that window; it then goes on synchronously (once per window) until an agreement finds
-every rank a window ahead. Every choice between the two depends only on agreed results, so all
-ranks issue the same collectives in the same order, and a consumer that stops never leaves a
-collective its peers did not also issue. Each rank then runs its lanes to their end and
-reports every microbatch no rank handed out as left over, so the report accounts for all data
-read.
+at the first incomplete round. Ranks hand out only rounds below the agreed *horizon*, the
+rounds every rank has made (:mod:`zephon.engine.agreement`). The consumer agrees again when it
+reaches the horizon, and, to keep that off the training thread's critical path, issues the
+next agreement asynchronously halfway there: its result has long arrived when it is read. A
+consumer that reaches the horizon with nothing in flight agrees at once if its producer has
+the next round; if it outran its producer, it waits for 1, 2, 4, ... up to
+:data:`MAX_GAIN` rounds (doubling while that repeats) before it agrees, so a tight loop does
+not agree once per round. Where each agreement is issued and read depends only on agreed
+results and the hand-out count, so all ranks issue the same collectives in the same order,
+and a consumer that stops never leaves a collective its peers did not also issue. With one
+rank the agreement is local and free. Each rank then runs its lanes to their end and reports
+every microbatch no rank handed out as left over, so the report accounts for all data read.
 
 One consumer at a time: a new ``iter()`` from the thread that iterates retires the previous
 iterator (it ends) and continues from the consumed state; ``iter()`` from another thread while
@@ -38,7 +38,6 @@ an iterator is live raises, since two consumers would each get part of the strea
 from __future__ import annotations
 
 import atexit
-import itertools
 import logging
 import threading
 from collections import deque
@@ -46,7 +45,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from zephon.batch import SampleBatch
-from zephon.engine.agreement import SPAN, UNKNOWN, RoundAgreement
+from zephon.engine.agreement import RoundAgreement
 from zephon.engine.lane import Lane, LanePlan
 from zephon.errors import ZephonError
 from zephon.io import cancel
@@ -54,41 +53,30 @@ from zephon.records import record_counts
 
 log = logging.getLogger(__name__)
 
-_END = object()
 _INTERRUPT_JOIN_S = 1.5
-WINDOW_ROUNDS = 16
-"""Rounds per window once the windows have grown (1, 2, 4, 8, 16, 16, ...), at most."""
-WINDOWS_HELD = 3
-"""Windows that may exist at once: the one being handed out and two made ahead."""
+MAX_ROUNDS_AHEAD = 64
+"""Rounds the producer may hold ahead of the consumer, at most (fewer where
+``read_ahead_tokens`` says so). Each held round keeps its microbatches and one lane snapshot
+per microbatch."""
+_ROOM_POLL_S = 0.005
+"""How often a producer holding all the rounds it may checks for room: the consumer takes
+rounds without the lock, so nobody wakes the producer; a full producer is ``rounds_ahead``
+rounds ahead, so a few milliseconds of delay cost nothing."""
+MAX_GAIN = 16
+"""Rounds a consumer that keeps outrunning its producer waits for before it agrees, at most."""
 
 
-def window_rounds(read_ahead_tokens: int, round_tokens: int | None) -> int:
-    """The largest window (in rounds) for which :data:`WINDOWS_HELD` windows of
-    ``round_tokens`` tokens a round fit in ``read_ahead_tokens``, between 1 and
-    :data:`WINDOW_ROUNDS` (rounds of unknown size: :data:`WINDOW_ROUNDS`). Computed from the
-    recipe alone, so every rank uses the same windows."""
+def rounds_ahead(read_ahead_tokens: int, round_tokens: int | None) -> int:
+    """The rounds of ``round_tokens`` tokens that fit in ``read_ahead_tokens``, between 1 and
+    :data:`MAX_ROUNDS_AHEAD` (rounds of unknown size: :data:`MAX_ROUNDS_AHEAD`)."""
     if not round_tokens:
-        return WINDOW_ROUNDS
-    return max(1, min(WINDOW_ROUNDS, read_ahead_tokens // (WINDOWS_HELD * round_tokens)))
-
-
-def _window_size(index: int, largest: int) -> int:
-    return min(1 << min(index, 30), largest)
-
-
-class _Window:
-    """Rounds of microbatches of one window: its size in the schedule, how many of its
-    rounds this rank has complete, and whether this rank's data ends in it."""
-
-    __slots__ = ("complete", "ended", "rounds", "size")
-
-    def __init__(self, rounds: list[list[Any]], size: int, complete: int, ended: bool):
-        self.rounds, self.size, self.complete, self.ended = rounds, size, complete, ended
+        return MAX_ROUNDS_AHEAD
+    return max(1, min(MAX_ROUNDS_AHEAD, read_ahead_tokens // round_tokens))
 
 
 class _Drained:
-    """What this rank's lanes made after its last window, counted (never held): leftover
-    counts and each lane's final snapshot."""
+    """What this rank's lanes made that no rank will hand out, counted (never held):
+    leftover counts and each lane's final snapshot."""
 
     __slots__ = ("counts", "snapshots")
 
@@ -110,6 +98,15 @@ class _Drained:
         return self
 
 
+class _Partial:
+    """The first incomplete round of this rank: its data ends here."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: list[Any]):
+        self.items = items
+
+
 class _Failure:
     """An exception raised by the producer, re-raised on the consumer's thread."""
 
@@ -119,51 +116,108 @@ class _Failure:
         self.error = error
 
 
-class _Handoff:
-    """Windows from the producer thread to the consumer. At most ``capacity`` windows exist
-    that the consumer has not finished: the producer waits for room before making the next
-    one, so what is read ahead never exceeds ``capacity`` windows."""
+class _Superseded(Exception):
+    """Raised inside an iterator whose stream was taken over by a newer iterator."""
 
-    def __init__(self, capacity: int, stop: threading.Event):
+
+class _Rounds:
+    """This rank's production, in order: complete rounds (lists of ``(lane, microbatch,
+    snapshot)``), then its first incomplete round (:class:`_Partial`), then the rest of its
+    lanes' output, counted (:class:`_Drained`).
+
+    With ``threaded`` a producer thread makes them ahead, holding at most ``capacity`` complete
+    rounds the consumer has not taken; otherwise they are made in the consumer's thread when
+    it asks. ``made`` counts complete rounds, ``ended`` says the incomplete one was made."""
+
+    def __init__(self, production: Iterator[Any], capacity: int, stop: threading.Event,
+                 threaded: bool, name: str):
+        self._production = production
         self._capacity = capacity
         self._stop = stop
         self._cond = threading.Condition()
         self._ready: deque[Any] = deque()
-        self._open = 0
+        self._taken = 0
+        self._failure: BaseException | None = None
+        self.made = 0
+        self.ended = False
+        self.thread: threading.Thread | None = None
+        if threaded:
+            self.thread = threading.Thread(target=self._produce, name=name, daemon=True)
+            self.thread.start()
 
-    def wait_for_room(self) -> bool:
+    def report(self) -> tuple[int, bool]:
+        """``(made, ended)``, read together."""
         with self._cond:
-            while self._open >= self._capacity and not self._stop.is_set():
-                self._cond.wait(0.1)
-            return not self._stop.is_set()
+            return self.made, self.ended
 
-    def put(self, item: Any) -> None:
+    def _put(self, item: Any) -> None:
         with self._cond:
             self._ready.append(item)
-            if isinstance(item, _Window):
-                self._open += 1
+            if isinstance(item, list):
+                self.made += 1
+            elif isinstance(item, _Partial):
+                self.ended = True
+            elif isinstance(item, _Failure):
+                self._failure = item.error
             self._cond.notify_all()
 
-    def get(self, block: bool) -> Any:
-        """The next item, or None when ``block`` is false and none is ready."""
+    def _produce(self) -> None:
+        try:
+            with cancel.cancel_when(self._stop):
+                while True:
+                    with self._cond:
+                        while (self.made - self._taken >= self._capacity and not self.ended
+                               and not self._stop.is_set()):
+                            self._cond.wait(_ROOM_POLL_S)
+                        if self._stop.is_set():
+                            return
+                    item = next(self._production, None)
+                    if item is None:
+                        return
+                    self._put(item)
+        except cancel.Cancelled:
+            return
+        except BaseException as exc:  # re-raised on the consumer's thread
+            self._put(_Failure(exc))
+
+    def wait_for(self, target: int) -> None:
+        """Until ``made >= target``, or this rank's data has ended."""
+        if self.thread is None:
+            while self.made < target and not self.ended:
+                self._put(next(self._production))
+            return
         with self._cond:
-            while not self._ready:
+            while self.made < target and not self.ended:
+                if self._failure is not None:
+                    raise self._failure
                 if self._stop.is_set():
                     raise _Superseded
-                if not block:
-                    return None
                 self._cond.wait(0.1)
-            return self._ready.popleft()
 
-    def finished(self) -> None:
-        """The consumer is done with one window: room for the producer."""
-        with self._cond:
-            self._open -= 1
-            self._cond.notify_all()
+    def take(self) -> Any:
+        """The next item of the production (made here, without a thread)."""
+        if self._stop.is_set():
+            raise _Superseded
+        if self.thread is None and not self._ready:
+            self._put(next(self._production))
+        if self._ready:
+            # Without the lock when an item is ready: a contended lock would release the GIL
+            # on the training thread, which can then wait a switch interval to get it back.
+            # Only this thread takes items, so the one seen stays there.
+            item = self._ready.popleft()
+        else:
+            with self._cond:
+                while not self._ready:
+                    if self._stop.is_set():
+                        raise _Superseded
+                    self._cond.wait(0.1)
+                item = self._ready.popleft()
+        if isinstance(item, list):
+            self._taken += 1  # read by the producer, which polls for room while it is full
+        elif isinstance(item, _Failure):
+            raise item.error
+        return item
 
-
-class _Superseded(Exception):
-    """Raised inside an iterator whose stream was taken over by a newer iterator."""
 
 _RUNNING: set[tuple[threading.Event, threading.Thread]] = set()
 
@@ -178,14 +232,15 @@ def _stop_producers() -> None:
 
 class RankStream:
     def __init__(self, plan: LanePlan, rank: int, world_size: int, prefetch: int,
-                 agree: RoundAgreement, largest_window: int = WINDOW_ROUNDS):
+                 agree: RoundAgreement, ahead: int = MAX_ROUNDS_AHEAD):
         self.plan = plan
         self.lanes = plan.lanes
         self.rank, self.world_size = rank, world_size
         self.owned = [lane for lane in range(self.lanes) if lane % world_size == rank]
         self.prefetch = prefetch
         self.agree = agree
-        self.largest_window = largest_window
+        self.rounds_ahead = ahead
+        """Complete rounds the producer may hold that the consumer has not taken."""
         self.agreements = {"ahead": 0, "on_demand": 0}
         """Agreements issued ahead of need (asynchronously) and when the consumer needed them."""
         self.consumed: dict[int, dict[str, Any] | None] = dict.fromkeys(self.owned)
@@ -241,194 +296,88 @@ class RankStream:
         self._stop = stop
         return self._consume(lanes, start, stop)
 
-    def _schedule(self, start: int) -> Iterator[tuple[int, list[int]]]:
+    def _schedule(self, start: int) -> Iterator[list[int]]:
+        """This rank's lanes in each round from the one holding global microbatch
+        ``start`` on (the first round may be partly consumed already)."""
         round_index = start // self.lanes
         while True:
-            yield round_index, [lane for lane in self.owned
-                                if round_index * self.lanes + lane >= start]
+            yield [lane for lane in self.owned if round_index * self.lanes + lane >= start]
             round_index += 1
 
     def _production(self, lanes: dict[int, Lane], start: int) -> Iterator[Any]:
-        """(lane, microbatch or None, snapshot) in hand-out order; a lane that has ended is
-        skipped afterwards, and _END follows once every owned lane has ended."""
+        """See :class:`_Rounds`: complete rounds, the first incomplete one, the drained rest
+        (every lane run to its end)."""
         ended: set[int] = set()
-        for _, pending in self._schedule(start):
+        schedule = self._schedule(start)
+        for pending in schedule:
+            items = []
             for lane in pending:
-                if lane in ended:
-                    continue
                 batch = lanes[lane].next_microbatch()
                 if batch is None:
                     ended.add(lane)
-                yield lane, batch, lanes[lane].snapshot()
-            if len(ended) == len(self.owned):
-                yield _END
-                return
-
-    def _windows(self, production: Iterator[Any], start: int,
-                 largest: int) -> Iterator[_Window | _Drained]:
-        """Rounds in windows of 1, 2, 4, ... ``largest`` rounds (a fixed schedule, the same
-        on every rank), each with the number of its rounds this rank has complete. After the
-        window where this rank's data ends comes the rest of its production, counted."""
-        schedule = self._schedule(start)
-        ended: set[int] = set()
-        for index in itertools.count():
-            size = _window_size(index, largest)
-            rounds: list[list[Any]] = []
-            complete = 0
-            for _ in range(size):
-                _, pending = next(schedule)
-                items = []
-                for lane in pending:
-                    if lane in ended:
-                        continue
-                    item = next(production)
-                    items.append(item)
-                    if item[1] is None:
-                        ended.add(lane)
-                rounds.append(items)
-                if len(items) < len(pending) or any(item[1] is None for item in items):
-                    break
-                complete += 1
-            if complete == size:
-                yield _Window(rounds, size, complete, False)
-                continue
-            yield _Window(rounds, size, complete, True)
-            yield _Drained().add(item for item in production if item is not _END)
-            return
+                items.append((lane, batch, lanes[lane].snapshot()))
+            if ended:
+                yield _Partial(items)
+                break
+            yield items
+        rest = _Drained()
+        for pending in schedule:
+            live = [lane for lane in pending if lane not in ended]
+            if not live:
+                break
+            for lane in live:
+                batch = lanes[lane].next_microbatch()
+                if batch is None:
+                    ended.add(lane)
+                rest.add([(lane, batch, lanes[lane].snapshot())])
+        yield rest
 
     def _consume(self, lanes: dict[int, Lane], start: int,
                  stop: threading.Event) -> Iterator[SampleBatch]:
-        # Windows grow to largest_window rounds when a producer thread runs ahead; without one
-        # (prefetch=0) every round is a window, agreed on as it is needed.
-        largest = self.largest_window if self.prefetch > 0 else 1
-        windows = self._windows(self._production(lanes, start), start, largest)
-        thread = None
-        if self.prefetch > 0:
-            handoff = _Handoff(WINDOWS_HELD, stop)
-
-            def produce() -> None:
-                try:
-                    with cancel.cancel_when(stop):
-                        while handoff.wait_for_room():
-                            window = next(windows, None)
-                            if window is None:
-                                return
-                            handoff.put(window)
-                except cancel.Cancelled:
-                    return
-                except BaseException as exc:  # re-raised on the consumer's thread
-                    handoff.put(_Failure(exc))
-
-            thread = threading.Thread(target=produce, name=f"zephon-rank{self.rank}",
-                                      daemon=True)
-            thread.start()
-            _RUNNING.add((stop, thread))
-
-            def receive(block: bool) -> Any:
-                item = handoff.get(block)
-                if isinstance(item, _Failure):
-                    raise item.error
-                return item
-
-            finished = handoff.finished
-        else:
-            def receive(block: bool) -> Any:
-                if stop.is_set():
-                    raise _Superseded
-                return next(windows) if block else None
-
-            def finished() -> None:
-                pass
-
-        local: deque[_Window] = deque()  # received, not finished; local[0] is window `base`
-        drained: list[_Drained] = []
-        base = 0
-
-        def take(block: bool) -> bool:
-            """Receive one more window (False: none ready, or only the drained rest)."""
-            item = receive(block)
-            if isinstance(item, _Drained):
-                drained.append(item)
-                return False
-            if item is not None:
-                local.append(item)
-            return item is not None
-
-        agreed: dict[int, int] = {}  # window index -> rounds every rank hands out
-        unagreed = 0  # the first window without an agreed count
-        ahead = False  # the last agreement found every rank a window ahead: agree early
-
-        def entries(first: int) -> list[int]:
-            """This rank's complete rounds for windows first .. first + SPAN - 1."""
-            while not drained and take(False):
-                pass
-            out = []
-            for index in range(first, first + SPAN):
-                if index - base < len(local):
-                    out.append(local[index - base].complete)
-                elif local and local[-1].ended:
-                    out.append(0)  # this rank's data ended in an earlier window
-                else:
-                    out.append(UNKNOWN)
-            return out
-
-        def settle(result: list[int], first: int, early: bool) -> None:
-            nonlocal unagreed, ahead
-            covered = 0
-            for value in result:
-                if value == UNKNOWN:
-                    break
-                agreed[first + covered] = value
-                covered += 1
-                if value < _window_size(first + covered - 1, largest):
-                    break  # the data ends in this window: later entries mean nothing
-            unagreed = first + covered
-            ahead = covered >= (1 if early else 2)
-
-        pending = None
+        threaded = self.prefetch > 0
+        rounds = _Rounds(self._production(lanes, start), self.rounds_ahead if threaded else 1,
+                         stop, threaded, f"zephon-rank{self.rank}")
+        if rounds.thread is not None:
+            _RUNNING.add((stop, rounds.thread))
+        # Agreeing ahead, and waiting for several rounds after an outrun, pay off only where
+        # a producer runs ahead and the agreement is a real collective.
+        agree_ahead = threaded and not self.agree.local
+        horizon, end = 0, None  # agreed: rounds below horizon exist on every rank
+        handed = 0  # rounds this iterator handed out
+        pending = None  # the agreement in flight
+        issue_at: int | None = None  # where the next one goes out ahead of need
+        outruns = 0  # agreements in a row for which this rank's producer was behind
         interrupted = False
         try:
             while True:
-                index = base
-                if index not in agreed and pending is not None:
-                    first, handle = pending
-                    pending = None
-                    settle(handle.result(), first, True)
-                if index not in agreed:  # agree now, once this rank has the window
-                    while not local:
-                        take(True)
-                    self.agreements["on_demand"] += 1
-                    settle(self.agree.start(unagreed, entries(unagreed)).result(), unagreed,
-                           False)
-                window, count = local[0], agreed.pop(index)
-                if count == window.size and ahead and pending is None \
-                        and index + 1 == unagreed:
-                    # Agree on the next window while this one is handed out.
-                    self.agreements["ahead"] += 1
-                    pending = (unagreed, self.agree.start(unagreed, entries(unagreed)))
-                for items in window.rounds[:count]:
-                    for lane, batch, snapshot in items:
+                if handed < horizon:
+                    if handed == issue_at and pending is None:
+                        self.agreements["ahead"] += 1
+                        pending = self.agree.start(*rounds.report())
+                    for lane, batch, snapshot in rounds.take():
                         if stop.is_set():
                             return
                         self.consumed[lane] = snapshot
                         self.handed += 1
                         yield batch
-                local.popleft()
-                finished()
-                base += 1
-                if count < window.size:  # some rank's data ended in this window: drain
-                    rest = _Drained().add(item for items in window.rounds[count:]
-                                          for item in items)
-                    while not window.ended:
-                        while not local:
-                            take(True)
-                        window = local.popleft()
-                        finished()
-                        rest.add(item for items in window.rounds for item in items)
-                    while not drained:
-                        take(True)
-                    self._finish(rest, drained[0])
+                    handed += 1
+                    continue
+                if end is not None:
+                    self._finish(*self._rest(rounds))
                     return
+                if pending is None:
+                    gain = 1
+                    if agree_ahead:
+                        made, ended = rounds.report()
+                        outruns = outruns + 1 if made <= handed and not ended else 0
+                        gain = min(MAX_GAIN, self.rounds_ahead, 1 << max(0, outruns - 1))
+                    rounds.wait_for(handed + gain)
+                    self.agreements["on_demand"] += 1
+                    pending = self.agree.start(*rounds.report())
+                horizon, end = pending.result()
+                pending = None
+                issue_at = handed + (horizon - handed + 1) // 2 \
+                    if agree_ahead and end is None and horizon - handed >= 2 else None
         except _Superseded:
             return  # a newer iterator (or a state load) owns this stream now
         except KeyboardInterrupt:
@@ -436,13 +385,24 @@ class RankStream:
             raise
         finally:
             stop.set()
-            if thread is not None:
+            if rounds.thread is not None:
                 # The producer notices the stop within one received chunk of a download or
                 # after the microbatch it is making; joining it lets native resources it
                 # holds (open files, partial downloads, tokenizer threads) close before the
                 # interpreter exits. On Ctrl-C the wait is short: the user asked to stop.
-                thread.join(timeout=_INTERRUPT_JOIN_S if interrupted else 30)
-                _RUNNING.discard((stop, thread))
+                rounds.thread.join(timeout=_INTERRUPT_JOIN_S if interrupted else 30)
+                _RUNNING.discard((stop, rounds.thread))
+
+    @staticmethod
+    def _rest(rounds: _Rounds) -> tuple[_Drained, _Drained]:
+        """At the agreed end: the rounds this rank made and no rank hands out, then the
+        drained rest of its lanes."""
+        rest = _Drained()
+        while True:
+            item = rounds.take()
+            if isinstance(item, _Drained):
+                return rest, item
+            rest.add(item.items if isinstance(item, _Partial) else item)
 
     def _finish(self, *parts: _Drained) -> None:
         """End of data: count what no rank will hand out (this rank's drained lanes)."""
