@@ -17,6 +17,7 @@ Usage: ``python -m benchmarks.trainer_wait [--steps 400] [--docs 4000] [--worker
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import socket
@@ -59,16 +60,19 @@ def capacity(paths: dict[str, str], batches: int, workers: int = 0) -> float:
 
 
 def trainer(paths: dict[str, str], step_s: float, steps: int, rank: int, world: int,
-            port: int | None, workers: int = 0) -> dict[str, float]:
+            port: int | None, workers: int = 0, loader: bool = True) -> dict[str, float]:
     import torch  # noqa: F401 - a trainer has torch loaded before it builds its loader
 
+    made: list = []
+    if not loader:  # the reference loop: microbatches made beforehand, nothing running
+        made = list(itertools.islice(pipeline_for(paths, prefetch=0), steps))
     if world > 1:
         import torch.distributed as dist
 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world)
     start = time.perf_counter()
-    iterator = iter(pipeline_for(paths, rank, world, workers=workers))
+    iterator = iter(pipeline_for(paths, rank, world, workers=workers) if loader else made)
     waits, tenth = [], None
     for step in range(steps):
         asked = time.perf_counter()
@@ -95,12 +99,12 @@ def trainer(paths: dict[str, str], step_s: float, steps: int, rank: int, world: 
 
 
 def run_child(paths: dict[str, str], step_s: float, steps: int, world: int,
-              workers: int = 0) -> list[dict]:
+              workers: int = 0, loader: bool = True) -> list[dict]:
     port = _free_port()
     procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.trainer_wait", "--child",
                                json.dumps({"paths": paths, "step_s": step_s, "steps": steps,
                                            "rank": r, "world": world, "port": port,
-                                           "workers": workers})],
+                                           "workers": workers, "loader": loader})],
                               stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})
              for r in range(world)]
@@ -125,7 +129,8 @@ def main() -> None:
     if args.child:
         spec = json.loads(args.child)
         print(json.dumps(trainer(spec["paths"], spec["step_s"], spec["steps"], spec["rank"],
-                                 spec["world"], spec["port"], spec.get("workers", 0))))
+                                 spec["world"], spec["port"], spec.get("workers", 0),
+                                 spec.get("loader", True))))
         return
     from benchmarks.throughput import build_corpus
 
@@ -136,6 +141,9 @@ def main() -> None:
     print(f"{'load':>6}{'ranks':>7}{'step ms':>9}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}"
           f"{'wait %':>8}{'first s':>9}{'10th s':>8}{'wait<10':>9}{'inflation':>11}")
     for load in (0.25, 0.5, 0.8):
+        bare = run_child(paths, 1 / (load * rate), args.steps, 1, loader=False)[0]
+        print(f"{load:>6.0%}{'none':>7}{1000 / (load * rate):>9.1f}{'':>9}{'':>9}{'':>9}"
+              f"{'':>8}{'':>9}{'':>8}{'':>9}{100 * bare['inflation']:>10.1f}%   (no loader)")
         for world in (1, 2):
             # Two ranks share this machine's cores: each runs at the load of its share.
             step_s = 1 / (load * rate / world)
