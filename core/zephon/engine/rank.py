@@ -309,13 +309,15 @@ class RankStream:
         (every lane run to its end)."""
         ended: set[int] = set()
         schedule = self._schedule(start)
+
+        def make(lane: int) -> tuple[int, SampleBatch | None, dict[str, Any]]:
+            batch = lanes[lane].next_microbatch()
+            if batch is None:
+                ended.add(lane)
+            return lane, batch, lanes[lane].snapshot()
+
         for pending in schedule:
-            items = []
-            for lane in pending:
-                batch = lanes[lane].next_microbatch()
-                if batch is None:
-                    ended.add(lane)
-                items.append((lane, batch, lanes[lane].snapshot()))
+            items = [make(lane) for lane in pending]
             if ended:
                 yield _Partial(items)
                 break
@@ -325,11 +327,7 @@ class RankStream:
             live = [lane for lane in pending if lane not in ended]
             if not live:
                 break
-            for lane in live:
-                batch = lanes[lane].next_microbatch()
-                if batch is None:
-                    ended.add(lane)
-                rest.add([(lane, batch, lanes[lane].snapshot())])
+            rest.add(make(lane) for lane in live)
         yield rest
 
     def _consume(self, lanes: dict[int, Lane], start: int,
