@@ -95,14 +95,18 @@ def test_read_ahead_stays_within_the_token_budget(two_datasets, tokenizer_dir,
 def test_a_round_is_handed_out_as_soon_as_it_is_made(two_datasets, tokenizer_dir,
                                                      monkeypatch, with_peers) -> None:
     """The producer stalls after round ``stall`` (a slow unit read, say): every microbatch of
-    the rounds before it still reaches the trainer, none is held back for later rounds."""
-    stall = 5
+    the rounds before it still reaches the trainer, none is held back for later rounds. With
+    peers the producer is slow before the stall too, so the consumer keeps outrunning it and
+    would rather agree on several rounds at once: it still takes the ones it needs."""
+    stall = 7
     made, resume = [0], threading.Event()
     real = Lane.next_microbatch
 
     def stalling(self):
         if made[0] == (stall + 1) * LANES:
             resume.wait(30)
+        elif with_peers and not resume.is_set():
+            time.sleep(0.005)
         made[0] += 1
         return real(self)
 

@@ -23,10 +23,12 @@ reaches the horizon, and, to keep that off the training thread's critical path, 
 next agreement asynchronously halfway there: its result has long arrived when it is read. A
 consumer that reaches the horizon with nothing in flight agrees at once if its producer has
 the next round; if it outran its producer, it waits for 1, 2, 4, ... up to
-:data:`MAX_GAIN` rounds (doubling while that repeats) before it agrees, so a tight loop does
-not agree once per round. Where each agreement is issued and read depends only on agreed
-results and the hand-out count, so all ranks issue the same collectives in the same order,
-and a consumer that stops never leaves a collective its peers did not also issue. With one
+:data:`MAX_GAIN` rounds (doubling while that repeats; beyond the round it needs, for at most
+:data:`_GAIN_WAIT_S`) before it agrees, so a tight loop does not agree once per round.
+Where each agreement is issued and read depends only on agreed results and the hand-out
+count, so all ranks issue the same collectives in the same order, and a consumer that stops
+never leaves a collective its peers did not also issue; only the counts they report depend on
+timing. With one
 rank the agreement is local and free. Each rank then runs its lanes to their end and reports
 every microbatch no rank handed out as left over, so the report accounts for all data read.
 
@@ -40,6 +42,7 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -64,6 +67,9 @@ rounds without the lock, so nobody wakes the producer; a full producer is ``roun
 rounds ahead, so a few milliseconds of delay cost nothing."""
 MAX_GAIN = 16
 """Rounds a consumer that keeps outrunning its producer waits for before it agrees, at most."""
+_GAIN_WAIT_S = 0.05
+"""How long such a consumer waits for those rounds beyond the one it needs: a producer that
+pauses (a slow download) then costs the trainer at most this, not the rounds after the pause."""
 
 
 def rounds_ahead(read_ahead_tokens: int, round_tokens: int | None) -> int:
@@ -180,19 +186,24 @@ class _Rounds:
         except BaseException as exc:  # re-raised on the consumer's thread
             self._put(_Failure(exc))
 
-    def wait_for(self, target: int) -> None:
-        """Until ``made >= target``, or this rank's data has ended."""
+    def wait_for(self, target: int, timeout: float | None = None) -> None:
+        """Until ``made >= target``, this rank's data has ended, or (with a thread)
+        ``timeout`` seconds have passed."""
         if self.thread is None:
             while self.made < target and not self.ended:
                 self._put(next(self._production))
             return
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while self.made < target and not self.ended:
                 if self._failure is not None:
                     raise self._failure
                 if self._stop.is_set():
                     raise _Superseded
-                self._cond.wait(0.1)
+                left = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+                if left <= 0:
+                    return
+                self._cond.wait(left)
 
     def take(self) -> Any:
         """The next item of the production (made here, without a thread)."""
@@ -369,7 +380,9 @@ class RankStream:
                         made, ended = rounds.report()
                         outruns = outruns + 1 if made <= handed and not ended else 0
                         gain = min(MAX_GAIN, self.rounds_ahead, 1 << max(0, outruns - 1))
-                    rounds.wait_for(handed + gain)
+                    rounds.wait_for(handed + 1)
+                    if gain > 1:
+                        rounds.wait_for(handed + gain, timeout=_GAIN_WAIT_S)
                     self.agreements["on_demand"] += 1
                     pending = self.agree.start(*rounds.report())
                 horizon, end = pending.result()
