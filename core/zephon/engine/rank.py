@@ -28,9 +28,9 @@ the next round; if it outran its producer, it waits for 1, 2, 4, ... up to
 Where each agreement is issued and read depends only on agreed results and the hand-out
 count, so all ranks issue the same collectives in the same order, and a consumer that stops
 never leaves a collective its peers did not also issue; only the counts they report depend on
-timing. With one
-rank the agreement is local and free. Each rank then runs its lanes to their end and reports
-every microbatch no rank handed out as left over, so the report accounts for all data read.
+timing. With one rank the agreement is local and free. Each rank then runs its lanes to their
+end and reports every microbatch no rank handed out as left over, so the report accounts for
+all data read.
 
 One consumer at a time: a new ``iter()`` from the thread that iterates retires the previous
 iterator (it ends) and continues from the consumed state; ``iter()`` from another thread while
@@ -360,7 +360,7 @@ class RankStream:
         try:
             while True:
                 if handed < horizon:
-                    if handed == issue_at and pending is None:
+                    if handed == issue_at:  # every earlier agreement has been read
                         self.agreements["ahead"] += 1
                         pending = self.agree.start(*rounds.report())
                     for lane, batch, snapshot in rounds.take():
