@@ -11,6 +11,7 @@ switched off so a saved tokenizer setting cannot silently cut documents.
 
 from __future__ import annotations
 
+import array
 import hashlib
 import json
 import os
@@ -114,7 +115,7 @@ class TextEncoder:
         if self._backend is not None:
             batch = self._fast_batch or self._backend.encode_batch
             encodings = batch(texts, add_special_tokens=False)
-            return [np.array(e.ids, dtype=np.int32) for e in encodings]
+            return [ids_array(e.ids) for e in encodings]
         ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
         return [np.asarray(x, dtype=np.int32) for x in ids]
 
@@ -139,6 +140,14 @@ class TextEncoder:
             end = _cut(text, start + SLICE_CHARS)
             yield self._encode_batch([text[start:end]])[0]
             start = end
+
+
+def ids_array(ids: list[int]) -> np.ndarray:
+    """A list of token ids -> an int32 array, through ``array('I')``: about 10 ns a token
+    where ``np.array(ids, dtype=np.int32)`` takes about 20 (on top of the 15 ns the list
+    itself costs). Ids are below 2**31 (no vocabulary comes near), so the unsigned buffer
+    reads as int32 unchanged."""
+    return np.frombuffer(array.array("I", ids), dtype=np.int32)
 
 
 LONG_TEXT_CHARS = 1 << 18

@@ -59,6 +59,20 @@ def test_batch_size_changes_nothing(tokenizer_dir, demo_assets):
     assert all((x[0] == y[0]).all() for x, y in zip(one, many, strict=True))
 
 
+def test_encoded_ids_are_the_backend_ids_as_int32(tokenizer_dir, demo_assets):
+    from zephon.demo.assets import make_documents
+    from zephon.tokenizer import TextEncoder, ids_array
+
+    texts = [*make_documents(20, seed=5), ""]
+    hf = load_tokenizer(tokenizer_dir)
+    expected = [e.ids for e in hf.backend_tokenizer.encode_batch(texts, add_special_tokens=False)]
+    got = TextEncoder(hf).encode(texts)
+    assert [ids.tolist() for ids in got] == expected
+    assert all(ids.dtype == np.int32 and ids.flags.writeable for ids in got)
+    assert got[-1].size == 0
+    assert ids_array([0, 7, 2**31 - 1]).tolist() == [0, 7, 2**31 - 1]
+
+
 def test_missing_local_tokenizer_fails_at_once(tmp_path):
     start = time.monotonic()
     with pytest.raises(ConfigError, match="no such directory"):
