@@ -11,12 +11,14 @@ Why: the tokenizer's Rust backend releases the GIL and keeps both cores of a 2-c
 busy while it encodes, but everything around it (reading Parquet, turning ids into arrays,
 packing, batching) is Python that holds the GIL. Done in turns, the cores idle for that
 Python work, some 10% of the time; with the next batch already encoding, they do not. On a
-2-core machine (``benchmarks/throughput.py``) this took the pipeline from about 0.85x to
-0.93-0.96x the bare tokenizer, at 1.03-1.04x its CPU per token. What is left: the encoder idles
-while this thread turns a batch's ids into arrays (about 33 ns a token, the GIL held), some 7%
-of the time; a second thread to fill that, or leaving the conversion to the source, measured
-no faster (more CPU per token: two batches' encodings, about 550 bytes a token, alive at
-once).
+2-core machine (``benchmarks/throughput.py``) the pipeline runs at 0.93x the bare tokenizer
+(which converts ids the same way), at 1.06x its CPU per token. What is left, per 12M tokens:
+the encoder idles about 0.45 s while this thread turns a batch's ids into arrays and frees the
+tokenizer's encodings (about 24 and 10 ns a token, the GIL held), and the pipeline's other
+Python work (reading, packing, batching, tensors: about 0.9 s of CPU) takes its share of the
+two cores the encoder would otherwise have. A second thread to fill the idle time, or leaving
+the conversion to the source, measured no faster: running Python beside the encoder costs it
+more CPU per token (two batches' encodings, about 550 bytes a token, alive at once).
 
 The thread serves every source of the rank in submission order, so the batch a source needs
 now could wait behind other sources' read-ahead (with 4 lanes, up to 7 batches, a second or
