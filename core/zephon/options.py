@@ -31,7 +31,7 @@ class LoaderOptions:
     """Tokens the background thread may hold ahead of the consumer (with ``prefetch > 0``), in
     whole rounds (a round is one microbatch of every lane this rank owns), at most 64 rounds.
     The default, 16.8M tokens, is about 130 MiB of token ids and positions, and allows the
-    64 rounds while a round is under 262k tokens (for example 8 lanes of 4 x 8193). Smaller
+    64 rounds while a round is at most 262k tokens (for example 8 lanes of 4 x 8192). Smaller
     budgets hold fewer rounds (at least one); each agreement on the end of data then grants
     fewer rounds, so ranks agree more often. Rounds of unpacked rows have no fixed size and
     always hold 64."""

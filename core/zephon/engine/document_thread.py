@@ -87,7 +87,8 @@ class DocumentThread:
     in_flight = 2
     """Batches a source keeps submitted: the one it waits for next and one more. Measured on
     2 cores with 1 MiB batches, 2 and 3 in flight gave the same throughput within noise
-    (0.92-0.98x and 0.97-0.99x the bare tokenizer) and 4 no more (0.95x); 2 holds less."""
+    (0.92-0.98x and 0.97-0.99x the bare tokenizer of the time, which converted ids with
+    ``np.array``) and 4 no more (0.95x); 2 holds less."""
 
     def __init__(self, ops_by_dataset: dict[int, Sequence[DocumentOperator]]):
         self._ops = {i: tuple(ops) for i, ops in ops_by_dataset.items()}
