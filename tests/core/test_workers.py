@@ -114,3 +114,64 @@ def test_workers_share_the_cores_among_their_tokenizers(monkeypatch) -> None:
     monkeypatch.setenv("RAYON_NUM_THREADS", "1")  # the user's own setting wins
     module._start_worker(payload, 4)
     assert os.environ["RAYON_NUM_THREADS"] == "1"
+
+
+_STOPS_MID_STREAM = """
+import sys
+from tests.core.test_workers import source_for
+from zephon import Pipeline
+stream = iter(Pipeline(source_for({{"d": {data!r}}})).options(lanes=4, workers=2)
+              .tokenize(tokenizer_id={tokenizer!r}).pack_flat(65).batch(2))
+for _ in range(3):
+    next(stream)
+print("stopped", flush=True)
+"""
+
+
+def test_a_trainer_that_stops_mid_stream_exits_quietly_and_frees_shared_memory(
+        tmp_path, tokenizer_dir) -> None:
+    """Training ends long before the data: results still in flight are freed at exit, with no
+    tracebacks from shutdown and nothing left in /dev/shm."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    write_jsonl(tmp_path / "d.jsonl",
+                [{"text": t} for t in make_documents(400, seed=5, min_words=50, max_words=90)])
+    shm = Path("/dev/shm")
+    before = {p.name for p in shm.glob("psm_*")}
+    code = _STOPS_MID_STREAM.format(data=str(tmp_path / "d.jsonl"), tokenizer=tokenizer_dir)
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
+                          text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "stopped"
+    assert "Traceback" not in done.stderr and "leaked" not in done.stderr, done.stderr
+    assert {p.name for p in shm.glob("psm_*")} <= before
+
+
+def test_discarded_and_unread_results_are_freed_once(tokenizer_dir) -> None:
+    from multiprocessing import shared_memory
+
+    from zephon.ops.base import BuildContext
+    from zephon.ops.tokenize import TokenizeSpec
+
+    op = TokenizeSpec(tokenizer_id=tokenizer_dir).build(BuildContext(seed=0, lanes=1))
+    pool = DocumentWorkers({0: [op]}, 1)
+    texts = make_documents(20, seed=6, min_words=50, max_words=60)
+    docs = [Doc(None, f"d{i}", "d", fields={"text": t}) for i, t in enumerate(texts)]
+    futures = [pool.submit(0, docs, ["x"] * len(docs)) for _ in range(3)]
+    names = [f.result()[1] for f in futures]
+    assert all(names)
+    assert len(pool.result(futures[0])) == len(docs)
+    pool.discard(futures[1])
+    pool.discard(futures[1])  # a second discard is a no-op, not an error
+    pool.discard(futures[0])  # already read: nothing to free
+    assert pool._unread == {futures[2]}
+    pool.close()
+    for name in names:
+        with pytest.raises(FileNotFoundError):
+            shared_memory.SharedMemory(name=name)
+    assert not pool._unread

@@ -100,15 +100,35 @@ def _unpack(shipped: tuple[bytes, str | None, list[int]]) -> Rows:
     return pickle.loads(skeleton, buffers=buffers)
 
 
-def _free(future: Future) -> None:
+def _release(shipped: tuple[bytes, str | None, list[int]]) -> None:
+    """Free a result's shared memory without reading it."""
+    name = shipped[1]
+    if name is None:
+        return
+    try:
+        block = shared_memory.SharedMemory(name=name)
+    except FileNotFoundError:
+        return
+    block.close()
+    block.unlink()
+
+
+def _release_when_done(future: Future) -> None:
     if not future.cancelled() and future.exception() is None:
-        _unpack(future.result())
+        _release(future.result())
 
 
-def _discard(future: Future) -> None:
-    """Free the shared memory of a result nobody will read, now or when it is done."""
-    if not future.cancel():
-        future.add_done_callback(_free)
+def _stop(pool: ProcessPoolExecutor, unread: set[Future]) -> None:
+    """Stop the processes and free every result nobody took. It runs on :meth:`close`, when
+    the workers are collected, and at interpreter exit (before modules are torn down): a
+    trainer that stops mid-stream leaves nothing in ``/dev/shm`` and no shutdown noise."""
+    pool.shutdown(wait=True, cancel_futures=True)
+    while True:
+        try:
+            future = unread.pop()
+        except KeyError:  # empty (a source may discard concurrently)
+            return
+        _release_when_done(future)
 
 
 class DocumentWorkers:
@@ -121,6 +141,7 @@ class DocumentWorkers:
         self.workers = workers
         self._payload = self._pickle(ops_by_dataset)
         self._pool: ProcessPoolExecutor | None = None
+        self._unread: set[Future] = set()
         self._finalizer: weakref.finalize | None = None
 
     @staticmethod
@@ -147,17 +168,22 @@ class DocumentWorkers:
                 max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
                 initializer=_start_worker,
                 initargs=(self._payload, _tokenizer_threads(self.workers)))
-            self._finalizer = weakref.finalize(self, self._pool.shutdown, wait=True,
-                                               cancel_futures=True)
-        return self._pool.submit(_transform, dataset, docs, labels)
+            self._finalizer = weakref.finalize(self, _stop, self._pool, self._unread)
+        future = self._pool.submit(_transform, dataset, docs, labels)
+        self._unread.add(future)
+        return future
 
-    @staticmethod
-    def result(future: Future) -> Rows:
-        return _unpack(future.result())
+    def result(self, future: Future) -> Rows:
+        rows = _unpack(future.result())
+        self._unread.discard(future)
+        return rows
 
-    @staticmethod
-    def discard(future: Future) -> None:
-        _discard(future)
+    def discard(self, future: Future) -> None:
+        """Free ``future``'s result now, or when it is done; nothing if already freed."""
+        if future in self._unread:
+            self._unread.discard(future)
+            if not future.cancel():
+                future.add_done_callback(_release_when_done)
 
     def close(self) -> None:
         """Stop the processes (started again by the next :meth:`submit`)."""
