@@ -116,23 +116,35 @@ def test_workers_share_the_cores_among_their_tokenizers(monkeypatch) -> None:
     assert os.environ["RAYON_NUM_THREADS"] == "1"
 
 
-_STOPS_MID_STREAM = """
+_TRAINING_SCRIPT = """
 import sys
+sys.path.insert(0, {root!r})
 from tests.core.test_workers import source_for
 from zephon import Pipeline
-stream = iter(Pipeline(source_for({{"d": {data!r}}})).options(lanes=4, workers=2)
-              .tokenize(tokenizer_id={tokenizer!r}).pack_flat(65).batch(2))
-for _ in range(3):
-    next(stream)
-print("stopped", flush=True)
+
+
+def short_enough(doc):  # defined in the script: the workers import it as spawn does
+    return len(doc["text"]) < 500
+
+
+def first_batches(workers):
+    stream = iter(Pipeline(source_for({{"d": {data!r}}})).options(lanes=4, workers=workers)
+                  .filter(short_enough).tokenize(tokenizer_id={tokenizer!r})
+                  .pack_flat(65).batch(2))
+    return [[r.payload["input_ids"].tolist() for r in next(stream).records] for _ in range(3)]
+
+
+if __name__ == "__main__":
+    assert first_batches(2) == first_batches(0)
+    print("stopped", flush=True)
 """
 
 
-def test_a_trainer_that_stops_mid_stream_exits_quietly_and_frees_shared_memory(
+def test_a_training_script_that_stops_mid_stream_exits_quietly_and_frees_shared_memory(
         tmp_path, tokenizer_dir) -> None:
     """Training ends long before the data: results still in flight are freed at exit, with no
-    tracebacks from shutdown and nothing left in /dev/shm."""
-    import os
+    tracebacks from shutdown and nothing left in /dev/shm; a filter defined in the script
+    reaches the workers."""
     import subprocess
     import sys
     from pathlib import Path
@@ -141,11 +153,12 @@ def test_a_trainer_that_stops_mid_stream_exits_quietly_and_frees_shared_memory(
                 [{"text": t} for t in make_documents(400, seed=5, min_words=50, max_words=90)])
     shm = Path("/dev/shm")
     before = {p.name for p in shm.glob("psm_*")}
-    code = _STOPS_MID_STREAM.format(data=str(tmp_path / "d.jsonl"), tokenizer=tokenizer_dir)
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
-                          text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(root)})
+    script = tmp_path / "train.py"
+    script.write_text(_TRAINING_SCRIPT.format(
+        root=str(Path(__file__).resolve().parents[2]), data=str(tmp_path / "d.jsonl"),
+        tokenizer=tokenizer_dir))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "stopped"
     assert "Traceback" not in done.stderr and "leaked" not in done.stderr, done.stderr

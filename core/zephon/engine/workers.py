@@ -25,6 +25,15 @@ per-document Python work or tokenization dominates and cores are free; each work
 operators (the tokenizer) once, which takes about a second to start, and holds its own copy
 of them in memory. Operators and their functions must pickle (module-level functions, not
 lambdas); :class:`DocumentWorkers` checks that when it is built and names the operator.
+
+The processes are spawned, so each imports the program's main module the way Python's spawn
+start method does (that is what lets a ``map`` function defined in the training script reach
+them; keep the script's work under ``if __name__ == "__main__":``). Its imports are paid per
+worker: a main module that imports torch took the first batch from 0.56 s to 2.6 s with 2
+workers here, and each worker from about 80 to 260 MiB.
+
+Results nobody takes (a run that stops mid-stream, a state load, a collected pipeline) are
+freed when the workers stop, at the latest at interpreter exit, before modules are torn down.
 """
 
 from __future__ import annotations
@@ -119,9 +128,8 @@ def _release_when_done(future: Future) -> None:
 
 
 def _stop(pool: ProcessPoolExecutor, unread: set[Future]) -> None:
-    """Stop the processes and free every result nobody took. It runs on :meth:`close`, when
-    the workers are collected, and at interpreter exit (before modules are torn down): a
-    trainer that stops mid-stream leaves nothing in ``/dev/shm`` and no shutdown noise."""
+    """Stop the processes and free every result nobody took (on :meth:`close`, when the
+    workers are collected, or at interpreter exit): nothing stays in ``/dev/shm``."""
     pool.shutdown(wait=True, cancel_futures=True)
     while True:
         try:
