@@ -8,7 +8,7 @@ Public API::
 """
 
 from zephon.batch import SampleBatch
-from zephon.errors import ConfigError, DataError, StateMismatchError, ZephonError
+from zephon.errors import ConfigError, DataError, StateMismatchError, WorkerError, ZephonError
 from zephon.pipeline import Pipeline
 from zephon.records import DocSpan, Record
 from zephon.report import PipelineReport
@@ -24,5 +24,6 @@ __all__ = [
     "Record",
     "SampleBatch",
     "StateMismatchError",
+    "WorkerError",
     "ZephonError",
 ]

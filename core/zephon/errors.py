@@ -21,3 +21,7 @@ class DataError(ZephonError, ValueError):
 
 class StateMismatchError(ZephonError, ValueError):
     """A checkpointed loader state does not fit the pipeline it is loaded into."""
+
+
+class WorkerError(ZephonError, RuntimeError):
+    """A worker process of ``options(workers=N)`` died; the message names how."""

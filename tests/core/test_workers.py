@@ -127,14 +127,21 @@ def short_enough(doc):  # defined in the script: the workers import it as spawn 
     return len(doc["text"]) < 500
 
 
-def first_batches(workers):
+def first_batches(workers, keep=short_enough):
     stream = iter(Pipeline(source_for({{"d": {data!r}}})).options(lanes=4, workers=workers)
-                  .filter(short_enough).tokenize(tokenizer_id={tokenizer!r})
+                  .filter(keep).tokenize(tokenizer_id={tokenizer!r})
                   .pack_flat(65).batch(2))
     return [[r.payload["input_ids"].tolist() for r in next(stream).records] for _ in range(3)]
 
 
 if __name__ == "__main__":
+    def under_the_guard(doc):  # not defined when a worker imports the script
+        return True
+
+    try:
+        first_batches(1, under_the_guard)
+    except Exception as exc:
+        print(type(exc).__name__, exc, flush=True)
     assert first_batches(2) == first_batches(0)
     print("stopped", flush=True)
 """
@@ -143,8 +150,9 @@ if __name__ == "__main__":
 def test_a_training_script_that_stops_mid_stream_exits_quietly_and_frees_shared_memory(
         tmp_path, tokenizer_dir) -> None:
     """Training ends long before the data: results still in flight are freed at exit, with no
-    tracebacks from shutdown and nothing left in /dev/shm; a filter defined in the script
-    reaches the workers."""
+    tracebacks from shutdown and nothing left in /dev/shm. A filter defined in the script
+    reaches the workers; one defined under the main guard, which they cannot import, is named
+    in a ConfigError instead of a broken process pool."""
     import subprocess
     import sys
     from pathlib import Path
@@ -160,7 +168,10 @@ def test_a_training_script_that_stops_mid_stream_exits_quietly_and_frees_shared_
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "stopped"
+    refused, stopped = done.stdout.strip().splitlines()
+    assert refused.startswith("ConfigError options(workers=...): a worker process cannot load")
+    assert "under_the_guard" in refused and "workers=0" in refused
+    assert stopped == "stopped"
     assert "Traceback" not in done.stderr and "leaked" not in done.stderr, done.stderr
     assert {p.name for p in shm.glob("psm_*")} <= before
 
@@ -188,3 +199,47 @@ def test_discarded_and_unread_results_are_freed_once(tokenizer_dir) -> None:
         with pytest.raises(FileNotFoundError):
             shared_memory.SharedMemory(name=name)
     assert not pool._unread
+
+
+def test_a_worker_that_dies_is_named_with_its_signal(tokenizer_dir) -> None:
+    import os
+    import signal
+
+    from zephon.errors import WorkerError
+    from zephon.ops.base import BuildContext
+    from zephon.ops.tokenize import TokenizeSpec
+
+    op = TokenizeSpec(tokenizer_id=tokenizer_dir).build(BuildContext(seed=0, lanes=1))
+    pool = DocumentWorkers({0: [op]}, 1)
+    docs = [Doc(None, f"d{i}", "d", fields={"text": t})
+            for i, t in enumerate(make_documents(10, seed=7))]
+    assert len(pool.result(pool.submit(0, docs, ["x"] * len(docs)))) == len(docs)
+    (pid,) = pool._pool._processes
+    pending = pool.submit(0, docs * 200, ["x"] * len(docs) * 200)
+    os.kill(pid, signal.SIGKILL)
+    message = rf"pid {pid} was killed by SIGKILL, which the kernel's out-of-memory killer"
+    with pytest.raises(WorkerError, match=message):
+        pool.result(pending)
+    with pytest.raises(WorkerError, match=r"workers=1\) cannot go on"):
+        pool.submit(0, docs, ["x"] * len(docs))
+    pool.close()
+
+
+def test_a_worker_that_cannot_load_the_operators_says_why(monkeypatch) -> None:
+    import sys
+    import types
+
+    from zephon.engine import workers as module
+
+    vanishing = types.ModuleType("zephon_vanishing_ops")
+    exec("def keep(doc):\n    return True", vanishing.__dict__)
+    vanishing.keep.__module__ = vanishing.__name__
+    monkeypatch.setitem(sys.modules, vanishing.__name__, vanishing)
+    payload = pickle.dumps({0: (vanishing.keep,)})
+    del vanishing.keep
+    monkeypatch.setattr(module, "_LOAD_ERRORS", [])
+    monkeypatch.setenv("RAYON_NUM_THREADS", "1")
+    module._start_worker(payload, 1)  # an initializer that raised would break the pool
+    with pytest.raises(ConfigError, match=r"cannot load the document operators "
+                       r"\(AttributeError: .*'keep'.*not under `if __name__"):
+        _transform(0, [], [])

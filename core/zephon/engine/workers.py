@@ -34,6 +34,9 @@ workers here, and each worker from about 80 to 260 MiB.
 
 Results nobody takes (a run that stops mid-stream, a state load, a collected pipeline) are
 freed when the workers stop, at the latest at interpreter exit, before modules are torn down.
+A worker that dies (the out-of-memory killer's SIGKILL, a crash in native code) breaks the
+pool: the next batch raises :class:`~zephon.errors.WorkerError` naming its pid and signal,
+and operators a worker cannot unpickle are named in a ``ConfigError`` with the first batch.
 """
 
 from __future__ import annotations
@@ -41,23 +44,30 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import signal
+import time
 import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import shared_memory
 from typing import Any
 
-from zephon.errors import ConfigError
+from zephon.errors import ConfigError, WorkerError
 from zephon.ops.base import DocumentOperator
 
 Rows = list[tuple[list[Any], list[str]]]
 _OPS: dict[int, tuple[DocumentOperator, ...]] = {}
+_LOAD_ERRORS: list[str] = []
 
 
 def _start_worker(payload: bytes, tokenizer_threads: int) -> None:
     # Before the first encode builds the tokenizer's thread pool; the caller's own setting wins.
     os.environ.setdefault("RAYON_NUM_THREADS", str(tokenizer_threads))
-    _OPS.update(pickle.loads(payload))
+    try:
+        _OPS.update(pickle.loads(payload))
+    except Exception as exc:  # an initializer that raises leaves only "terminated abruptly"
+        _LOAD_ERRORS.append(f"{type(exc).__name__}: {exc}")
 
 
 def _tokenizer_threads(workers: int) -> int:
@@ -74,6 +84,12 @@ def _transform(dataset: int, docs: list[Any], labels: list[Any]
                ) -> tuple[bytes, str | None, list[int]]:
     from zephon.engine.source import transform_documents
 
+    if _LOAD_ERRORS:
+        raise ConfigError(
+            f"options(workers=...): a worker process cannot load the document operators "
+            f"({_LOAD_ERRORS[0]}). Functions given to map/filter must be importable by name: "
+            "defined at the top level of a module or of the training script (not under "
+            "`if __name__ == '__main__':`, not in a notebook); or use workers=0")
     rows = transform_documents(_OPS[dataset], docs, labels)
     buffers: list[pickle.PickleBuffer] = []
     skeleton = pickle.dumps(rows, protocol=5, buffer_callback=buffers.append)
@@ -177,14 +193,45 @@ class DocumentWorkers:
                 initializer=_start_worker,
                 initargs=(self._payload, _tokenizer_threads(self.workers)))
             self._finalizer = weakref.finalize(self, _stop, self._pool, self._unread)
-        future = self._pool.submit(_transform, dataset, docs, labels)
+        try:
+            future = self._pool.submit(_transform, dataset, docs, labels)
+        except BrokenProcessPool:
+            raise self._death() from None
         self._unread.add(future)
         return future
 
     def result(self, future: Future) -> Rows:
-        rows = _unpack(future.result())
+        try:
+            shipped = future.result()
+        except BrokenProcessPool:
+            raise self._death() from None
         self._unread.discard(future)
-        return rows
+        return _unpack(shipped)
+
+    def _death(self) -> WorkerError:
+        """What the trainer is told when a worker process dies (the pool is then unusable)."""
+        processes = list((getattr(self._pool, "_processes", None) or {}).items())
+        deadline = time.monotonic() + 1.0  # the pool may notice a death before it is reaped
+        while not any(p.exitcode for _, p in processes) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        exits = {pid: p.exitcode for pid, p in processes if p.exitcode}
+        # The pool stops the survivors with SIGTERM once one has died.
+        culprits = {pid: c for pid, c in exits.items() if c != -signal.SIGTERM} or exits
+        deaths = []
+        for pid, code in sorted(culprits.items()):
+            if code < 0:
+                name = signal.Signals(-code).name if -code in signal.valid_signals() \
+                    else f"signal {-code}"
+                hint = ", which the kernel's out-of-memory killer sends (see dmesg)" \
+                    if code == -signal.SIGKILL else ""
+                deaths.append(f"pid {pid} was killed by {name}{hint}")
+            else:
+                deaths.append(f"pid {pid} exited with status {code}")
+        return WorkerError(
+            f"zephon: a document worker process died: {'; '.join(deaths) or 'no exit status'}. "
+            f"options(workers={self.workers}) cannot go on; the loader state in your last "
+            "checkpoint is not affected: resume from it with more memory, fewer workers or "
+            "workers=0.")
 
     def discard(self, future: Future) -> None:
         """Free ``future``'s result now, or when it is done; nothing if already freed."""
