@@ -16,7 +16,8 @@ subprocesses, alternating ``--repeats`` times:
   is counted with the pipeline's).
 
 Prints tokens/s of both (medians), the median ratio of side-by-side pairs in throughput and in
-CPU seconds per token, the pipeline's time to first batch, and the peak RSS of each process.
+CPU seconds per token, the pipeline's time to first batch, and the peak RSS of each process
+(of the largest worker process too).
 Usage: ``python -m benchmarks.throughput [--docs 10000] [--workers 0,2]``.
 """
 
@@ -138,9 +139,10 @@ def child_pipeline(paths: dict[str, str], workers: int) -> dict[str, float]:
     elapsed = time.perf_counter() - start
     report = pipeline.report()
     del pipeline
-    gc.collect()  # stops the worker processes, so their CPU time is counted
+    gc.collect()  # stops the worker processes, so their CPU time and memory are counted
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     return {"tokens": tokens, "seconds": elapsed, "cpu": cpu_seconds() - cpu,
-            "first_batch_s": first,
+            "first_batch_s": first, "worker_rss_mib": children if workers else 0.0,
             "rss_mib": peak_rss_mib(), "padding": report.padding_tokens,
             "documents": sum(d.documents for d in report.datasets)}
 
@@ -204,10 +206,12 @@ def main() -> None:
         hf_ratio = statistics.median((p["tokens"] / p["seconds"]) / (h["tokens"] / h["seconds"])
                                      for p, h in zip(runs[kind], runs["hf-call"], strict=True))
         workers = kind.split(":")[1]
+        worker_rss = max(r["worker_rss_mib"] for r in runs[kind])
         print(f"pipeline workers={workers:<2} {pipe:>10,.0f} tokens/s: {ratio:.2f}x the bare "
               f"tokenizer, {cpu_ratio:.2f}x its CPU per token, {hf_ratio:.2f}x the "
               f"transformers call (medians of side-by-side pairs); first batch {first:.2f} s; "
-              f"peak RSS {max(r['rss_mib'] for r in runs[kind]):.0f} MiB")
+              f"peak RSS {max(r['rss_mib'] for r in runs[kind]):.0f} MiB"
+              + (f" + {worker_rss:.0f} MiB per worker" if worker_rss else ""))
 
 
 if __name__ == "__main__":
