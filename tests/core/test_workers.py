@@ -107,13 +107,15 @@ def test_workers_share_the_cores_among_their_tokenizers(monkeypatch) -> None:
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
     assert [module._tokenizer_threads(n) for n in (1, 2, 3, 8, 16)] == [8, 4, 2, 1, 1]
-    payload = pickle.dumps({})
+    payload = module._shared_copy(pickle.dumps({}))
     monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
-    module._start_worker(payload, 4)
+    module._start_worker(payload.name, payload.size, 4)
     assert os.environ["RAYON_NUM_THREADS"] == "4"
     monkeypatch.setenv("RAYON_NUM_THREADS", "1")  # the user's own setting wins
-    module._start_worker(payload, 4)
+    module._start_worker(payload.name, payload.size, 4)
     assert os.environ["RAYON_NUM_THREADS"] == "1"
+    payload.close()
+    payload.unlink()
 
 
 _TRAINING_SCRIPT = """
@@ -217,7 +219,7 @@ def test_a_worker_that_dies_is_named_with_its_signal(tokenizer_dir) -> None:
     (pid,) = pool._pool._processes
     pending = pool.submit(0, docs * 200, ["x"] * len(docs) * 200)
     os.kill(pid, signal.SIGKILL)
-    message = rf"pid {pid} was killed by SIGKILL, which the kernel's out-of-memory killer"
+    message = rf"pid {pid} was killed by SIGKILL, which the kernel's out-of-memory killer.*more"
     with pytest.raises(WorkerError, match=message):
         pool.result(pending)
     with pytest.raises(WorkerError, match=r"workers=1\) cannot go on"):
@@ -239,7 +241,43 @@ def test_a_worker_that_cannot_load_the_operators_says_why(monkeypatch) -> None:
     del vanishing.keep
     monkeypatch.setattr(module, "_LOAD_ERRORS", [])
     monkeypatch.setenv("RAYON_NUM_THREADS", "1")
-    module._start_worker(payload, 1)  # an initializer that raised would break the pool
+    block = module._shared_copy(payload)
+    module._start_worker(block.name, len(payload), 1)  # raising would break the pool
+    block.close()
+    block.unlink()
     with pytest.raises(ConfigError, match=r"cannot load the document operators "
                        r"\(AttributeError: .*'keep'.*not under `if __name__"):
         _transform(0, [], [])
+
+
+_UNGUARDED_SCRIPT = """
+import sys
+sys.path.insert(0, {root!r})
+from tests.core.test_workers import source_for
+from zephon import Pipeline
+
+stream = iter(Pipeline(source_for({{"d": {data!r}}})).options(workers=1)
+              .tokenize(tokenizer_id={tokenizer!r}).pack_flat(65).batch(2))
+next(stream)
+"""
+
+
+def test_a_script_without_a_main_guard_fails_at_once_instead_of_hanging(
+        tmp_path, tokenizer_dir) -> None:
+    """Each spawned worker imports the script, which starts the loader again and fails before
+    reading its start-up data; the loader then names the cause (it used to block forever)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_documents(20, seed=8)])
+    script = tmp_path / "train.py"
+    script.write_text(_UNGUARDED_SCRIPT.format(
+        root=str(Path(__file__).resolve().parents[2]), data=str(tmp_path / "d.jsonl"),
+        tokenizer=tokenizer_dir))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=90)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("zephon.errors.WorkerError: zephon: a document worker process died")
+    assert "exited with status 1" in last and "if __name__" in last

@@ -37,9 +37,12 @@ workers here, and each worker from about 80 to 260 MiB.
 
 Results nobody takes (a run that stops mid-stream, a state load, a collected pipeline) are
 freed when the workers stop, at the latest at interpreter exit, before modules are torn down.
-A worker that dies (the out-of-memory killer's SIGKILL, a crash in native code) breaks the
-pool: the next batch raises :class:`~zephon.errors.WorkerError` naming its pid and signal,
-and operators a worker cannot unpickle are named in a ``ConfigError`` with the first batch.
+A worker that dies (the out-of-memory killer's SIGKILL, a crash in native code, a script that
+starts the loader outside its main guard) breaks the pool: the next batch raises
+:class:`~zephon.errors.WorkerError` naming its pid and how it ended. Operators a worker cannot
+unpickle are named in a ``ConfigError`` with the first batch. The operators travel to the
+workers through shared memory rather than the start-up pipe, so a worker that dies at once
+cannot leave the caller blocked writing to it.
 """
 
 from __future__ import annotations
@@ -64,13 +67,24 @@ _OPS: dict[int, tuple[DocumentOperator, ...]] = {}
 _LOAD_ERRORS: list[str] = []
 
 
-def _start_worker(payload: bytes, tokenizer_threads: int) -> None:
+def _start_worker(payload_name: str, payload_size: int, tokenizer_threads: int) -> None:
     # Before the first encode builds the tokenizer's thread pool; the caller's own setting wins.
     os.environ.setdefault("RAYON_NUM_THREADS", str(tokenizer_threads))
     try:
+        block = shared_memory.SharedMemory(name=payload_name)
+        try:
+            payload = bytes(block.buf[:payload_size])
+        finally:
+            block.close()
         _OPS.update(pickle.loads(payload))
     except Exception as exc:  # an initializer that raises leaves only "terminated abruptly"
         _LOAD_ERRORS.append(f"{type(exc).__name__}: {exc}")
+
+
+def _shared_copy(data: bytes) -> shared_memory.SharedMemory:
+    block = shared_memory.SharedMemory(create=True, size=max(1, len(data)))
+    block.buf[:len(data)] = data
+    return block
 
 
 def _tokenizer_threads(workers: int) -> int:
@@ -146,10 +160,13 @@ def _release_when_done(future: Future) -> None:
         _release(future.result())
 
 
-def _stop(pool: ProcessPoolExecutor, unread: set[Future]) -> None:
+def _stop(pool: ProcessPoolExecutor, unread: set[Future],
+          payload: shared_memory.SharedMemory) -> None:
     """Stop the processes and free every result nobody took (on :meth:`close`, when the
     workers are collected, or at interpreter exit): nothing stays in ``/dev/shm``."""
     pool.shutdown(wait=True, cancel_futures=True)
+    payload.close()
+    payload.unlink()
     while True:
         try:
             future = unread.pop()
@@ -191,11 +208,15 @@ class DocumentWorkers:
 
     def submit(self, dataset: int, docs: list[Any], labels: list[Any]) -> Future:
         if self._pool is None:
+            # The operators reach the workers through shared memory, not the start-up pipe:
+            # a child that dies before reading (a script that starts the loader outside its
+            # main guard) would leave the writer blocked on a full pipe forever.
+            payload = _shared_copy(self._payload)
             self._pool = ProcessPoolExecutor(
                 max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
                 initializer=_start_worker,
-                initargs=(self._payload, _tokenizer_threads(self.workers)))
-            self._finalizer = weakref.finalize(self, _stop, self._pool, self._unread)
+                initargs=(payload.name, len(self._payload), _tokenizer_threads(self.workers)))
+            self._finalizer = weakref.finalize(self, _stop, self._pool, self._unread, payload)
         try:
             future = self._pool.submit(_transform, dataset, docs, labels)
         except BrokenProcessPool:
@@ -222,19 +243,22 @@ class DocumentWorkers:
         culprits = {pid: c for pid, c in exits.items() if c != -signal.SIGTERM} or exits
         deaths = []
         for pid, code in sorted(culprits.items()):
-            if code < 0:
+            if code == -signal.SIGKILL:
+                deaths.append(f"pid {pid} was killed by SIGKILL, which the kernel's "
+                              "out-of-memory killer sends (see dmesg): give the run more "
+                              "memory or fewer workers")
+            elif code < 0:
                 name = signal.Signals(-code).name if -code in signal.valid_signals() \
                     else f"signal {-code}"
-                hint = ", which the kernel's out-of-memory killer sends (see dmesg)" \
-                    if code == -signal.SIGKILL else ""
-                deaths.append(f"pid {pid} was killed by {name}{hint}")
+                deaths.append(f"pid {pid} was killed by {name}")
             else:
-                deaths.append(f"pid {pid} exited with status {code}")
+                deaths.append(f"pid {pid} exited with status {code} after printing its "
+                              "error (a script that starts the loader outside `if __name__ "
+                              "== '__main__':` makes each worker start it again, and fail)")
         return WorkerError(
             f"zephon: a document worker process died: {'; '.join(deaths) or 'no exit status'}. "
-            f"options(workers={self.workers}) cannot go on; the loader state in your last "
-            "checkpoint is not affected: resume from it with more memory, fewer workers or "
-            "workers=0.")
+            f"options(workers={self.workers}) cannot go on. The loader state in your last "
+            "checkpoint is not affected and resumes exactly with any number of workers.")
 
     def discard(self, future: Future) -> None:
         """Free ``future``'s result now, or when it is done; nothing if already freed."""
