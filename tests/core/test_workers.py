@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import pickle
+import signal
+import subprocess
+import sys
+import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -101,8 +107,6 @@ def test_document_workers_pickle_their_operators_once(tokenizer_dir) -> None:
 
 
 def test_workers_share_the_cores_among_their_tokenizers(monkeypatch) -> None:
-    import os
-
     from zephon.engine import workers as module
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
@@ -149,26 +153,28 @@ if __name__ == "__main__":
 """
 
 
+def run_script(template: str, tmp_path: Path, data: Path, tokenizer_dir: str,
+               timeout: float) -> subprocess.CompletedProcess:
+    """``template`` written as a training script (``root``, ``data`` and ``tokenizer``
+    filled in) and run by path, as a trainer is."""
+    script = tmp_path / "train.py"
+    script.write_text(template.format(root=str(Path(__file__).resolve().parents[2]),
+                                      data=str(data), tokenizer=tokenizer_dir))
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
 def test_a_training_script_that_stops_mid_stream_exits_quietly_and_frees_shared_memory(
         tmp_path, tokenizer_dir) -> None:
     """Training ends long before the data: results still in flight are freed at exit, with no
     tracebacks from shutdown and nothing left in /dev/shm. A filter defined in the script
     reaches the workers; one defined under the main guard, which they cannot import, is named
     in a ConfigError instead of a broken process pool."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    write_jsonl(tmp_path / "d.jsonl",
-                [{"text": t} for t in make_documents(400, seed=5, min_words=50, max_words=90)])
+    data = write_jsonl(tmp_path / "d.jsonl", [
+        {"text": t} for t in make_documents(400, seed=5, min_words=50, max_words=90)])
     shm = Path("/dev/shm")
     before = {p.name for p in shm.glob("psm_*")}
-    script = tmp_path / "train.py"
-    script.write_text(_TRAINING_SCRIPT.format(
-        root=str(Path(__file__).resolve().parents[2]), data=str(tmp_path / "d.jsonl"),
-        tokenizer=tokenizer_dir))
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=120)
+    done = run_script(_TRAINING_SCRIPT, tmp_path, data, tokenizer_dir, timeout=120)
     assert done.returncode == 0, done.stderr
     refused, stopped = done.stdout.strip().splitlines()
     assert refused.startswith("ConfigError options(workers=...): a worker process cannot load")
@@ -204,9 +210,6 @@ def test_discarded_and_unread_results_are_freed_once(tokenizer_dir) -> None:
 
 
 def test_a_worker_that_dies_is_named_with_its_signal(tokenizer_dir) -> None:
-    import os
-    import signal
-
     from zephon.errors import WorkerError
     from zephon.ops.base import BuildContext
     from zephon.ops.tokenize import TokenizeSpec
@@ -228,9 +231,6 @@ def test_a_worker_that_dies_is_named_with_its_signal(tokenizer_dir) -> None:
 
 
 def test_a_worker_that_cannot_load_the_operators_says_why(monkeypatch) -> None:
-    import sys
-    import types
-
     from zephon.engine import workers as module
 
     vanishing = types.ModuleType("zephon_vanishing_ops")
@@ -266,17 +266,8 @@ def test_a_script_without_a_main_guard_fails_at_once_instead_of_hanging(
         tmp_path, tokenizer_dir) -> None:
     """Each spawned worker imports the script, which starts the loader again and fails before
     reading its start-up data; the loader then names the cause (it used to block forever)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_documents(20, seed=8)])
-    script = tmp_path / "train.py"
-    script.write_text(_UNGUARDED_SCRIPT.format(
-        root=str(Path(__file__).resolve().parents[2]), data=str(tmp_path / "d.jsonl"),
-        tokenizer=tokenizer_dir))
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=90)
+    data = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_documents(20, seed=8)])
+    done = run_script(_UNGUARDED_SCRIPT, tmp_path, data, tokenizer_dir, timeout=90)
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("zephon.errors.WorkerError: zephon: a document worker process died")
