@@ -5,8 +5,11 @@ looks local but does not exist fails at once (no retries against the Hub). Loadi
 touches the process environment or torch's thread settings: the trainer owns those.
 
 Encoding goes through the Rust ``tokenizers`` backend in batches (it releases the GIL and
-parallelizes across documents), on a private copy of the backend with truncation and padding
-switched off so a saved tokenizer setting cannot silently cut documents.
+parallelizes across documents), with truncation and padding switched off so a saved tokenizer
+setting cannot silently cut documents: on the backend itself when it was read for the encoder
+alone (a directory with ``tokenizer.json``), on a private copy when others may hold it.
+Start-up with a 128k-token vocabulary (a 9 MB ``tokenizer.json``): about 0.25 s to read it
+and 0.06 s to build the encoder (0.45 s with a copy).
 """
 
 from __future__ import annotations
@@ -73,11 +76,15 @@ class TextEncoder:
             from tokenizers import Tokenizer
 
             serialized = backend.to_str()
-            self._sliceable = _splits_at_spaces(serialized)
-            self._backend = Tokenizer.from_str(serialized)
+            self._digest = hashlib.sha256(serialized.encode()).hexdigest()[:16]
+            self._sliceable = _splits_at_spaces(backend)
+            # A tokenizer read for this encoder alone is changed in place; any other is copied,
+            # as its owner may rely on its settings. A copy of a 128k-token vocabulary takes
+            # about 0.3 s.
+            self._backend = backend if isinstance(tokenizer, _SavedFastTokenizer) \
+                else Tokenizer.from_str(serialized)
             self._backend.no_truncation()
             self._backend.no_padding()
-            self._digest = hashlib.sha256(serialized.encode()).hexdigest()[:16]
         else:
             self._sliceable = False
             vocab = sorted(tokenizer.get_vocab().items())
@@ -88,6 +95,14 @@ class TextEncoder:
             eos=_token_id(tokenizer, "eos"),
             pad=_token_id(tokenizer, "pad"),
         )
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled for worker processes without the full tokenizer when the backend alone
+        encodes: one copy of the vocabulary travels, not two."""
+        state = dict(self.__dict__)
+        if self._backend is not None:
+            state["tokenizer"] = None
+        return state
 
     @property
     def digest(self) -> str:
@@ -173,15 +188,14 @@ def _cut(text: str, target: int) -> int:
         at += 1
 
 
-def _splits_at_spaces(serialized: str) -> bool:
+def _splits_at_spaces(backend: Any) -> bool:
     """Whether the tokenizer pre-tokenizes as byte-level BPE with GPT-2's rule and does not
     normalize: then tokens never span a cut before ' x' after a non-space."""
-    import json
+    from tokenizers import pre_tokenizers
 
-    spec = json.loads(serialized)
-    pre = spec.get("pre_tokenizer") or {}
-    return (spec.get("normalizer") is None and pre.get("type") == "ByteLevel"
-            and pre.get("use_regex", True))
+    pre = backend.pre_tokenizer
+    return (backend.normalizer is None and isinstance(pre, pre_tokenizers.ByteLevel)
+            and bool(pre.use_regex))
 
 
 def _token_id(tokenizer: Any, kind: str) -> int | None:

@@ -239,3 +239,62 @@ def test_a_very_long_document_without_a_limit_is_named_once(tokenizer_dir, monke
     [record] = [r for r in caplog.records if "max_document_tokens" in r.getMessage()]
     assert "web/part-0.jsonl:7" in record.getMessage()
     assert "[tokenize] max_document_tokens" in record.getMessage()
+
+
+def test_a_saved_tokenizer_is_read_once_and_its_settings_never_cut_documents(tmp_path):
+    """The tokenizer read for an encoder is used in place (no copy); one loaded through
+    transformers, which others may hold, is copied. Both give the digest of the saved file's
+    definition and encode whole documents, whatever truncation the file asks for."""
+    import json
+    import pickle
+    import shutil
+
+    from zephon.demo.assets import make_documents, train_tokenizer
+    from zephon.tokenizer import TextEncoder, _SavedFastTokenizer
+
+    path = train_tokenizer(make_documents(30, seed=5), tmp_path / "t", vocab_size=400)
+    spec = json.loads((tmp_path / "t" / "tokenizer.json").read_text())
+    spec["truncation"] = {"direction": "Right", "max_length": 5, "strategy": "LongestFirst",
+                          "stride": 0}
+    truncating = tmp_path / "truncating"
+    shutil.copytree(path, truncating)
+    (truncating / "tokenizer.json").write_text(json.dumps(spec))
+    text = make_documents(1, seed=9, min_words=200, max_words=200)[0]
+
+    saved = _SavedFastTokenizer.try_load(str(truncating))
+    own = TextEncoder(saved)
+    assert own._backend is saved.backend_tokenizer  # read for this encoder: not copied
+    shared = load_tokenizer(str(truncating))
+    copied = TextEncoder(shared)
+    assert copied._backend is not shared.backend_tokenizer
+    assert shared.backend_tokenizer.truncation is not None  # the owner's object is untouched
+    assert own.digest == copied.digest != TextEncoder(load_tokenizer(path)).digest
+    whole = own.encode([text])[0]
+    assert whole.size > 100
+    assert np.array_equal(copied.encode([text])[0], whole)
+
+    travelled = pickle.loads(pickle.dumps(copied))
+    assert travelled.tokenizer is None  # the backend alone travels to worker processes
+    assert np.array_equal(travelled.encode([text])[0], whole)
+    assert travelled.digest == copied.digest and travelled.special == copied.special
+    assert len(pickle.dumps(own)) < 1.2 * len(saved.backend_tokenizer.to_str())
+
+
+def test_texts_are_sliced_only_under_gpt2_byte_level_pre_tokenization():
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+    from zephon.tokenizer import _splits_at_spaces
+
+    def backend(pre, normalizer=None) -> Tokenizer:
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre
+        if normalizer is not None:
+            tokenizer.normalizer = normalizer
+        return tokenizer
+
+    assert _splits_at_spaces(backend(pre_tokenizers.ByteLevel(add_prefix_space=False)))
+    assert not _splits_at_spaces(backend(pre_tokenizers.ByteLevel(use_regex=False)))
+    assert not _splits_at_spaces(backend(pre_tokenizers.ByteLevel(), normalizers.NFC()))
+    assert not _splits_at_spaces(backend(pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(), pre_tokenizers.ByteLevel()])))
+    assert not _splits_at_spaces(backend(pre_tokenizers.Whitespace()))
