@@ -68,6 +68,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.throughput
+	$(PY) -m benchmarks.startup
 	$(PY) -m benchmarks.state_size
 
 clean:
