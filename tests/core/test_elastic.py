@@ -17,10 +17,10 @@ LANES = 8
 
 
 def build(paths, tokenizer_dir, *, repeat=True, shuffle=16, seed=7, max_length=65,
-          microbatch=2, by_tokens=True, **work) -> Pipeline:
+          microbatch=2, by_tokens=True, weights=(0.6, 0.4), **work) -> Pipeline:
     source = StaticMixtureWorkSource(
         [Dataset.from_path("short", paths["short"]), Dataset.from_path("long", paths["long"])],
-        MixtureSpec({"short": 0.6, "long": 0.4}), seed=seed,
+        MixtureSpec(dict(zip(["short", "long"], weights, strict=True))), seed=seed,
         token_estimation=TokenEstimation() if by_tokens else None, repeat=repeat,
         unit_bytes=4096, **work)
     pipeline = (Pipeline(source).tokenize(tokenizer_id=tokenizer_dir)
@@ -259,6 +259,10 @@ def test_refuses_changed_recipe(two_datasets, tokenizer_dir):
         other.load_state_dict(state)
     other = build(two_datasets, tokenizer_dir, seed=8).options(lanes=LANES)
     with pytest.raises(StateMismatchError, match="seed changed"):
+        other.load_state_dict(state)
+    other = build(two_datasets, tokenizer_dir, weights=(0.5, 0.5)).options(lanes=LANES)
+    with pytest.raises(StateMismatchError, match=r"mixture weights changed "
+                       r"\(work_source\.mixture\.long: checkpoint 0\.4, now 0\.5\)"):
         other.load_state_dict(state)
 
 
