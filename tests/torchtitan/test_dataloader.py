@@ -122,6 +122,24 @@ def test_finite_and_infinite(docs_dir, tmp_path, recipes):
         assert torch.equal(a["input"], b["input"])
 
 
+def test_infinite_loader_resumes_across_the_wrap(docs_dir, tmp_path, recipes):
+    """TorchTitan #1357: the state survives the loop back to the start of the data, whether
+    it is saved on the last batch of a pass or after the wrap."""
+    texts = [f"Document {i} " + "kalo mishi rune tashi " * 20 for i in range(6)]
+    recipe = recipes.write(tmp_path / "small.toml", lanes=2, datasets=(
+        f'[[datasets]]\nname = "small"\npath = "{docs_dir(texts)}"\n'))
+    one_pass = len(list(build(recipe, rows=1)))
+    straight = take(build(recipe, rows=1, infinite=True), 2 * one_pass + 3)
+    for stop in (one_pass, one_pass + 2, 2 * one_pass):
+        first = build(recipe, rows=1, infinite=True)
+        take(first, stop)
+        state = first.state_dict()
+        resumed = build(recipe, rows=1, infinite=True)
+        resumed.load_state_dict(state)
+        for (a, la), (b, lb) in zip(take(resumed, 3), straight[stop:stop + 3], strict=True):
+            assert torch.equal(a["input"], b["input"]) and torch.equal(la, lb)
+
+
 def test_bad_recipes_fail_naming_the_problem(tmp_path, recipes):
     missing = recipes.write(tmp_path / "missing.toml",
                             datasets='[[datasets]]\nname = "gone"\npath = "no/such/dir"\n')

@@ -1,0 +1,45 @@
+"""The override route's claims on a stock config, applied in process as the trainer does."""
+
+from __future__ import annotations
+
+import json
+
+from torchtitan.config.manager import ConfigManager
+from torchtitan.config.override import apply_overrides
+
+from zephon_torchtitan.dataloader import ZephonDataLoader
+
+
+def stock_config(*overrides: tuple[str, str]):
+    imports = [f"zephon_torchtitan.override.{name}=" + json.dumps({"recipe": recipe})
+               for name, recipe in overrides]
+    config = ConfigManager().parse_args(["--module", "llama3", "--config", "llama3_debugmodel",
+                                         "--validator.enable", "--override.imports", *imports])
+    return config, type(config.validator.dataloader)
+
+
+def test_the_training_override_leaves_the_validation_loader_alone(tmp_path, small_tokenizer,
+                                                                 recipes):
+    """Without ``fqns`` an override of the loader class would take ``validator.dataloader``
+    too, and validation would run on the training recipe."""
+    train = recipes.write(tmp_path / "train.toml", datasets=recipes.demo(), lanes=2,
+                          tokenizer=small_tokenizer)
+    config, stock = stock_config(("zephon_dataloader", str(train)))
+    replaced = apply_overrides(config.override, config)
+    assert isinstance(config.dataloader, ZephonDataLoader.Config)
+    assert config.dataloader.recipe == str(train)
+    assert type(config.validator.dataloader) is stock and stock is not ZephonDataLoader.Config
+    assert len(replaced) == 1 and "dataloader" in replaced[0]
+
+
+def test_both_overrides_give_each_loader_its_own_recipe(tmp_path, small_tokenizer, recipes):
+    train = recipes.write(tmp_path / "train.toml", datasets=recipes.demo(), lanes=2,
+                          tokenizer=small_tokenizer)
+    held_out = recipes.write(tmp_path / "valid.toml", datasets=recipes.demo("held_out"),
+                             lanes=1, tokenizer=small_tokenizer)
+    config, _ = stock_config(("zephon_dataloader", str(train)),
+                             ("zephon_validation_dataloader", str(held_out)))
+    apply_overrides(config.override, config)
+    assert config.dataloader.recipe == str(train)
+    assert isinstance(config.validator.dataloader, ZephonDataLoader.Config)
+    assert config.validator.dataloader.recipe == str(held_out)
