@@ -50,6 +50,35 @@ def test_iterator_yields_the_megatron_preset() -> None:
     assert batch["cu_seqlens"].dtype == torch.int32 and batch["cu_seqlens"].shape[0] == 2
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_microbatches_megatron_keeps_for_a_rerun_stay_as_they_were(workers: int) -> None:
+    """Megatron's ``RerunDataIterator`` holds every microbatch of an iteration (shallow, for a
+    replay) while the loader reads ahead: no buffer behind them may be reused."""
+    import time
+
+    from megatron.core.rerun_state_machine import (
+        RerunDataIterator,
+        RerunMode,
+        destroy_rerun_state_machine,
+        initialize_rerun_state_machine,
+    )
+
+    initialize_rerun_state_machine(mode=RerunMode.VALIDATE_RESULTS)
+    try:
+        rerun = RerunDataIterator(iterator(0, 1, "--zephon-prefetch", "8",
+                                           "--num-workers", str(workers)))
+        for _ in range(3):
+            held = take(rerun, 4)
+            copies = [{k: v.clone() for k, v in b.items()} for b in held]
+            time.sleep(0.3)  # the read-ahead fills meanwhile
+            rerun.rewind()
+            for batch, copy in zip(take(rerun, 4), copies, strict=True):
+                assert all(torch.equal(batch[k], copy[k]) for k in copy)
+            rerun.advance()
+    finally:
+        destroy_rerun_state_machine()
+
+
 def test_save_and_restore_continue_exactly() -> None:
     first = iterator()
     take(first, 5)
