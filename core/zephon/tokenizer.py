@@ -1,8 +1,12 @@
 """Loading tokenizers and encoding text in batches.
 
 Tokenizers are loaded lazily, once per process and id, through ``transformers``. A path that
-looks local but does not exist fails at once (no retries against the Hub). Loading never
-touches the process environment or torch's thread settings: the trainer owns those.
+looks local but does not exist fails at once (no retries against the Hub). A Hub id is first
+made a local snapshot of the repository's tokenizer files (:func:`hub_tokenizer_directory`):
+one that neither a reachable Hub nor the Hugging Face cache holds is refused at once (asked
+with the id, transformers retries an unreachable Hub for about 48 s first), and a missing or
+gated repository is named as such. Loading never touches the process environment or torch's
+thread settings: the trainer owns those.
 
 Encoding goes through the Rust ``tokenizers`` backend in batches (it releases the GIL and
 parallelizes across documents), with truncation and padding switched off so a saved tokenizer
@@ -45,15 +49,56 @@ def load_tokenizer(tokenizer_id: str) -> Any:
         expanded = os.path.expanduser(tokenizer_id)
         if not os.path.isdir(expanded) and looks_local(tokenizer_id):
             raise ConfigError(f"tokenizer_id {tokenizer_id!r}: no such directory")
+        source = expanded if os.path.isdir(expanded) else hub_tokenizer_directory(tokenizer_id)
         from transformers import AutoTokenizer
 
         try:
-            tokenizer = AutoTokenizer.from_pretrained(
-                expanded if os.path.isdir(expanded) else tokenizer_id)
-        except Exception as exc:  # transformers raises OSError, ValueError, HTTP errors...
+            tokenizer = AutoTokenizer.from_pretrained(source)
+        except Exception as exc:  # transformers raises OSError, ValueError...
             raise ConfigError(f"cannot load tokenizer {tokenizer_id!r}: {exc}") from exc
         _CACHE[tokenizer_id] = tokenizer
         return tokenizer
+
+
+TOKENIZER_FILES = ("*.json", "*.txt", "*.model", "*.jinja", "*.tiktoken", "*.vocab")
+"""What transformers may read from a repository to build its tokenizer: configs, vocabularies
+and merges, SentencePiece and tiktoken models, chat templates. Weights never match."""
+
+
+def hub_tokenizer_directory(repo_id: str) -> str:
+    """The local snapshot of a Hub repository's tokenizer files (:data:`TOKENIZER_FILES`, at
+    ``main``), downloaded into the Hugging Face cache by huggingface_hub. When the Hub cannot
+    be reached (or ``HF_HUB_OFFLINE`` is set) the cached snapshot is used without retries;
+    with none, and for a missing or gated repository, a ConfigError names the id and what
+    to do."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
+
+    endpoint = (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+    login = "log in with `hf auth login` or set the HF_TOKEN environment variable"
+    try:
+        return snapshot_download(repo_id, allow_patterns=list(TOKENIZER_FILES),
+                                 endpoint=endpoint)
+    except GatedRepoError as exc:
+        raise ConfigError(f"tokenizer {repo_id!r} is a gated model: accept its conditions at "
+                          f"{endpoint}/{repo_id}, then {login}") from exc
+    except RepositoryNotFoundError as exc:
+        raise ConfigError(f"tokenizer {repo_id!r}: no such model repository on {endpoint} "
+                          f"(a private one needs a token: {login}); or give a local "
+                          "directory") from exc
+    except LocalEntryNotFoundError as exc:
+        why = ("HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE
+               else f"the Hub ({endpoint}) cannot be reached")
+        raise ConfigError(f"tokenizer {repo_id!r}: {why} and it is not in the Hugging Face "
+                          f"cache ({constants.HF_HUB_CACHE}); load it once where the Hub is "
+                          "reachable, or give a local directory") from exc
+    except (HfHubHTTPError, OSError) as exc:
+        raise ConfigError(f"tokenizer {repo_id!r}: {exc}") from exc
 
 
 @dataclass(frozen=True)

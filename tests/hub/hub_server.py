@@ -1,11 +1,12 @@
 """A small Hugging Face Hub protocol server for tests, on 127.0.0.1.
 
-It answers what huggingface_hub's ``HfApi.dataset_info``, ``list_repo_tree`` (paginated),
-``list_repo_refs`` and file downloads ask for, the way the Hub does: revisions resolve to
-commits (branches, tags, ``refs/convert/parquet``, commit hashes), LFS files redirect to a
-content URL and carry their SHA-256 as ETag, ``Range`` requests are answered with 206,
-private repositories answer 401 ``RepoNotFound`` without an authorized token, and gated ones
-serve metadata to anyone but files only to authorized tokens (401 or 403 ``GatedRepo``).
+It answers what huggingface_hub's ``HfApi.dataset_info``/``model_info``, ``list_repo_tree``
+(paginated), ``list_repo_refs`` and file downloads ask for, for dataset and model
+repositories, the way the Hub does: revisions resolve to commits (branches, tags,
+``refs/convert/parquet``, commit hashes), LFS files redirect to a content URL and carry their
+SHA-256 as ETag, ``Range`` requests are answered with 206, missing and private repositories
+answer 401 ``RepoNotFound`` without an authorized token, and gated ones serve metadata to
+anyone but files only to authorized tokens (401 or 403 ``GatedRepo``).
 Tests inject failures (status, headers, count), throttle downloads, run hooks after chosen
 requests, and read the request log.
 """
@@ -105,11 +106,14 @@ class FakeHub:
 
     # -- content ---------------------------------------------------------------------------
     def create(self, repo_id: str, files: dict[str, bytes], *, private: bool = False,
-               gated: bool = False, tokens: tuple[str, ...] = ()) -> str:
-        """A repository whose ``main`` branch holds ``files``; returns the commit."""
+               gated: bool = False, tokens: tuple[str, ...] = (), model: bool = False) -> str:
+        """A dataset (or, with ``model``, a model) repository whose ``main`` branch holds
+        ``files``; returns the commit. A model repository is named ``models/<repo_id>`` in
+        the other mutators."""
+        key = f"models/{repo_id}" if model else repo_id
         with self._lock:
-            self.repos[repo_id] = Repo(repo_id, private, gated, set(tokens))
-            return self.push(repo_id, files)
+            self.repos[key] = Repo(repo_id, private, gated, set(tokens))
+            return self.push(key, files)
 
     def push(self, repo_id: str, files: dict[str, bytes], branch: str = "main",
              delete: tuple[str, ...] = ()) -> str:
@@ -272,28 +276,30 @@ class _Handler(BaseHTTPRequestHandler):
         hub = self.server_hub
         if path.startswith("/cdn/"):
             return self._serve_cdn(path, head)
-        m = re.match(r"^/api/datasets/([^/]+)/([^/]+)(?:/(revision|tree|refs)(?:/(.*))?)?$",
-                     path)
-        r = re.match(r"^/datasets/([^/]+)/([^/]+)/resolve/([^/]+)/(.+)$", path)
+        m = re.match(r"^/api/(datasets|models)/([^/]+)/([^/]+)"
+                     r"(?:/(revision|tree|refs)(?:/(.*))?)?$", path)
+        r = re.match(r"^/(?:(datasets)/)?([^/]+)/([^/]+)/resolve/([^/]+)/(.+)$", path)
         match = m or r
         if match is None:
             return self._error(404, None, "unknown route", head)
-        repo_id = f"{match.group(1)}/{match.group(2)}"
-        repo = hub.repos.get(repo_id)
+        repo_id = f"{match.group(2)}/{match.group(3)}"
+        model = match.group(1) in ("models", None)
+        repo = hub.repos.get(f"models/{repo_id}" if model else repo_id)
         token = self._token()
         if repo is None or (repo.private and token not in repo.tokens):
             return self._error(401, "RepoNotFound", "Repository not found", head)
         if m is not None:
-            return self._api(repo, m.group(3), m.group(4) or "", query, head)
-        revision = unquote(r.group(3))
+            return self._api(repo, m.group(4), m.group(5) or "", query, head)
+        revision = unquote(r.group(4))
         commit = hub.resolve_revision(repo, revision)
         if commit is None:
             return self._error(404, "RevisionNotFound", "Invalid rev id", head)
         if repo.gated and token not in repo.tokens:
             status = 401 if token is None else 403
+            kind = "model" if model else "dataset"
             return self._error(status, "GatedRepo",
-                               f"Access to dataset {repo_id} is restricted.", head)
-        file_path = unquote(r.group(4))
+                               f"Access to {kind} {repo_id} is restricted.", head)
+        file_path = unquote(r.group(5))
         content = repo.commits[commit].get(file_path)
         if content is None:
             return self._error(404, "EntryNotFound", "Entry not found", head)
