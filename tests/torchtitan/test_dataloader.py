@@ -140,6 +140,36 @@ def test_infinite_loader_resumes_across_the_wrap(docs_dir, tmp_path, recipes):
             assert torch.equal(a["input"], b["input"]) and torch.equal(la, lb)
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_validation_loaders_built_and_dropped_each_run_leave_nothing_behind(tmp_path, recipes,
+                                                                           workers):
+    """TorchTitan's validator builds a loader per validation run and drops its iterator after
+    ``validator.steps``: no thread, worker process or shared memory may outlive it."""
+    import gc
+    import multiprocessing
+    import threading
+    from dataclasses import replace
+    from pathlib import Path
+
+    recipe = recipes.write(tmp_path / "valid.toml", datasets=recipes.demo(), lanes=2)
+    recipe.write_text(recipe.read_text().replace(
+        "prefetch = 0", f"prefetch = 4\nworkers = {workers}"))
+    config = ZephonDataLoader.Config(recipe=str(recipe))
+    threads, shm = set(threading.enumerate()), set(Path("/dev/shm").iterdir())
+    for _ in range(3):
+        loader = replace(config, infinite=False).build(
+            dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=64, local_batch_size=2)
+        take(loader, 3)
+        assert len(multiprocessing.active_children()) == workers
+        del loader
+        gc.collect()
+        for thread in set(threading.enumerate()) - threads:
+            thread.join(10)
+        assert set(threading.enumerate()) <= threads
+        assert multiprocessing.active_children() == []
+        assert set(Path("/dev/shm").iterdir()) <= shm
+
+
 def test_bad_recipes_fail_naming_the_problem(tmp_path, recipes):
     missing = recipes.write(tmp_path / "missing.toml",
                             datasets='[[datasets]]\nname = "gone"\npath = "no/such/dir"\n')
