@@ -65,6 +65,22 @@ def test_eos_mask_loss_and_position_mode(demo_recipe, demo_assets):
     assert torch.equal(inputs["positions"].view(2, 256), torch.arange(256).repeat(2, 1))
 
 
+def test_labels_are_the_next_input_shifted_once(tmp_path, recipes, demo_assets):
+    """Each label is the token after its input, in the row it came from (not shifted twice,
+    not across rows); only EOS positions (eos_mask_loss) are masked in wrap-packed rows."""
+    from zephon.tokenizer import load_tokenizer
+
+    eos = load_tokenizer(demo_assets["tokenizer"]).eos_token_id
+    recipe = recipes.write(tmp_path / "rows.toml", datasets=recipes.demo(), lanes=2,
+                           to_training="eos_mask_loss = true\nflatten = false")
+    for inputs, labels in take(build(recipe, seq_len=128, rows=4), 6):
+        tokens, within = inputs["input"], labels[:, :-1]
+        at_eos = tokens[:, :-1] == eos
+        assert torch.equal(within[~at_eos], tokens[:, 1:][~at_eos])
+        assert bool((within[at_eos] == -100).all())
+        assert bool((labels[:, -1] != -100).any())  # a row's last label is its extra token
+
+
 def test_padding_is_masked_and_reported(tmp_path, recipes):
     recipe = recipes.write(tmp_path / "pad.toml", datasets=recipes.demo(), lanes=1,
                            pack="first_fit")
