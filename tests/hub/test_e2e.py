@@ -92,6 +92,42 @@ def test_hub_and_local_copies_give_identical_batches(hub, tmp_path, tokenizer_di
     assert all(np.array_equal(a, b) for a, b in zip(from_hub, from_disk, strict=True))
 
 
+def test_eviction_never_touches_local_data(hub, tmp_path, tokenizer_dir):
+    """Streaming #988 evicted the only copy of a dataset. Local files are read in place, never
+    through the cache, and the cache evicts only shards it downloaded."""
+    import hashlib
+
+    from zephon.io.hub.cache import cache_entries
+
+    hub.create("org/remote", sharded(docs(120, seed=62), 4,
+                                     "data/train-{i:05d}-of-{n:05d}.parquet", 8))
+    local = tmp_path / "local"
+    local.mkdir()
+    for name, content in sharded(docs(80, seed=63), 3, "part-{i}.parquet", 8).items():
+        (local / name).write_bytes(content)
+
+    def digests():
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in local.iterdir()}
+
+    before = digests()
+    root = tmp_path / "cache"
+    shard = max(len(c) for c in hub.repos["org/remote"].commits[
+        hub.repos["org/remote"].branches["main"]].values())
+    source = StaticMixtureWorkSource(
+        [Dataset.from_path("remote", "hf://org/remote/train"),
+         Dataset.from_path("local", str(local))],
+        mixture=MixtureSpec({"remote": 1.0, "local": 1.0}), seed=7, on_exhausted="drain")
+    pipeline = (Pipeline(source).options(io_options=fast_options(root, limit_bytes=2 * shard),
+                                         prefetch=0)
+                .tokenize(tokenizer_id=tokenizer_dir).pack_flat(65).batch(4))
+    assert sum(len(b) for b in pipeline) > 0
+    assert pipeline.report().datasets[1].documents == 80
+    assert digests() == before
+    assert {e.display.split("/")[2] for e in cache_entries(root)} == {"org"}
+    downloads = [r for r in hub.log("^/cdn/") if r.method == "GET" and r.range is None]
+    assert len(downloads) > 4  # shards were evicted and downloaded again
+
+
 @pytest.mark.multiprocess
 def test_two_ranks_pin_one_commit_and_count_requests(hub, tmp_path):
     shards = 20
