@@ -9,6 +9,11 @@ from typing import Any
 from zephon.errors import ConfigError
 from zephon.io.options import StoreOptions
 
+DEFAULT_LANES_PER_READER = 8
+"""Lanes per data-parallel rank that the framework adapters choose when nothing fixes the
+lanes: 8 packers and shuffle buffers per rank (a constant memory per rank), and a run that can
+later resume 8x larger or at any divisor of its lanes."""
+
 
 @dataclass(frozen=True)
 class LoaderOptions:

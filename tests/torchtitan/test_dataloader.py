@@ -112,6 +112,44 @@ def test_state_is_keyed_per_lane_and_resumes_at_another_dp_size(demo_recipe):
         assert torch.equal(want_labels, got_labels)
 
 
+def test_lanes_left_open_are_eight_per_rank_and_a_resume_keeps_the_checkpoints(
+        tmp_path, recipes, monkeypatch):
+    """zephon 0.2.0 made the lanes the data-parallel size, so another size changed the data.
+    Left open here, they are 8 per rank of the first launch; a resume finds the lane count in
+    the checkpoint it is about to load and continues the same global batches."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from zephon_torchtitan import preflight
+
+    recipe = recipes.write(tmp_path / "open.toml", datasets=recipes.demo(), lanes=2)
+    recipe.write_text(recipe.read_text().replace("lanes = 2\n", ""))
+    folder = tmp_path / "checkpoint"
+    monkeypatch.setitem(preflight.CHECKPOINT_FOLDER, "folder", str(folder))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ranks = [build(recipe, rank=r, world=2) for r in range(2)]
+    assert not [w for w in caught if "lanes" in str(w.message)]
+    assert [dl.lanes for dl in ranks] == [16, 16]
+    assert build(recipe).lanes == 8  # no checkpoint yet: a new run at one rank
+    iters = [iter(dl) for dl in ranks]
+    for _ in range(3):
+        for it in iters:
+            next(it)
+    state = {**ranks[0].state_dict(), **ranks[1].state_dict()}
+    dcp.save({"dataloader": state}, checkpoint_id=str(folder / "step-3"))
+    expected = [next(it) for _ in range(2) for it in iters]
+    single = build(recipe)
+    assert single.lanes == 16
+    single.load_state_dict(state)
+    for (want, want_labels), (got, got_labels) in zip(expected, take(single, 4), strict=True):
+        assert torch.equal(want["input"], got["input"])
+        assert torch.equal(want_labels, got_labels)
+    with pytest.raises(ConfigError, match="does not divide lanes=16"):
+        build(recipe, rank=0, world=3)
+
+
 def test_incompatible_resumes_are_refused(demo_recipe, tmp_path, recipes):
     dl = build(demo_recipe)
     take(dl, 2)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from torchtitan.config.manager import ConfigManager
 from torchtitan.config.override import apply_overrides
 
@@ -43,3 +44,30 @@ def test_both_overrides_give_each_loader_its_own_recipe(tmp_path, small_tokenize
     assert config.dataloader.recipe == str(train)
     assert isinstance(config.validator.dataloader, ZephonDataLoader.Config)
     assert config.validator.dataloader.recipe == str(held_out)
+
+
+def test_open_lanes_that_a_resume_cannot_divide_are_refused_before_the_model(
+        tmp_path, small_tokenizer, recipes, monkeypatch):
+    """The preflight gives open lanes the value the loader will (those of the checkpoint to
+    resume), so a data-parallel size they do not divide fails before the model is built."""
+    import torch.distributed.checkpoint as dcp
+
+    from zephon import ConfigError
+    from zephon_torchtitan import preflight
+
+    monkeypatch.setattr(preflight, "CHECKPOINT_FOLDER", {})  # the preflight records the run's
+    train = recipes.write(tmp_path / "train.toml", datasets=recipes.demo(), lanes=2,
+                          tokenizer=small_tokenizer)
+    train.write_text(train.read_text().replace("lanes = 2\n", ""))
+    target = "zephon_torchtitan.override.zephon_dataloader=" + json.dumps({"recipe": str(train)})
+    config = ConfigManager().parse_args([
+        "--module", "llama3", "--config", "llama3_debugmodel", "--override.imports", target,
+        "--checkpoint.enable", "--dump_folder", str(tmp_path / "out")])
+    lanes = {f"lane_{lane}": b"" for lane in range(16)}
+    dcp.save({"dataloader": lanes}, checkpoint_id=str(tmp_path / "out" / "checkpoint" / "step-3"))
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ConfigError, match="lanes = 16 is not divisible by the data-parallel "
+                       r"size 3; sizes that work with 16 lanes: \[1, 2, 4, 8, 16\]"):
+        apply_overrides(config.override, config)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    apply_overrides(config.override, config)

@@ -53,13 +53,11 @@ from pathlib import Path
 from typing import Any
 
 from zephon.errors import ConfigError
+from zephon.options import DEFAULT_LANES_PER_READER
 
 log = logging.getLogger(__name__)
 
 DATALOADERS = ("megatron", "zephon")
-DEFAULT_LANES_PER_READER = 8
-"""Lanes per data-parallel reader when nothing fixes the lanes: 8 keeps per-reader memory
-constant (8 packers and shuffle buffers) and lets a run grow 8x or shrink to any divisor."""
 ATTENTION_BY_IMPL = {"transformer_engine": "thd", "local": "dense"}
 # Keys whose value the Megatron batch layout fixes, with the only value it accepts.
 PRESET_FIXED = {"return_labels": True, "return_loss_mask": True, "flatten": False,

@@ -47,6 +47,7 @@ from torchtitan.tools.logging import logger
 
 from zephon import ConfigError, StateMismatchError
 from zephon.meter import LoaderMeter
+from zephon.options import DEFAULT_LANES_PER_READER
 from zephon.recipe import DataRecipe
 
 # The seed's TorchTitan preset; a recipe may restate these values but not contradict them.
@@ -70,7 +71,9 @@ class ZephonDataLoader(BaseDataLoader):
 
         lanes: int | None = None
         """Lane count when the recipe leaves it open (fixed for a run: any data-parallel size
-        that divides it resumes the same data). Conflicting with the recipe is an error."""
+        that divides it resumes the same data). Conflicting with the recipe is an error.
+        Neither set: the lanes of the checkpoint being resumed, else 8 per data-parallel
+        rank of this launch."""
 
         seed: int | None = None
         """Replaces the recipe's seed (a new data order; old checkpoints will be refused)."""
@@ -148,9 +151,14 @@ class ZephonDataLoader(BaseDataLoader):
         self._one_row = bool(recipe.to_training.get("flatten", True))
         if config.check_tokenizer and tokenizer is not None:
             _check_tokenizer(recipe, tokenizer)
+        lanes = config.lanes
+        if lanes is None and recipe.lanes is None:
+            lanes, why = default_lanes(dp_world_size)
+            logger.info(f"zephon: lanes = {lanes} ({why}; neither the recipe nor "
+                        "--dataloader.lanes sets them)")
         self._pipeline = recipe.build(
             seq_len=self._seq_len, microbatch_size=self._rows, dp_rank=dp_rank,
-            dp_world_size=dp_world_size, lanes=config.lanes, prefetch=config.prefetch,
+            dp_world_size=dp_world_size, lanes=lanes, prefetch=config.prefetch,
             process_group=_agreement_process_group(dp_world_size))
         self.lanes = self._pipeline.lanes
         self._pipeline.fingerprint()  # plans the lanes now: a bad dp size fails at build time
@@ -299,6 +307,20 @@ class ZephonDataLoader(BaseDataLoader):
 
 
 # -- helpers ---------------------------------------------------------------------------------
+def default_lanes(dp_world_size: int) -> tuple[int, str]:
+    """(lanes, why) when neither the recipe nor the loader config sets them: those of the
+    checkpoint the run resumes from, else ``DEFAULT_LANES_PER_READER`` per data-parallel rank,
+    so that the run resumes with the same data at any data-parallel size dividing them."""
+    from zephon_torchtitan.preflight import checkpointed_lanes
+
+    found = checkpointed_lanes()
+    if found is not None and found[1]:
+        return max(found[1]) + 1, f"those of the checkpoint {found[0]}"
+    lanes = DEFAULT_LANES_PER_READER * dp_world_size
+    return lanes, (f"{DEFAULT_LANES_PER_READER} per data-parallel rank: resumable at any "
+                   f"data-parallel size dividing {lanes}")
+
+
 def _geometry(seq_len: int | None, local_batch_size: int | None,
               max_context_length: int | None,
               num_tokens_per_batch: int | None) -> tuple[int, int, bool]:

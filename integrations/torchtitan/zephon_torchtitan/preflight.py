@@ -69,7 +69,7 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None) -> None
 
     from zephon.preflight import check_recipe
     from zephon.recipe import DataRecipe
-    from zephon_torchtitan.dataloader import ZephonDataLoader
+    from zephon_torchtitan.dataloader import ZephonDataLoader, default_lanes
 
     root = root if root is not None else trainer_config_in_progress()
     values = run_values(root)
@@ -94,6 +94,8 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None) -> None
             continue
         if loader.lanes is not None and recipe.lanes is None:
             recipe.lanes = loader.lanes
+        elif recipe.lanes is None and values.get("world_size"):
+            recipe.lanes = default_lanes(values["world_size"])[0]  # as the loader will
         run = dict(values)
         if where != "dataloader":
             run.pop("microbatch_size", None)
