@@ -50,8 +50,10 @@ def digests(trace: Path) -> dict[int, str]:
     return out
 
 
-def test_pretrain_evaluates_saves_and_resumes_at_another_dp_size_exactly(
-        tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One rank, 6 iterations, a checkpoint at iteration 4; its trace is under ``one/``."""
+    tmp_path = tmp_path_factory.mktemp("pretrain")
     ckpt = tmp_path / "ckpt"
     first = cpu_pretrain(1, tmp_path / "one", "--train-iters", "6", "--save", str(ckpt),
                          "--save-interval", "4")
@@ -60,7 +62,12 @@ def test_pretrain_evaluates_saves_and_resumes_at_another_dp_size_exactly(
     assert "validation loss at iteration 2" in log and "iteration        6/       6" in log
     # no --dataloader-save: the loader state is part of the checkpoint
     assert (ckpt / "iter_0000004" / "mp_rank_00" / "train_dataloader_dprank000.pt").is_file()
+    return tmp_path
 
+
+def test_pretrain_evaluates_saves_and_resumes_at_another_dp_size_exactly(
+        uninterrupted: Path, tmp_path: Path) -> None:
+    ckpt = uninterrupted / "ckpt"
     resumed = cpu_pretrain(2, tmp_path / "two", "--train-iters", "6", "--load", str(ckpt),
                            "--ckpt-step", "4", "--save", str(tmp_path / "ckpt2"),
                            "--save-interval", "100")
@@ -68,7 +75,7 @@ def test_pretrain_evaluates_saves_and_resumes_at_another_dp_size_exactly(
     assert resumed.returncode == 0, log[-6000:]
     assert "iteration        5/       6" in log and "validation loss at iteration 6" in log
 
-    straight, after = digests(tmp_path / "one"), digests(tmp_path / "two")
+    straight, after = digests(uninterrupted / "one"), digests(tmp_path / "two")
     assert sorted(straight) == list(range(24))  # 6 steps x 4 microbatches
     assert sorted(after) == list(range(16, 24)), "the resume starts where iteration 4 ended"
     assert all(after[index] == straight[index] for index in after), \
@@ -76,3 +83,18 @@ def test_pretrain_evaluates_saves_and_resumes_at_another_dp_size_exactly(
     per_rank = [len(json.loads(p.read_text())) for p in sorted(
         (tmp_path / "two").glob("trace_rank*.json"))]
     assert per_rank == [4, 4]
+
+
+def test_tensor_parallel_peers_train_on_what_their_reader_reads(uninterrupted: Path,
+                                                                  tmp_path: Path) -> None:
+    """TP=2 through pretrain(): only TP rank 0 reads (its peer receives the broadcast), and
+    the data is the single rank's, microbatch for microbatch."""
+    run = cpu_pretrain(2, tmp_path / "tp", "--train-iters", "3",
+                       "--tensor-model-parallel-size", "2")
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-6000:]
+    assert "iteration        3/       3" in log
+    read = {p.name: len(json.loads(p.read_text())) for p in (tmp_path / "tp").glob("*.json")}
+    assert read.get("trace_rank0.json") == 12 and not read.get("trace_rank1.json"), read
+    straight, tensor_parallel = digests(uninterrupted / "one"), digests(tmp_path / "tp")
+    assert tensor_parallel == {index: straight[index] for index in range(12)}

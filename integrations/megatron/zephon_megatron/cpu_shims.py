@@ -23,10 +23,10 @@ training loop, evaluation, Megatron's optimizer wrapper, checkpoints; see
 gets its own ``torch`` view in which only the listed ``torch.cuda`` names are replaced (every
 other CUDA call still fails loudly), and, for modules in :data:`PRETRAIN_DEVICE_REMAP`, tensor
 factories given ``device="cuda"`` allocate on the CPU. Megatron's own RNG tracker runs with the
-CPU generator as its "CUDA" generator, so checkpoints save and restore it. Not covered: bf16 and
-fp16, the distributed optimizer, overlapped gradient reduction, tensor or pipeline parallelism,
-Transformer Engine. Both functions refuse to run where CUDA is available, so a GPU job never
-trains on shims.
+CPU generator as its "CUDA" generator, so checkpoints save and restore it. Tensor parallelism
+runs (tested at TP=2). Not covered: bf16 and fp16, the distributed optimizer, overlapped
+gradient reduction, pipeline parallelism, Transformer Engine. Both functions refuse to run
+where CUDA is available, so a GPU job never trains on shims.
 """
 
 from __future__ import annotations
@@ -325,6 +325,9 @@ _MODULE_GLOBALS: dict[str, dict[str, Any]] = {
     "megatron.core.tensor_parallel.random": {"_lazy_call": lambda callback, **kw: callback()},
     "megatron.core.optimizer.optimizer": {
         "clip_grad_by_total_norm_fp32": _clip_grad_by_total_norm_fp32},
+    # 0.19's argument checks ask the GPU's compute capability whenever TP > 1; a CPU has none
+    # (the launcher sets the CUDA_DEVICE_MAX_CONNECTIONS=1 that pre-Blackwell GPUs need)
+    "megatron.training.arguments": {"get_device_arch_version": lambda: 0},
 }
 _pretrain_installed = False
 
