@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from zephon_torchtitan.demo import free_port
 
 # One process of a 2 (data-parallel) x 2 (tensor-parallel) mesh. torchrun's variables are set
 # as for any rank; TorchTitan passes the batch mesh's rank, which TP peers share.
@@ -34,12 +35,6 @@ for inputs, labels in loader:
 json.dump(digests, open(out, "w"))
 dist.destroy_process_group()
 """
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.mark.multiprocess
