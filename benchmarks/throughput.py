@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import resource
 import statistics
 import subprocess
@@ -60,6 +61,17 @@ def build_corpus(root: Path, n_docs: int, n_files: int) -> dict[str, str]:
 
 def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def process_peak_rss_mib(pid: int) -> float:
+    """Peak RSS (``VmHWM``) of a live process. A spawned worker's own: ``RUSAGE_CHILDREN``
+    would also count its moment between fork and exec, when the parent's resident pages
+    (torch and all, about 300 MiB here) show as its own."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def cpu_seconds() -> float:
@@ -138,11 +150,12 @@ def child_pipeline(paths: dict[str, str], workers: int) -> dict[str, float]:
             first = time.perf_counter() - start
     elapsed = time.perf_counter() - start
     report = pipeline.report()
+    worker_rss = max((process_peak_rss_mib(p.pid) for p in multiprocessing.active_children()),
+                     default=0.0)
     del pipeline
-    gc.collect()  # stops the worker processes, so their CPU time and memory are counted
-    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    gc.collect()  # stops the worker processes, so their CPU time is counted
     return {"tokens": tokens, "seconds": elapsed, "cpu": cpu_seconds() - cpu,
-            "first_batch_s": first, "worker_rss_mib": children if workers else 0.0,
+            "first_batch_s": first, "worker_rss_mib": worker_rss,
             "rss_mib": peak_rss_mib(), "padding": report.padding_tokens,
             "documents": sum(d.documents for d in report.datasets)}
 

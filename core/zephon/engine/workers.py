@@ -23,11 +23,11 @@ token than with two threads each.
 Trade-offs, measured on a 2-core machine (``benchmarks/throughput.py``): workers pay off where
 per-document Python work or tokenization dominates and cores are free; each worker loads the
 operators (the tokenizer) once, which takes about half a second to start, and holds its own
-copy of them: about 80 MiB at the start and 300 MiB at peak per worker on the benchmark, most
-of the difference the tokenizer's working memory for one read-ahead batch (``CHUNK_CHARS`` in
-:mod:`zephon.engine.source`). Operators and their functions must pickle (module-level
-functions, not lambdas); :class:`DocumentWorkers` checks that when it is built and names the
-operator.
+copy of them: about 80 MiB at the start and 96 MiB at peak per worker on the benchmark (whose
+main module imports no torch), the difference mostly the tokenizer's working memory for one
+read-ahead batch (``CHUNK_CHARS`` in :mod:`zephon.engine.source`). Operators and their
+functions must pickle (module-level functions, not lambdas); :class:`DocumentWorkers` checks
+that when it is built and names the operator.
 
 The processes are spawned, so each imports the program's main module the way Python's spawn
 start method does (that is what lets a ``map`` function defined in the training script reach
