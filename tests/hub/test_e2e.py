@@ -1,8 +1,10 @@
 """The README's examples end to end against the test Hub, Hub data read exactly like the same
-files on local disk, and a two-rank torch.distributed load (pinning and request count)."""
+files on local disk, local data beside an evicting cache, and a two-rank torch.distributed load
+(pinning and request count)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import numpy as np
@@ -12,6 +14,7 @@ from tests.hub.hubdata import docs, fast_options, seed_datasets, sharded
 from tests.hub.test_cache import _worker
 from zephon import Pipeline
 from zephon.io import CacheOptions, Dataset, StoreOptions
+from zephon.io.hub.cache import cache_entries
 from zephon.work import MixtureSpec, StaticMixtureWorkSource, TokenEstimation
 
 
@@ -95,10 +98,6 @@ def test_hub_and_local_copies_give_identical_batches(hub, tmp_path, tokenizer_di
 def test_eviction_never_touches_local_data(hub, tmp_path, tokenizer_dir):
     """Streaming #988 evicted the only copy of a dataset. Local files are read in place, never
     through the cache, and the cache evicts only shards it downloaded."""
-    import hashlib
-
-    from zephon.io.hub.cache import cache_entries
-
     hub.create("org/remote", sharded(docs(120, seed=62), 4,
                                      "data/train-{i:05d}-of-{n:05d}.parquet", 8))
     local = tmp_path / "local"

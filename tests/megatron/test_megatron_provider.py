@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from megatron.core.rerun_state_machine import (
+    RerunDataIterator,
+    RerunMode,
+    destroy_rerun_state_machine,
+    initialize_rerun_state_machine,
+)
 from megatron_helpers import PACKED, VALIDATION, megatron_argv, parse
 
 from zephon.errors import ConfigError, StateMismatchError
@@ -54,15 +61,6 @@ def test_iterator_yields_the_megatron_preset() -> None:
 def test_microbatches_megatron_keeps_for_a_rerun_stay_as_they_were(workers: int) -> None:
     """Megatron's ``RerunDataIterator`` holds every microbatch of an iteration (shallow, for a
     replay) while the loader reads ahead: no buffer behind them may be reused."""
-    import time
-
-    from megatron.core.rerun_state_machine import (
-        RerunDataIterator,
-        RerunMode,
-        destroy_rerun_state_machine,
-        initialize_rerun_state_machine,
-    )
-
     initialize_rerun_state_machine(mode=RerunMode.VALIDATE_RESULTS)
     try:
         rerun = RerunDataIterator(iterator(0, 1, "--zephon-prefetch", "8",

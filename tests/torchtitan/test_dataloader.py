@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import gc
+import multiprocessing
 import pickle
+import threading
+import warnings
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 
 from zephon import ConfigError, StateMismatchError
+from zephon_torchtitan import preflight
 from zephon_torchtitan.dataloader import ZephonDataLoader
 
 
@@ -117,12 +125,6 @@ def test_lanes_left_open_are_eight_per_rank_and_a_resume_keeps_the_checkpoints(
     """zephon 0.2.0 made the lanes the data-parallel size, so another size changed the data.
     Left open here, they are 8 per rank of the first launch; a resume finds the lane count in
     the checkpoint it is about to load and continues the same global batches."""
-    import warnings
-
-    import torch.distributed.checkpoint as dcp
-
-    from zephon_torchtitan import preflight
-
     recipe = recipes.write(tmp_path / "open.toml", datasets=recipes.demo(), lanes=2)
     recipe.write_text(recipe.read_text().replace("lanes = 2\n", ""))
     folder = tmp_path / "checkpoint"
@@ -199,12 +201,6 @@ def test_validation_loaders_built_and_dropped_each_run_leave_nothing_behind(tmp_
                                                                            workers):
     """TorchTitan's validator builds a loader per validation run and drops its iterator after
     ``validator.steps``: no thread, worker process or shared memory may outlive it."""
-    import gc
-    import multiprocessing
-    import threading
-    from dataclasses import replace
-    from pathlib import Path
-
     recipe = recipes.write(tmp_path / "valid.toml", datasets=recipes.demo(), lanes=2)
     recipe.write_text(recipe.read_text().replace(
         "prefetch = 0", f"prefetch = 4\nworkers = {workers}"))

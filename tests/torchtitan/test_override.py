@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch.distributed.checkpoint as dcp
 from torchtitan.config.manager import ConfigManager
 from torchtitan.config.override import apply_overrides
 
+from zephon import ConfigError
+from zephon_torchtitan import preflight
 from zephon_torchtitan.dataloader import ZephonDataLoader
 
 
@@ -50,11 +53,6 @@ def test_open_lanes_that_a_resume_cannot_divide_are_refused_before_the_model(
         tmp_path, small_tokenizer, recipes, monkeypatch):
     """The preflight gives open lanes the value the loader will (those of the checkpoint to
     resume), so a data-parallel size they do not divide fails before the model is built."""
-    import torch.distributed.checkpoint as dcp
-
-    from zephon import ConfigError
-    from zephon_torchtitan import preflight
-
     monkeypatch.setattr(preflight, "CHECKPOINT_FOLDER", {})  # the preflight records the run's
     train = recipes.write(tmp_path / "train.toml", datasets=recipes.demo(), lanes=2,
                           tokenizer=small_tokenizer)
