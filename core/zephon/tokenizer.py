@@ -46,10 +46,11 @@ def load_tokenizer(tokenizer_id: str) -> Any:
     with _LOCK:
         if tokenizer_id in _CACHE:
             return _CACHE[tokenizer_id]
-        expanded = os.path.expanduser(tokenizer_id)
-        if not os.path.isdir(expanded) and looks_local(tokenizer_id):
-            raise ConfigError(f"tokenizer_id {tokenizer_id!r}: no such directory")
-        source = expanded if os.path.isdir(expanded) else hub_tokenizer_directory(tokenizer_id)
+        source = os.path.expanduser(tokenizer_id)
+        if not os.path.isdir(source):
+            if looks_local(tokenizer_id):
+                raise ConfigError(f"tokenizer_id {tokenizer_id!r}: no such directory")
+            source = hub_tokenizer_directory(tokenizer_id)
         from transformers import AutoTokenizer
 
         try:
@@ -79,17 +80,19 @@ def hub_tokenizer_directory(repo_id: str) -> str:
         RepositoryNotFoundError,
     )
 
-    endpoint = (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
-    login = "log in with `hf auth login` or set the HF_TOKEN environment variable"
+    from zephon.io.hub.client import default_endpoint
+    from zephon.io.hub.retry import LOGIN
+
+    endpoint = default_endpoint()
     try:
         return snapshot_download(repo_id, allow_patterns=list(TOKENIZER_FILES),
                                  endpoint=endpoint)
     except GatedRepoError as exc:
         raise ConfigError(f"tokenizer {repo_id!r} is a gated model: accept its conditions at "
-                          f"{endpoint}/{repo_id}, then {login}") from exc
+                          f"{endpoint}/{repo_id}, then {LOGIN}") from exc
     except RepositoryNotFoundError as exc:
         raise ConfigError(f"tokenizer {repo_id!r}: no such model repository on {endpoint} "
-                          f"(a private one needs a token: {login}); or give a local "
+                          f"(a private one needs a token: {LOGIN}); or give a local "
                           "directory") from exc
     except LocalEntryNotFoundError as exc:
         why = ("HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from zephon.demo.assets import make_documents
 from zephon_torchtitan.demo import free_port
 
 # One process of a 2 (data-parallel) x 2 (tensor-parallel) mesh. torchrun's variables are set
@@ -40,8 +41,6 @@ dist.destroy_process_group()
 @pytest.mark.multiprocess
 def test_tensor_parallel_peers_get_identical_batches_and_stop_together(docs_dir, tmp_path,
                                                                       recipes):
-    from zephon.demo.assets import make_documents
-
     texts = make_documents(40, seed=11, min_words=10, max_words=120)
     recipe = recipes.write(tmp_path / "mesh.toml", lanes=4, datasets=(
         f'[[datasets]]\nname = "docs"\npath = "{docs_dir(texts)}"\n'))

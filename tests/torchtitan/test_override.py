@@ -14,11 +14,12 @@ from zephon_torchtitan import preflight
 from zephon_torchtitan.dataloader import ZephonDataLoader
 
 
-def stock_config(*overrides: tuple[str, str]):
+def stock_config(*overrides: tuple[str, str], args: tuple[str, ...] = ()):
     imports = [f"zephon_torchtitan.override.{name}=" + json.dumps({"recipe": recipe})
                for name, recipe in overrides]
     config = ConfigManager().parse_args(["--module", "llama3", "--config", "llama3_debugmodel",
-                                         "--validator.enable", "--override.imports", *imports])
+                                         "--validator.enable", *args,
+                                         "--override.imports", *imports])
     return config, type(config.validator.dataloader)
 
 
@@ -57,10 +58,8 @@ def test_open_lanes_that_a_resume_cannot_divide_are_refused_before_the_model(
     train = recipes.write(tmp_path / "train.toml", datasets=recipes.demo(), lanes=2,
                           tokenizer=small_tokenizer)
     train.write_text(train.read_text().replace("lanes = 2\n", ""))
-    target = "zephon_torchtitan.override.zephon_dataloader=" + json.dumps({"recipe": str(train)})
-    config = ConfigManager().parse_args([
-        "--module", "llama3", "--config", "llama3_debugmodel", "--override.imports", target,
-        "--checkpoint.enable", "--dump_folder", str(tmp_path / "out")])
+    config, _ = stock_config(("zephon_dataloader", str(train)),
+                             args=("--checkpoint.enable", "--dump_folder", str(tmp_path / "out")))
     lanes = {f"lane_{lane}": b"" for lane in range(16)}
     dcp.save({"dataloader": lanes}, checkpoint_id=str(tmp_path / "out" / "checkpoint" / "step-3"))
     monkeypatch.setenv("WORLD_SIZE", "3")

@@ -53,6 +53,7 @@ from zephon.io.hub.client import HubClient
 from zephon.io.hub.layout import Layout, conversion_layout, original_layout
 from zephon.io.hub.locks import FileLock
 from zephon.io.hub.path import HubPath
+from zephon.io.hub.retry import LOGIN
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,7 @@ def _resolve(hub_path: HubPath, client: HubClient, cache_root: Path | None,
         raise DataError(
             f"{hub_path}: {hub_path.repo_id} is a gated dataset and no Hugging Face token was "
             f"found. Accept its conditions at {client.endpoint}/datasets/{hub_path.repo_id}, "
-            "then log in with `hf auth login` or set the HF_TOKEN environment variable.")
+            f"then {LOGIN}.")
     log.info("%s: revision %r is commit %s", hub_path, revision, info.sha)
 
     def compute() -> dict[str, Any]:

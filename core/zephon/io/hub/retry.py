@@ -102,21 +102,24 @@ def retry_call(fn: Callable[[], T], what: str, policy: RetryPolicy) -> T:
             attempt += 1
 
 
+LOGIN = "log in with `hf auth login` or set the HF_TOKEN environment variable"
+"""How a user gives huggingface_hub a token, for error messages."""
+
+
 def explain(exc: BaseException, what: str, repo_id: str, endpoint: str,
             has_token: bool) -> ZephonError:
     """A user-facing error for a failed Hub request about ``what`` in dataset ``repo_id``."""
     page = f"{endpoint}/datasets/{repo_id}"
-    login = "log in with `hf auth login` or set the HF_TOKEN environment variable"
     if isinstance(exc, GatedRepoError):
         if has_token:
             return DataError(f"{what}: {repo_id} is a gated dataset and your Hugging Face token "
                              f"has no access to it. Accept its conditions at {page} with the "
                              "account of that token, then retry.")
         return DataError(f"{what}: {repo_id} is a gated dataset and no Hugging Face token was "
-                         f"found. Accept its conditions at {page}, then {login}.")
+                         f"found. Accept its conditions at {page}, then {LOGIN}.")
     if isinstance(exc, RepositoryNotFoundError):
         hint = (", or your Hugging Face token cannot read it" if has_token else
-                f", or it is private or gated and no Hugging Face token was found ({login})")
+                f", or it is private or gated and no Hugging Face token was found ({LOGIN})")
         return DataError(f"{what}: dataset {repo_id} was not found on {endpoint}{hint}.")
     if isinstance(exc, RevisionNotFoundError):
         return ConfigError(f"{what}: the revision does not exist in dataset {repo_id}.")
@@ -125,7 +128,7 @@ def explain(exc: BaseException, what: str, repo_id: str, endpoint: str,
     status = status_of(exc)
     if status in (401, 403):
         hint = ("your Hugging Face token lacks permission for it" if has_token else
-                f"no Hugging Face token was found ({login})")
+                f"no Hugging Face token was found ({LOGIN})")
         return DataError(f"{what}: access denied by {endpoint} (HTTP {status}): {hint}.")
     if status is not None:
         return DataError(f"{what}: {endpoint} answered HTTP {status}: {exc}")
