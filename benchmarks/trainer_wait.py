@@ -1,15 +1,17 @@
 """How long a training loop waits for data, when the loader has to keep up with it.
 
 Measures the pipeline's capacity first (microbatches/s of ``tokenize -> pack_flat(2049) ->
-batch(4) -> to_training``, a tight loop with the default read-ahead, one rank), then runs a
-simulated trainer at 25%, 50% and 80% of that capacity: per step it holds the GIL for 2 ms
-(kernel launches) and sleeps the rest of the step (the GPU computing, GIL released), taking
-one microbatch per step, with 1 rank and with 2 ranks (two gloo processes, lanes 4, a barrier
-per step as gradient all-reduces impose). Prints, per run: data-wait p50/p99/max after the
-first batch, the total wait as a share of wall time (after the first batch), the time to the
-first and to the 10th batch from building the pipeline, the data wait within those 10 batches
-(the 10th batch cannot come before 9 steps of the loop), and the step-time inflation against
-the loop without a loader.
+batch(4) -> to_training``, a tight loop with the default read-ahead), with 1 rank and with 2
+ranks (two gloo processes in step, a barrier per microbatch, the sum of their rates: on 2 cores
+about 0.88x one rank's, the two tokenizer pools and loops sharing the cores), then runs a
+simulated trainer at 25%, 50% and 80% of the capacity of the same number of ranks: per step it
+holds the GIL for 2 ms (kernel launches) and sleeps the rest of the step (the GPU computing,
+GIL released), taking one microbatch per step, with 1 rank and with 2 ranks (two gloo
+processes, lanes 4, a barrier per step as gradient all-reduces impose). Prints, per run:
+data-wait p50/p99/max after the first batch, the total wait as a share of wall time (after the
+first batch), the time to the first and to the 10th batch from building the pipeline, the data
+wait within those 10 batches (the 10th batch cannot come before 9 steps of the loop), and the
+step-time inflation against the loop without a loader.
 
 Usage: ``python -m benchmarks.trainer_wait [--steps 400] [--docs 4000] [--workers N]``.
 """
@@ -43,20 +45,37 @@ def pipeline_for(paths: dict[str, str], rank: int = 0, world: int = 1, prefetch:
             .tokenize(tokenizer_id=paths["tokenizer"]).pack_flat(2049, "wrap").batch(4))
 
 
-def capacity(paths: dict[str, str], batches: int, workers: int = 0) -> float:
+def capacity(paths: dict[str, str], batches: int, workers: int = 0, rank: int = 0,
+             world: int = 1, port: int | None = None) -> float:
     """Microbatches per second of a tight loop, read ahead as in training, after a warm-up
     of 100 (torch imported first, as a trainer has it). Long enough (1500 microbatches, 12M
-    tokens) that what the sources read ahead at the start (up to 2 MiB of text per lane) is
-    a small part of it: over 400 the capacity came out some 13% low."""
+    tokens, split between the ranks) that what the sources read ahead at the start (up to
+    2 MiB of text per lane) is a small part of it: over 400 the capacity came out some 13%
+    low. With ``world > 1`` this rank's rate, in step with its peers (a barrier per
+    microbatch)."""
     import torch  # noqa: F401
 
-    iterator = iter(pipeline_for(paths, workers=workers))
-    for _ in range(100):
+    barrier = _join(rank, world, port)
+    iterator = iter(pipeline_for(paths, rank, world, workers=workers))
+    for _ in range(100 // world):
         next(iterator).to_training(return_labels=True)
+        barrier()
     start = time.perf_counter()
-    for _ in range(batches):
+    for _ in range(batches // world):
         next(iterator).to_training(return_labels=True)
-    return batches / (time.perf_counter() - start)
+        barrier()
+    return batches // world / (time.perf_counter() - start)
+
+
+def _join(rank: int, world: int, port: int | None):
+    """Join the gloo group of ``world`` ranks; returns its barrier (a no-op for one rank)."""
+    if world == 1:
+        return lambda: None
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    return dist.barrier
 
 
 def trainer(paths: dict[str, str], step_s: float, steps: int, rank: int, world: int,
@@ -66,11 +85,7 @@ def trainer(paths: dict[str, str], step_s: float, steps: int, rank: int, world: 
     made: list = []
     if not loader:  # the reference loop: microbatches made beforehand, nothing running
         made = list(itertools.islice(pipeline_for(paths, prefetch=0), steps))
-    if world > 1:
-        import torch.distributed as dist
-
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world)
+    barrier = _join(rank, world, port)
     start = time.perf_counter()
     iterator = iter(pipeline_for(paths, rank, world, workers=workers) if loader else made)
     waits, tenth = [], None
@@ -85,8 +100,7 @@ def trainer(paths: dict[str, str], step_s: float, steps: int, rank: int, world: 
         while time.perf_counter() < busy:
             pass
         time.sleep(max(0.0, step_s - BUSY_S))
-        if world > 1:
-            dist.barrier()
+        barrier()
     wall = time.perf_counter() - start
     after_first = waits[1:]
     return {"first_s": waits[0], "first10_wait_s": sum(waits[:10]),
@@ -100,11 +114,21 @@ def trainer(paths: dict[str, str], step_s: float, steps: int, rank: int, world: 
 
 def run_child(paths: dict[str, str], step_s: float, steps: int, world: int,
               workers: int = 0, loader: bool = True) -> list[dict]:
+    return _run_ranks(world, {"paths": paths, "step_s": step_s, "steps": steps,
+                              "workers": workers, "loader": loader})
+
+
+def ranks_capacity(paths: dict[str, str], batches: int, world: int, workers: int = 0) -> float:
+    """:func:`capacity` of ``world`` ranks in step, in processes of their own: the sum of
+    their rates."""
+    return sum(r["rate"] for r in _run_ranks(world, {"paths": paths, "capacity": batches,
+                                                     "workers": workers}))
+
+
+def _run_ranks(world: int, spec: dict) -> list[dict]:
     port = _free_port()
     procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.trainer_wait", "--child",
-                               json.dumps({"paths": paths, "step_s": step_s, "steps": steps,
-                                           "rank": r, "world": world, "port": port,
-                                           "workers": workers, "loader": loader})],
+                               json.dumps({**spec, "rank": r, "world": world, "port": port})],
                               stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})
              for r in range(world)]
@@ -128,6 +152,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         spec = json.loads(args.child)
+        if "capacity" in spec:
+            print(json.dumps({"rate": capacity(spec["paths"], spec["capacity"], spec["workers"],
+                                               spec["rank"], spec["world"], spec["port"])}))
+            return
         print(json.dumps(trainer(spec["paths"], spec["step_s"], spec["steps"], spec["rank"],
                                  spec["world"], spec["port"], spec.get("workers", 0),
                                  spec.get("loader", True))))
@@ -135,18 +163,21 @@ def main() -> None:
     from benchmarks.throughput import build_corpus
 
     paths = build_corpus(Path(args.root), args.docs, 8)
-    rate = capacity(paths, 1500, args.workers)
-    print(f"capacity: {rate:.1f} microbatches/s of 4 x 2049 tokens "
-          f"({rate * 4 * 2049:,.0f} tokens/s), one rank, tight loop with read-ahead")
+    rates = {1: capacity(paths, 1500, args.workers),
+             2: ranks_capacity(paths, 1500, 2, args.workers)}
+    for world, rate in rates.items():
+        print(f"capacity, {world} rank{'s' if world > 1 else ''}: {rate:.1f} microbatches/s of "
+              f"4 x 2049 tokens ({rate * 4 * 2049:,.0f} tokens/s), tight loop with read-ahead"
+              + (f", {rate / rates[1]:.2f}x one rank's" if world > 1 else ""))
     print(f"{'load':>6}{'ranks':>7}{'step ms':>9}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}"
           f"{'wait %':>8}{'first s':>9}{'10th s':>8}{'wait<10':>9}{'inflation':>11}")
     for load in (0.25, 0.5, 0.8):
-        bare = run_child(paths, 1 / (load * rate), args.steps, 1, loader=False)[0]
-        print(f"{load:>6.0%}{'none':>7}{1000 / (load * rate):>9.1f}{'':>9}{'':>9}{'':>9}"
+        bare = run_child(paths, 1 / (load * rates[1]), args.steps, 1, loader=False)[0]
+        print(f"{load:>6.0%}{'none':>7}{1000 / (load * rates[1]):>9.1f}{'':>9}{'':>9}{'':>9}"
               f"{'':>8}{'':>9}{'':>8}{'':>9}{100 * bare['inflation']:>10.1f}%   (no loader)")
         for world in (1, 2):
-            # Two ranks share this machine's cores: each runs at the load of its share.
-            step_s = 1 / (load * rate / world)
+            # Ranks share this machine's cores: each runs at the load of its share.
+            step_s = 1 / (load * rates[world] / world)
             results = run_child(paths, step_s, args.steps, world, args.workers)
             worst = max(results, key=lambda r: r["wait_share"])
             print(f"{load:>6.0%}{world:>7}{1000 * step_s:>9.1f}{worst['p50_ms']:>9.2f}"
