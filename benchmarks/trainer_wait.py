@@ -130,7 +130,8 @@ def _run_ranks(world: int, spec: dict) -> list[dict]:
     procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.trainer_wait", "--child",
                                json.dumps({**spec, "rank": r, "world": world, "port": port})],
                               stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+                              env={**os.environ, "OMP_NUM_THREADS": "1",
+                                   "LOCAL_WORLD_SIZE": str(world)})  # as torchrun sets it
              for r in range(world)]
     return [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
 

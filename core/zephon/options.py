@@ -29,9 +29,10 @@ class LoaderOptions:
     """Number of data-parallel ranks (given by the framework)."""
     prefetch: int = 4
     """0: the lanes run in the caller's thread, a round at a time. Positive: a background
-    thread runs them ahead, within ``read_ahead_tokens``, and (with ``workers=0``) a second
-    one runs the document operators a batch ahead of it, so the tokenizer encodes while the
-    lanes pack. Never changes the data."""
+    thread runs them ahead, within ``read_ahead_tokens``, and (with ``workers=0``) one or two
+    more run the document operators a batch ahead of it, so the tokenizer encodes while the
+    lanes pack: two when this rank has two cores to itself (its cores divided among
+    ``LOCAL_WORLD_SIZE`` ranks). Never changes the data."""
     read_ahead_tokens: int = 1 << 24
     """Tokens the background thread may hold ahead of the consumer (with ``prefetch > 0``), in
     whole rounds (a round is one microbatch of every lane this rank owns), at most 64 rounds.
@@ -42,7 +43,7 @@ class LoaderOptions:
     always hold 64."""
     workers: int = 0
     """Processes running the document operators (reading, decoding, tokenizing) beside the
-    lanes: 0 keeps them in this process (on the document thread, or with ``prefetch=0`` in the
+    lanes: 0 keeps them in this process (on the document threads, or with ``prefetch=0`` in the
     lanes' thread). The data, the state and every resume are the
     same for every value. Each worker loads the operators (the tokenizer) once, about a second
     to start and its own copy in memory; worth it where tokenization or Python per-document

@@ -16,7 +16,7 @@ from typing import Any
 
 from zephon.batch import SampleBatch
 from zephon.engine.agreement import RoundAgreement, check_agreement_group
-from zephon.engine.document_thread import DocumentThread
+from zephon.engine.document_threads import DocumentThreads
 from zephon.engine.lane import LanePlan
 from zephon.engine.rank import RankStream, rounds_ahead
 from zephon.engine.source import Offload, projected_columns, transform_documents
@@ -89,7 +89,7 @@ class Loader:
         if options.workers:
             self.workers = DocumentWorkers(ops_by_dataset, options.workers)
         elif options.prefetch > 0:
-            self.workers = DocumentThread(ops_by_dataset)
+            self.workers = DocumentThreads(ops_by_dataset)
         self._use_source(work_source.bound(options.io_options))
 
     def _use_source(self, source: StaticMixtureWorkSource) -> None:

@@ -53,7 +53,7 @@ class LanePlan:
     """Whether the first row operator turns documents into rows (else DocumentRows does)."""
     lanes: int
     workers: Offload | None = None
-    """Worker processes or the document thread for the document operators (None: the lanes'
+    """Worker processes or the document threads for the document operators (None: the lanes'
     own thread)."""
 
     def ops_of(self, dataset: int) -> list[DocumentOperator]:

@@ -11,8 +11,8 @@ agreed, below), never held back for later rounds, so a producer only slightly fa
 trainer still never makes it wait. Every microbatch carries the snapshot its lane had right
 after making it; handing it to the caller makes that snapshot the lane's consumed state, so the
 state always describes what the trainer received, never what was read ahead. Under the
-producer, the dataset sources hand their document work to the document thread or worker
-processes (:mod:`zephon.engine.document_thread`, :mod:`zephon.engine.workers`). ``prefetch=0``
+producer, the dataset sources hand their document work to the document threads or worker
+processes (:mod:`zephon.engine.document_threads`, :mod:`zephon.engine.workers`). ``prefetch=0``
 runs the lanes and their document operators in the caller's thread, a round at a time. Either
 way the lanes produce the same microbatches.
 

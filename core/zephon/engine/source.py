@@ -7,8 +7,9 @@ more documents (a long document may be split into pieces, a filter may drop it).
 
 With ``options(workers=N)`` the batches go to worker processes
 (:mod:`zephon.engine.workers`), up to ``N`` in flight; with ``workers=0`` and a producer thread
-(``prefetch > 0``) they go to the rank's document thread (:mod:`zephon.engine.document_thread`),
-two in flight. Either way they come back in submission order and nothing else changes.
+(``prefetch > 0``) they go to the rank's document threads
+(:mod:`zephon.engine.document_threads`), one more in flight than there are threads. Either way
+they come back in submission order and nothing else changes.
 
 State is only the position of the next document the mixer has not taken, ``(k, row, piece)``:
 the k-th unit of this lane, the row inside the unit's order, the document among that row's
@@ -28,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon.engine.document_thread import DocumentThread
+from zephon.engine.document_threads import DocumentThreads
 from zephon.engine.workers import DocumentWorkers
 from zephon.io.formats import RowLabel, read_unit
 from zephon.ops.base import DocumentOperator, Dropped, LazyPieces
@@ -36,7 +37,7 @@ from zephon.records import Doc
 from zephon.work.source import StaticMixtureWorkSource
 
 Position = tuple[int, int, int]
-Offload = DocumentWorkers | DocumentThread
+Offload = DocumentWorkers | DocumentThreads
 """Where a source's read-ahead batches are transformed, when not in its own thread."""
 _FIRST_CHUNK = 8
 """Documents in a source's first read-ahead batch, so the first microbatch does not wait for a
@@ -57,7 +58,7 @@ CHUNK_CHARS = 1 << 20
 """A read-ahead batch ends once its documents' text fields reach this many characters, so
 one batch of long documents is not one long burst: 1 MiB of text is about 250k tokens, some
 120-250 ms of tokenizing on two cores (with the GIL released) and about 130 MiB of the
-tokenizer's working memory. Batch size never changes the tokens; with the document thread,
+tokenizer's working memory. Batch size never changes the tokens; with one document thread,
 1 MiB batches were about 8% faster than 256 KiB ones on 2 cores (fewer calls, less idle
 tail per call) and 2 MiB ones no faster."""
 

@@ -1,4 +1,4 @@
-"""The document thread: operators one batch ahead on their own thread, same data and state."""
+"""The document threads: operators read ahead on threads of their own, same data and state."""
 
 from __future__ import annotations
 
@@ -11,15 +11,16 @@ import pytest
 from tests.conftest import write_jsonl
 from zephon import Pipeline
 from zephon.demo.assets import make_documents
+from zephon.engine import document_threads
 from zephon.engine import source as source_module
-from zephon.engine.document_thread import DocumentThread
+from zephon.engine.document_threads import DocumentThreads, threads_for_this_rank
 from zephon.errors import DataError
 from zephon.io import Dataset
 from zephon.ops.base import DocumentOperator
 from zephon.records import Doc
 from zephon.work import MixtureSpec, StaticMixtureWorkSource
 
-THREAD = "zephon-documents"
+THREAD = document_threads.THREAD_NAME
 
 
 def source_for(paths: dict) -> StaticMixtureWorkSource:
@@ -44,13 +45,15 @@ def tokens(batches) -> list[list[list[int]]]:
     return [[r.payload["input_ids"].tolist() for r in b.records] for b in batches]
 
 
-def document_threads() -> set[threading.Thread]:
+def live_document_threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name == THREAD and t.is_alive()}
 
 
-def test_the_thread_runs_the_operators_and_changes_no_batch_and_no_state(
-        two_datasets, tokenizer_dir, monkeypatch) -> None:
+@pytest.mark.parametrize("count", [1, 2])
+def test_the_threads_run_the_operators_and_change_no_batch_and_no_state(
+        two_datasets, tokenizer_dir, monkeypatch, count) -> None:
     monkeypatch.setattr(source_module, "CHUNK_CHARS", 2000)  # many batches per unit
+    monkeypatch.setattr(document_threads, "threads_for_this_rank", lambda: count)
     seen_sync: list[str] = []
     reference = pipeline(two_datasets, tokenizer_dir, 0, seen_sync)
     straight = tokens(reference)
@@ -62,7 +65,7 @@ def test_the_thread_runs_the_operators_and_changes_no_batch_and_no_state(
     head = tokens(next(it) for _ in range(11))
     state = threaded.state_dict()
     assert head == straight[:11]
-    # the thread ran batches ahead; the producer took back only ones it had not started
+    # the threads ran batches ahead; the producer took back only ones they had not started
     assert THREAD in seen and set(seen) <= {THREAD, "zephon-rank0"}
     assert tokens(it) == straight[11:]
     assert str(threaded.report()) == str(reference.report())
@@ -80,56 +83,86 @@ def test_the_thread_runs_the_operators_and_changes_no_batch_and_no_state(
     assert tokens(resumed) == straight[17:]
 
 
-class _Gate(DocumentOperator):
-    """Holds a batch starting with ``a`` inside ``apply`` until released; records the
-    documents it was given and the thread of each."""
+def test_two_threads_where_the_rank_has_two_cores_to_itself(monkeypatch) -> None:
+    def rank_with(cores: int, local_ranks: str | None) -> int:
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)),
+                            raising=False)
+        if local_ranks is None:
+            monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+        else:
+            monkeypatch.setenv("LOCAL_WORLD_SIZE", local_ranks)
+        return threads_for_this_rank()
 
-    def __init__(self) -> None:
-        self.entered, self.release = threading.Event(), threading.Event()
+    assert rank_with(2, None) == 2
+    assert rank_with(1, None) == 1
+    assert rank_with(2, "2") == 1  # two ranks sharing two cores
+    assert rank_with(16, "8") == 2
+    assert rank_with(12, "8") == 1
+    assert rank_with(4, "junk") == 2
+    assert DocumentThreads({}, threads=2).in_flight == 3
+
+
+class _Gate(DocumentOperator):
+    """Holds each batch starting with one of ``held`` inside ``apply`` until released;
+    records the documents it was given and the thread of each."""
+
+    def __init__(self, held: tuple[str, ...] = ("a",)) -> None:
+        self.held = held
+        self.entered, self.release = threading.Semaphore(0), threading.Event()
         self.applied: list[str] = []
         self.threads: dict[str, str] = {}
 
     def apply(self, docs, where):
-        if docs[0].doc_id == "a":
-            self.entered.set()
+        if docs[0].doc_id in self.held:
+            self.entered.release()
             assert self.release.wait(10)
         self.applied += [d.doc_id for d in docs]
         self.threads.update((d.doc_id, threading.current_thread().name) for d in docs)
         return [[d] for d in docs]
+
+    def wait_until_held(self) -> None:
+        """Until every thread holds a batch: then nothing else starts until release."""
+        for _ in self.held:
+            assert self.entered.acquire(timeout=10)
 
 
 def docs(*ids: str) -> list[Doc]:
     return [Doc(None, i, "d", fields={"text": i}) for i in ids]
 
 
-def test_batches_come_back_in_order_and_a_discarded_one_never_runs() -> None:
-    gate = _Gate()
-    thread = DocumentThread({0: [gate]})
-    first = thread.submit(0, docs("a", "b"), ["x", "y"])
-    assert gate.entered.wait(10)
-    second = thread.submit(0, docs("c"), ["z"])
-    third = thread.submit(0, docs("d"), ["w"])
-    thread.discard(second)  # queued behind the running batch: it is dropped unrun
+@pytest.mark.parametrize("count", [1, 2])
+def test_batches_come_back_in_order_and_a_discarded_one_never_runs(count) -> None:
+    gate = _Gate(held=("a", "b")[:count])
+    threads = DocumentThreads({0: [gate]}, threads=count)
+    busy = [threads.submit(0, docs(i), ["x"]) for i in gate.held]
+    gate.wait_until_held()
+    discarded = threads.submit(0, docs("c"), ["z"])
+    wanted = threads.submit(0, docs("d", "e"), ["w", "v"])
+    threads.discard(discarded)  # queued behind the running batches: it is dropped unrun
     gate.release.set()
-    assert [d.doc_id for row, _ in thread.result(first) for d in row] == ["a", "b"]
-    assert [d.doc_id for row, _ in thread.result(third) for d in row] == ["d"]
-    assert second.cancelled() and gate.applied == ["a", "b", "d"]
-    thread.close()
+    for future, held in zip(busy, gate.held, strict=True):
+        assert [d.doc_id for row, _ in threads.result(future) for d in row] == [held]
+    assert [d.doc_id for row, _ in threads.result(wanted) for d in row] == ["d", "e"]
+    assert discarded.cancelled() and sorted(gate.applied) == [*gate.held, "d", "e"]
+    threads.close()
 
 
-def test_a_batch_not_started_when_asked_for_runs_on_the_asking_thread() -> None:
-    gate = _Gate()
-    thread = DocumentThread({0: [gate]})
-    busy = thread.submit(0, docs("a"), ["x"])  # another source's read-ahead, still running
-    assert gate.entered.wait(10)
-    needed = thread.submit(0, docs("n"), ["y"])
-    rows = thread.result(needed)  # does not wait for the busy batch
+@pytest.mark.parametrize("count", [1, 2])
+def test_a_batch_not_started_when_asked_for_runs_on_the_asking_thread(count) -> None:
+    gate = _Gate(held=("a", "b")[:count])
+    threads = DocumentThreads({0: [gate]}, threads=count)
+    busy = [threads.submit(0, docs(i), ["x"]) for i in gate.held]  # other sources' read-ahead
+    gate.wait_until_held()
+    needed = threads.submit(0, docs("n"), ["y"])
+    rows = threads.result(needed)  # does not wait for the busy batches
     assert [d.doc_id for row, _ in rows for d in row] == ["n"]
-    assert gate.threads == {"n": threading.current_thread().name} and not busy.done()
+    assert gate.threads == {"n": threading.current_thread().name}
+    assert not any(future.done() for future in busy)
     gate.release.set()
-    assert [d.doc_id for row, _ in thread.result(busy) for d in row] == ["a"]
-    assert gate.threads["a"] == THREAD
-    thread.close()
+    for future, held in zip(busy, gate.held, strict=True):
+        assert [d.doc_id for row, _ in threads.result(future) for d in row] == [held]
+        assert gate.threads[held] == THREAD
+    threads.close()
 
 
 def test_an_error_on_the_thread_reaches_the_caller_naming_the_line(tmp_path,
@@ -147,33 +180,34 @@ def test_an_error_on_the_thread_reaches_the_caller_naming_the_line(tmp_path,
     assert messages[0] == messages[1]
 
 
-def test_the_thread_stops_with_its_pipeline(two_datasets, tokenizer_dir) -> None:
-    before = document_threads()
+def test_the_threads_stop_with_their_pipeline(two_datasets, tokenizer_dir) -> None:
+    before = live_document_threads()
     run = pipeline(two_datasets, tokenizer_dir, 4)
     it = iter(run)
     next(it)
-    started = document_threads() - before
-    assert len(started) == 1  # one per pipeline, however many sources (3 lanes x 2 here)
+    started = live_document_threads() - before
+    # the same threads for the whole pipeline, however many sources (3 lanes x 2 here)
+    assert len(started) == threads_for_this_rank()
     del it, run
     gc.collect()
-    (thread,) = started
-    thread.join(10)
-    assert not thread.is_alive()
+    for thread in started:
+        thread.join(10)
+        assert not thread.is_alive()
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_a_forked_child_starts_its_own_thread() -> None:
+def test_a_forked_child_starts_its_own_threads() -> None:
     gate = _Gate()
     gate.release.set()
-    thread = DocumentThread({0: [gate]})
-    assert thread.result(thread.submit(0, docs("a"), ["x"]))
+    threads = DocumentThreads({0: [gate]})
+    assert threads.result(threads.submit(0, docs("a"), ["x"]))
     pid = os.fork()
-    if pid == 0:  # the parent's thread does not exist here
+    if pid == 0:  # the parent's threads do not exist here
         try:
-            rows = thread.result(thread.submit(0, docs("b"), ["y"]))
+            rows = threads.result(threads.submit(0, docs("b"), ["y"]))
             os._exit(0 if rows[0][0][0].doc_id == "b" else 1)
         except BaseException:
             os._exit(2)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    thread.close()
+    threads.close()

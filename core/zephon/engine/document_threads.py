@@ -1,0 +1,160 @@
+"""Document operators read ahead on threads of their own.
+
+With ``workers=0`` and ``prefetch > 0`` every dataset source of a rank hands its read-ahead
+batches to one or two threads (:func:`threads_for_this_rank`), which run the document
+operators over them exactly as :func:`~zephon.engine.source.transform_documents` does in the
+caller's thread. A source keeps :attr:`DocumentThreads.in_flight` batches submitted and takes
+the results in submission order, so its documents, its state and every resume are what they
+are without the threads, with one thread or two (tested); only the timing changes.
+
+Why: the tokenizer's Rust backend releases the GIL and keeps both cores of a 2-core machine
+busy while it encodes, but everything around it (reading Parquet, turning ids into arrays,
+packing, batching) is Python that holds the GIL. Done in turns, the cores idle for that
+Python work, some 10% of the time; with the next batch already encoding, they do not. With
+one thread the encoder still idles while that thread turns a batch's ids into arrays and
+frees the tokenizer's encodings (about 24 and 10 ns a token, the GIL held) and in the tail of
+each call, when one of its pool's threads has run out of texts: about 0.5 s of 8 per 12M
+tokens on 2 cores. A second thread encodes its batch meanwhile. Measured side by side on 2
+cores (``benchmarks/throughput.py``, medians of 4 pairs): 0.93x the bare tokenizer with one
+thread, 0.95x with two (the bare loop converts ids the same way; what is left is the
+pipeline's other Python work, reading, packing, batching, tensors, about 0.7 s of CPU per 12M
+tokens, on the cores the encoder would otherwise have). Where ranks share the cores, the other
+ranks fill those gaps and a second thread only adds work: two ranks on 2 cores delivered
+0.93-0.94x the microbatches with two threads each as with one (``benchmarks/trainer_wait``'s
+capacity, medians of 5), hence one thread unless the rank has two cores to itself.
+
+The threads serve every source of the rank in submission order, so the batch a source needs
+now could wait behind other sources' read-ahead (with 4 lanes and two threads, up to 11
+batches, a second or more): a batch no thread has started when its source asks for it is
+taken back and run on the asking thread instead. Operators must therefore be pure, as for
+worker processes: several batches may be transformed at once, one on each thread (the Rust
+tokenizer encodes from several threads safely).
+
+Limits: at most two threads per rank, whatever the number of sources. Memory: each source
+holds up to ``in_flight`` batches of at most ``CHUNK_CHARS`` of text and their tokens, 3 x 1
+MiB of text and about 3 MiB of tokens per source with two threads.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import weakref
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from zephon.ops.base import DocumentOperator
+
+Rows = list[tuple[list[Any], list[str]]]
+THREAD_NAME = "zephon-documents"
+_STOP = None
+
+
+def threads_for_this_rank() -> int:
+    """2 when this process has at least 2 cores to itself, else 1: the cores it may run on,
+    shared among the ranks of its node (``LOCAL_WORLD_SIZE``, which torchrun sets; 1 when
+    unset). Two threads keep the tokenizer encoding one batch while the other thread turns the
+    last one into arrays (GIL held); where ranks already share the cores, the other ranks fill
+    that gap and a second thread only adds a second batch's encoding to the same cores."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    try:
+        local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local_ranks = 1
+    return 2 if cores // local_ranks >= 2 else 1
+
+
+def _serve(requests: queue.SimpleQueue) -> None:
+    while True:
+        request = requests.get()
+        if request is _STOP:
+            return
+        if request.set_running_or_notify_cancel():
+            try:
+                request.set_result(request.run())
+            except BaseException as exc:
+                request.set_exception(exc)
+        del request
+
+
+def _stop(requests: queue.SimpleQueue, threads: int) -> None:
+    for _ in range(threads):
+        requests.put(_STOP)
+
+
+class _Batch(Future):
+    """A submitted batch: its result, and the work that makes it, run once by whichever
+    thread gets to it (a document thread, or the source taking it back)."""
+
+    def __init__(self, ops: tuple[DocumentOperator, ...], docs: list[Any], labels: list[Any]):
+        super().__init__()
+        self._work: tuple[Any, ...] | None = (ops, docs, labels)
+
+    def run(self) -> Rows:
+        from zephon.engine.source import transform_documents  # source imports this module
+
+        work, self._work = self._work, None
+        assert work is not None
+        return transform_documents(*work, lazy=True)
+
+
+class DocumentThreads:
+    """The threads running the document operators of every dataset of a rank.
+
+    ``ops_by_dataset`` maps a dataset's index to its operators; ``threads`` defaults to
+    :func:`threads_for_this_rank`. The threads start on the first :meth:`submit` (again in a
+    forked child, where the parent's threads do not exist) and stop when this object is
+    collected or :meth:`close` is called."""
+
+    def __init__(self, ops_by_dataset: dict[int, Sequence[DocumentOperator]],
+                 threads: int | None = None):
+        self._ops = {i: tuple(ops) for i, ops in ops_by_dataset.items()}
+        self.threads = threads or threads_for_this_rank()
+        self.in_flight = self.threads + 1
+        """Batches a source keeps submitted: one more than there are threads, so that while
+        the source waits for the oldest, every thread has one to go on with."""
+        self._requests: queue.SimpleQueue | None = None
+        self._pid = -1
+        self._finalizer: weakref.finalize | None = None
+
+    def submit(self, dataset: int, docs: list[Any], labels: list[Any]) -> Future:
+        if self._requests is None or self._pid != os.getpid():
+            self._start()
+        assert self._requests is not None
+        batch = _Batch(self._ops[dataset], docs, labels)
+        self._requests.put(batch)
+        return batch
+
+    def _start(self) -> None:
+        requests: queue.SimpleQueue = queue.SimpleQueue()
+        for _ in range(self.threads):
+            threading.Thread(target=_serve, args=(requests,), name=THREAD_NAME,
+                             daemon=True).start()
+        self._requests, self._pid = requests, os.getpid()
+        self._finalizer = weakref.finalize(self, _stop, requests, self.threads)
+
+    @staticmethod
+    def result(future: Future) -> Rows:
+        """The batch's rows. One no thread has started is taken back and run here: the
+        threads serve every source of the rank in turn, and the batch a source needs now must
+        not wait behind other sources' read-ahead."""
+        if isinstance(future, _Batch) and future.cancel():
+            return future.run()
+        return future.result()
+
+    @staticmethod
+    def discard(future: Future) -> None:
+        """Forget a batch nobody will read: it is not run if it has not started."""
+        future.cancel()
+
+    def close(self) -> None:
+        """Stop the threads once they have finished what they were given (started again by
+        the next :meth:`submit`)."""
+        if self._finalizer is not None:
+            self._finalizer()
+        self._requests = self._finalizer = None
