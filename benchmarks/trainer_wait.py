@@ -50,7 +50,7 @@ def capacity(paths: dict[str, str], batches: int, workers: int = 0, rank: int = 
     """Microbatches per second of a tight loop, read ahead as in training, after a warm-up
     of 100 (torch imported first, as a trainer has it). Long enough (1500 microbatches, 12M
     tokens, split between the ranks) that what the sources read ahead at the start (up to
-    2 MiB of text per lane) is a small part of it: over 400 the capacity came out some 13%
+    3 MiB of text per lane) is a small part of it: over 400 the capacity came out some 13%
     low. With ``world > 1`` this rank's rate, in step with its peers (a barrier per
     microbatch)."""
     import torch  # noqa: F401
@@ -164,8 +164,7 @@ def main() -> None:
     from benchmarks.throughput import build_corpus
 
     paths = build_corpus(Path(args.root), args.docs, 8)
-    rates = {1: capacity(paths, 1500, args.workers),
-             2: ranks_capacity(paths, 1500, 2, args.workers)}
+    rates = {world: ranks_capacity(paths, 1500, world, args.workers) for world in (1, 2)}
     for world, rate in rates.items():
         print(f"capacity, {world} rank{'s' if world > 1 else ''}: {rate:.1f} microbatches/s of "
               f"4 x 2049 tokens ({rate * 4 * 2049:,.0f} tokens/s), tight loop with read-ahead"
