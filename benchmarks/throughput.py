@@ -10,6 +10,9 @@ subprocesses, alternating ``--repeats`` times:
   any loader that tokenizes on the fly pays. The texts are read from Parquet beforehand, out
   of its time, which the pipeline's includes; the pipeline is also compared with the bare
   tokenizer's time plus its reading;
+- ``bare-2``: the same loop with two calls in flight (two threads taking turns at the texts),
+  so the cores also encode while one thread converts ids: the most that keeping the cores on
+  the tokenizer gains on this machine, and what running two calls at once costs in CPU;
 - ``hf-call``: the transformers tokenizer's batch call (``tokenizer(texts)["input_ids"]``, 256
   texts a call), as a hand-written loop that tokenizes on the fly uses it;
 - ``pipeline``: ``tokenize -> pack_flat(2049, "wrap") -> batch(8) -> to_training(return_labels)``
@@ -17,9 +20,11 @@ subprocesses, alternating ``--repeats`` times:
   ``--workers`` value (``options(workers=N)``: N processes run the tokenizer; their CPU time
   is counted with the pipeline's).
 
-Prints tokens/s of both (medians), the median ratio of side-by-side pairs in throughput and in
-CPU seconds per token, the pipeline's time to first batch, and the peak RSS of each process
-(of the largest worker process too).
+Prints tokens/s of each (medians), the median ratio of side-by-side pairs in throughput and in
+CPU seconds per token, how many cores each kept busy (CPU over wall seconds), the pipeline's
+time to first batch, its CPU split by thread (its Python threads by name, sampled every 32
+batches; the rest is native threads: the tokenizer's pool, Parquet decoding; with workers,
+the worker processes), and the peak RSS of each process (of the largest worker process too).
 Usage: ``python -m benchmarks.throughput [--docs 10000] [--workers 0,2]``.
 """
 
@@ -28,12 +33,15 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import resource
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 
 def build_corpus(root: Path, n_docs: int, n_files: int) -> dict[str, str]:
@@ -76,47 +84,123 @@ def process_peak_rss_mib(pid: int) -> float:
     return 0.0
 
 
-def cpu_seconds() -> float:
-    """This process's CPU time and that of its finished children (worker processes)."""
+def cpu_seconds(*who: int) -> float:
+    """CPU time of this process and of its finished children (worker processes), or of those
+    of ``resource.RUSAGE_SELF`` and ``RUSAGE_CHILDREN`` named."""
     total = 0.0
-    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
-        usage = resource.getrusage(who)
+    for one in who or (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(one)
         total += usage.ru_utime + usage.ru_stime
     return total
 
 
-def child_bare(paths: dict[str, str]) -> dict[str, float]:
+def read_texts(paths: dict[str, str]) -> list[str]:
     import pyarrow.parquet as pq
 
-    from zephon.tokenizer import ids_array, load_tokenizer
-
-    read_start = time.perf_counter()
     texts = []
     for path in sorted(Path(paths["data"]).glob("*.parquet")):
         texts += pq.read_table(path, columns=["text"]).column("text").to_pylist()
-    read_seconds = time.perf_counter() - read_start
+    return texts
+
+
+def bare_encode(paths: dict[str, str]) -> Any:
+    """The Rust tokenizer's batch call, as the pipeline makes it (no special tokens)."""
+    from zephon.tokenizer import load_tokenizer
+
     backend = load_tokenizer(paths["tokenizer"]).backend_tokenizer
     encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
+    return lambda texts: encode(texts, add_special_tokens=False)
+
+
+def child_bare(paths: dict[str, str]) -> dict[str, float]:
+    from zephon.tokenizer import ids_array
+
+    read_start = time.perf_counter()
+    texts = read_texts(paths)
+    read_seconds = time.perf_counter() - read_start
+    encode = bare_encode(paths)
     cpu = cpu_seconds()
     start = time.perf_counter()
     tokens = 0
     for i in range(0, len(texts), 256):
-        for encoding in encode(texts[i:i + 256], add_special_tokens=False):
+        for encoding in encode(texts[i:i + 256]):
             tokens += ids_array(encoding.ids).size
     elapsed = time.perf_counter() - start
     return {"tokens": tokens, "seconds": elapsed, "cpu": cpu_seconds() - cpu,
             "read_seconds": read_seconds, "rss_mib": peak_rss_mib()}
 
 
+def child_bare_two(paths: dict[str, str]) -> dict[str, float]:
+    """The bare loop with two calls in flight: two threads take turns at the same chunks."""
+    from zephon.tokenizer import ids_array
+
+    texts = read_texts(paths)
+    encode = bare_encode(paths)
+    chunks = iter(range(0, len(texts), 256))
+    lock = threading.Lock()
+    counts = []
+
+    def encode_chunks() -> None:
+        tokens = 0
+        while True:
+            with lock:
+                i = next(chunks, None)
+            if i is None:
+                break
+            for encoding in encode(texts[i:i + 256]):
+                tokens += ids_array(encoding.ids).size
+        counts.append(tokens)
+
+    cpu = cpu_seconds()
+    start = time.perf_counter()
+    threads = [threading.Thread(target=encode_chunks) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - start
+    return {"tokens": sum(counts), "seconds": elapsed, "cpu": cpu_seconds() - cpu,
+            "rss_mib": peak_rss_mib()}
+
+
+class ThreadCPU:
+    """CPU seconds of this process's Python threads, by thread name. Each live thread's CPU
+    clock is read at every :meth:`sample`; a thread that ends between samples keeps its last
+    reading. The main thread counts from construction."""
+
+    def __init__(self) -> None:
+        self._latest: dict[int, tuple[str, float]] = {}
+        self._main_start = self._read(threading.main_thread()) or 0.0
+
+    @staticmethod
+    def _read(thread: threading.Thread) -> float | None:
+        try:
+            return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+        except (OSError, TypeError):  # ended meanwhile, or not started yet
+            return None
+
+    def sample(self) -> None:
+        for thread in threading.enumerate():
+            seconds = self._read(thread)
+            if seconds is not None:
+                self._latest[thread.ident] = (thread.name, seconds)
+
+    def by_name(self) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        main = threading.main_thread().ident
+        for ident, (name, seconds) in self._latest.items():
+            if ident == main:
+                seconds -= self._main_start
+            totals[name] = totals.get(name, 0.0) + seconds
+        return totals
+
+
 def child_hf_call(paths: dict[str, str]) -> dict[str, float]:
     """The transformers tokenizer's batch call, as a hand-written on-the-fly loop uses it."""
     import numpy as np
-    import pyarrow.parquet as pq
     from transformers import AutoTokenizer
 
-    texts = []
-    for path in sorted(Path(paths["data"]).glob("*.parquet")):
-        texts += pq.read_table(path, columns=["text"]).column("text").to_pylist()
+    texts = read_texts(paths)
     tokenizer = AutoTokenizer.from_pretrained(paths["tokenizer"])
     cpu = cpu_seconds()
     start = time.perf_counter()
@@ -129,6 +213,16 @@ def child_hf_call(paths: dict[str, str]) -> dict[str, float]:
             "rss_mib": peak_rss_mib()}
 
 
+def thread_role(name: str) -> str:
+    if name == "MainThread":
+        return "training loop"
+    if name.startswith("zephon-rank"):
+        return "lanes"
+    if name == "zephon-documents":
+        return "document threads"
+    return "other Python threads"  # the worker processes' hand-off (multiprocessing)
+
+
 def child_pipeline(paths: dict[str, str], workers: int) -> dict[str, float]:
     import gc
 
@@ -138,7 +232,10 @@ def child_pipeline(paths: dict[str, str], workers: int) -> dict[str, float]:
     from zephon.io import Dataset
     from zephon.work import MixtureSpec, StaticMixtureWorkSource
 
+    threads_cpu = ThreadCPU()
     cpu = cpu_seconds()
+    own_cpu = cpu_seconds(resource.RUSAGE_SELF)
+    workers_cpu = cpu_seconds(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     source = StaticMixtureWorkSource([Dataset.from_path("bench", paths["data"])],
                                      MixtureSpec({"bench": 1.0}), seed=0)
@@ -147,18 +244,28 @@ def child_pipeline(paths: dict[str, str], workers: int) -> dict[str, float]:
                 .pack_flat(2049, "wrap").batch(8, drop_last=False))
     tokens = 0
     first = None
-    for batch in pipeline:
+    for step, batch in enumerate(pipeline):
         out = batch.to_training(return_labels=True)
         tokens += int(out["input_ids"].numel()) + len(batch)
         if first is None:
             first = time.perf_counter() - start
+        if step % 32 == 0:
+            threads_cpu.sample()
     elapsed = time.perf_counter() - start
+    threads_cpu.sample()
+    own_cpu = cpu_seconds(resource.RUSAGE_SELF) - own_cpu
+    split: dict[str, float] = {}
+    for name, seconds in threads_cpu.by_name().items():
+        split[thread_role(name)] = split.get(thread_role(name), 0.0) + seconds
+    split["native threads"] = own_cpu - sum(split.values())
     report = pipeline.report()
     worker_rss = max((process_peak_rss_mib(p.pid) for p in multiprocessing.active_children()),
                      default=0.0)
     del pipeline
     gc.collect()  # stops the worker processes, so their CPU time is counted
-    return {"tokens": tokens, "seconds": elapsed, "cpu": cpu_seconds() - cpu,
+    if workers:
+        split["worker processes"] = cpu_seconds(resource.RUSAGE_CHILDREN) - workers_cpu
+    return {"tokens": tokens, "seconds": elapsed, "cpu": cpu_seconds() - cpu, "cpu_split": split,
             "first_batch_s": first, "worker_rss_mib": worker_rss,
             "rss_mib": peak_rss_mib(), "padding": report.padding_tokens,
             "documents": sum(d.documents for d in report.datasets)}
@@ -179,6 +286,8 @@ def main() -> None:
         paths = json.loads(args.paths)
         if args.child == "bare":
             result = child_bare(paths)
+        elif args.child == "bare-2":
+            result = child_bare_two(paths)
         elif args.child == "hf-call":
             result = child_hf_call(paths)
         else:
@@ -188,7 +297,8 @@ def main() -> None:
     print(f"building corpus: {args.docs} documents in {args.files} Parquet files "
           f"(cached under {args.root})", flush=True)
     paths = build_corpus(Path(args.root), args.docs, args.files)
-    kinds = ["bare", "hf-call", *(f"pipeline:{int(w)}" for w in args.workers.split(","))]
+    kinds = ["bare", "bare-2", "hf-call",
+             *(f"pipeline:{int(w)}" for w in args.workers.split(","))]
     runs: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
     for repeat in range(args.repeats):
         for kind in kinds:
@@ -200,17 +310,27 @@ def main() -> None:
                   f"tokens/s  ({result['tokens']:,} tokens, {result['seconds']:.1f} s wall, "
                   f"{result['cpu']:.1f} s CPU, "
                   f"peak RSS {result['rss_mib']:.0f} MiB)", flush=True)
-    bare = statistics.median(r["tokens"] / r["seconds"] for r in runs["bare"])
-    print(f"\nbare tokenizer      {bare:>12,.0f} tokens/s, peak RSS "
-          f"{max(r['rss_mib'] for r in runs['bare']):.0f} MiB")
     def rate(run: dict[str, float]) -> float:
         return run["tokens"] / run["seconds"]
 
+    def busy(kind: str) -> float:
+        return statistics.median(r["cpu"] / r["seconds"] for r in runs[kind])
+
+    cores = len(os.sched_getaffinity(0))
+    bare = statistics.median(rate(r) for r in runs["bare"])
+    print(f"\nbare tokenizer      {bare:>12,.0f} tokens/s, {busy('bare'):.2f} of {cores} cores "
+          f"busy, peak RSS {max(r['rss_mib'] for r in runs['bare']):.0f} MiB")
+    two = statistics.median(rate(r) for r in runs["bare-2"])
+    two_pairs = list(zip(runs["bare-2"], runs["bare"], strict=True))
+    print(f"two calls in flight {two:>12,.0f} tokens/s: "
+          f"{statistics.median(rate(t) / rate(b) for t, b in two_pairs):.2f}x the bare "
+          f"tokenizer, {statistics.median(per_token(t) / per_token(b) for t, b in two_pairs):.2f}x"
+          f" its CPU per token, {busy('bare-2'):.2f} of {cores} cores busy")
     hf = statistics.median(rate(r) for r in runs["hf-call"])
     hf_vs_bare = statistics.median(rate(h) / rate(b) for h, b in zip(
         runs["hf-call"], runs["bare"], strict=True))
     print(f"transformers call   {hf:>12,.0f} tokens/s: {hf_vs_bare:.2f}x the bare tokenizer")
-    for kind in kinds[2:]:
+    for kind in kinds[3:]:
         pipe = statistics.median(r["tokens"] / r["seconds"] for r in runs[kind])
         first = statistics.median(r["first_batch_s"] for r in runs[kind])
         # Ratios of adjacent runs: a shared machine's speed drifts more between repeats than
@@ -221,8 +341,7 @@ def main() -> None:
         with_reading = statistics.median(
             (p["tokens"] / p["seconds"]) / (b["tokens"] / (b["seconds"] + b["read_seconds"]))
             for p, b in pairs)
-        cpu_ratio = statistics.median((p["cpu"] / p["tokens"]) / (b["cpu"] / b["tokens"])
-                                      for p, b in pairs)
+        cpu_ratio = statistics.median(per_token(p) / per_token(b) for p, b in pairs)
         hf_ratio = statistics.median((p["tokens"] / p["seconds"]) / (h["tokens"] / h["seconds"])
                                      for p, h in zip(runs[kind], runs["hf-call"], strict=True))
         workers = kind.split(":")[1]
@@ -233,6 +352,15 @@ def main() -> None:
               f"transformers call (medians of side-by-side pairs); first batch {first:.2f} s; "
               f"peak RSS {max(r['rss_mib'] for r in runs[kind]):.0f} MiB"
               + (f" + {worker_rss:.0f} MiB per worker" if worker_rss else ""))
+        split = {part: statistics.median(r["cpu_split"].get(part, 0.0) for r in runs[kind])
+                 for part in runs[kind][0]["cpu_split"]}
+        print(f"  {busy(kind):.2f} of {cores} cores busy; CPU seconds by thread (medians): "
+              + ", ".join(f"{part} {seconds:.2f}" for part, seconds in
+                          sorted(split.items(), key=lambda item: -item[1])))
+
+
+def per_token(run: dict[str, float]) -> float:
+    return run["cpu"] / run["tokens"]
 
 
 if __name__ == "__main__":
