@@ -112,9 +112,14 @@ def bare_encode(paths: dict[str, str]) -> Any:
     return lambda texts: encode(texts, add_special_tokens=False)
 
 
-def child_bare(paths: dict[str, str]) -> dict[str, float]:
+def encode_tokens(encode: Any, texts: list[str]) -> int:
+    """Encodes ``texts`` and converts each text's ids to an array, as the pipeline does."""
     from zephon.tokenizer import ids_array
 
+    return sum(ids_array(encoding.ids).size for encoding in encode(texts))
+
+
+def child_bare(paths: dict[str, str]) -> dict[str, float]:
     read_start = time.perf_counter()
     texts = read_texts(paths)
     read_seconds = time.perf_counter() - read_start
@@ -123,8 +128,7 @@ def child_bare(paths: dict[str, str]) -> dict[str, float]:
     start = time.perf_counter()
     tokens = 0
     for i in range(0, len(texts), 256):
-        for encoding in encode(texts[i:i + 256]):
-            tokens += ids_array(encoding.ids).size
+        tokens += encode_tokens(encode, texts[i:i + 256])
     elapsed = time.perf_counter() - start
     return {"tokens": tokens, "seconds": elapsed, "cpu": cpu_seconds() - cpu,
             "read_seconds": read_seconds, "rss_mib": peak_rss_mib()}
@@ -132,8 +136,6 @@ def child_bare(paths: dict[str, str]) -> dict[str, float]:
 
 def child_bare_two(paths: dict[str, str]) -> dict[str, float]:
     """The bare loop with two calls in flight: two threads take turns at the same chunks."""
-    from zephon.tokenizer import ids_array
-
     texts = read_texts(paths)
     encode = bare_encode(paths)
     chunks = iter(range(0, len(texts), 256))
@@ -147,8 +149,7 @@ def child_bare_two(paths: dict[str, str]) -> dict[str, float]:
                 i = next(chunks, None)
             if i is None:
                 break
-            for encoding in encode(texts[i:i + 256]):
-                tokens += ids_array(encoding.ids).size
+            tokens += encode_tokens(encode, texts[i:i + 256])
         counts.append(tokens)
 
     cpu = cpu_seconds()
@@ -164,7 +165,7 @@ def child_bare_two(paths: dict[str, str]) -> dict[str, float]:
 
 
 class ThreadCPU:
-    """CPU seconds of this process's Python threads, by thread name. Each live thread's CPU
+    """CPU seconds of this process's Python threads, grouped by name. Each live thread's CPU
     clock is read at every :meth:`sample`; a thread that ends between samples keeps its last
     reading. The main thread counts from construction."""
 
@@ -185,13 +186,14 @@ class ThreadCPU:
             if seconds is not None:
                 self._latest[thread.ident] = (thread.name, seconds)
 
-    def by_name(self) -> dict[str, float]:
+    def totals(self, group: Any) -> dict[str, float]:
+        """Seconds summed over the threads whose names ``group`` maps to the same key."""
         totals: dict[str, float] = {}
         main = threading.main_thread().ident
         for ident, (name, seconds) in self._latest.items():
             if ident == main:
                 seconds -= self._main_start
-            totals[name] = totals.get(name, 0.0) + seconds
+            totals[group(name)] = totals.get(group(name), 0.0) + seconds
         return totals
 
 
@@ -254,9 +256,7 @@ def child_pipeline(paths: dict[str, str], workers: int) -> dict[str, float]:
     elapsed = time.perf_counter() - start
     threads_cpu.sample()
     own_cpu = cpu_seconds(resource.RUSAGE_SELF) - own_cpu
-    split: dict[str, float] = {}
-    for name, seconds in threads_cpu.by_name().items():
-        split[thread_role(name)] = split.get(thread_role(name), 0.0) + seconds
+    split = threads_cpu.totals(thread_role)
     split["native threads"] = own_cpu - sum(split.values())
     report = pipeline.report()
     worker_rss = max((process_peak_rss_mib(p.pid) for p in multiprocessing.active_children()),

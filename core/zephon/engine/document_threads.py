@@ -16,9 +16,11 @@ frees the tokenizer's encodings (about 24 and 10 ns a token, the GIL held) and i
 each call, when one of its pool's threads has run out of texts: about 0.5 s of 8 per 12M
 tokens on 2 cores. A second thread encodes its batch meanwhile. Measured side by side on 2
 cores (``benchmarks/throughput.py``, medians of 4 pairs): 0.93x the bare tokenizer with one
-thread, 0.95x with two (the bare loop converts ids the same way; what is left is the
-pipeline's other Python work, reading, packing, batching, tensors, about 0.7 s of CPU per 12M
-tokens, on the cores the encoder would otherwise have). Where ranks share the cores, the other
+thread, 0.95x with two (the bare loop converts ids the same way). What is left is not idle
+time: the tokenizer itself costs 3-4% more CPU a token when both cores run (the bare loop with
+two calls in flight measures 0.98-0.99x of itself), and the pipeline's other Python work
+(reading, packing, batching, tensors: about 0.65 s of CPU per 12M tokens, printed by thread)
+runs on the cores the encoder would otherwise have. Where ranks share the cores, the other
 ranks fill those gaps and a second thread only adds work: two ranks on 2 cores delivered
 0.93-0.94x the microbatches with two threads each as with one (``benchmarks/trainer_wait``'s
 capacity, medians of 5), hence one thread unless the rank has two cores to itself.
