@@ -34,9 +34,9 @@ tokenizer encodes from several threads safely).
 
 Limits: at most two threads per rank, whatever the number of sources. A third thread on 2
 cores keeps them no busier (1.92 of 2 against 1.90-1.92) and its extra call in flight costs
-the tokenizer about 1% more CPU a token: 0.99x the throughput of two (3 pairs). Memory: each source
-holds up to ``in_flight`` batches of at most ``CHUNK_CHARS`` of text and their tokens, 3 x 1
-MiB of text and about 3 MiB of tokens per source with two threads.
+the tokenizer about 1% more CPU a token: 0.99x the throughput of two (3 pairs). Memory: each
+source holds up to ``in_flight`` batches of at most ``CHUNK_CHARS`` of text and their tokens,
+3 x 1 MiB of text and about 3 MiB of tokens per source with two threads.
 """
 
 from __future__ import annotations
