@@ -9,7 +9,8 @@ gated repository is named as such. Loading never touches the process environment
 thread settings: the trainer owns those.
 
 Encoding goes through the Rust ``tokenizers`` backend in batches (it releases the GIL and
-parallelizes across documents), with truncation and padding switched off so a saved tokenizer
+parallelizes across documents; batch calls from several threads take turns in its pool,
+:mod:`zephon.pool_turns`), with truncation and padding switched off so a saved tokenizer
 setting cannot silently cut documents: on the backend itself when it was read for the encoder
 alone (a directory with ``tokenizer.json``), on a private copy when others may hold it.
 Start-up with a 128k-token vocabulary (a 9 MB ``tokenizer.json``, ``benchmarks/startup.py``):
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from zephon.errors import ConfigError
+from zephon.pool_turns import POOL_TURNS, takes_turn
 
 _LOCK = threading.Lock()
 _CACHE: dict[str, Any] = {}
@@ -164,7 +166,9 @@ class TextEncoder:
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
         """Each text's ids; texts over :data:`LONG_TEXT_CHARS` go through :meth:`slices`, the
-        others through one batch call."""
+        others through one batch call. A batch call of :data:`~zephon.pool_turns.MIN_TEXTS`
+        texts or more takes its turn in the tokenizer's pool (:mod:`zephon.pool_turns`) with
+        its texts longest first; the ids come back in the order given."""
         if not self._sliceable or all(len(t) <= LONG_TEXT_CHARS for t in texts):
             return self._encode_batch(texts)
         short = iter(self._encode_batch([t for t in texts if len(t) <= LONG_TEXT_CHARS]))
@@ -176,8 +180,14 @@ class TextEncoder:
             return []
         if self._backend is not None:
             batch = self._fast_batch or self._backend.encode_batch
-            encodings = batch(texts, add_special_tokens=False)
-            return [ids_array(e.ids) for e in encodings]
+            if not takes_turn(len(texts)):
+                return [ids_array(e.ids) for e in batch(texts, add_special_tokens=False)]
+            order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
+            encodings = POOL_TURNS.run(batch, [texts[i] for i in order], add_special_tokens=False)
+            ids: list[Any] = [None] * len(texts)
+            for i, encoding in zip(order, encodings, strict=True):
+                ids[i] = ids_array(encoding.ids)
+            return ids
         ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
         return [np.asarray(x, dtype=np.int32) for x in ids]
 
