@@ -14,16 +14,18 @@ Python work, some 10% of the time; with the next batch already encoding, they do
 one thread the encoder still idles while that thread turns a batch's ids into arrays and
 frees the tokenizer's encodings (about 24 and 10 ns a token, the GIL held) and in the tail of
 each call, when one of its pool's threads has run out of texts: about 0.5 s of 8 per 12M
-tokens on 2 cores. A second thread encodes its batch meanwhile. Measured side by side on 2
-cores (``benchmarks/throughput.py``, medians of 4 pairs): 0.93x the bare tokenizer with one
-thread, 0.95x with two (the bare loop converts ids the same way). What is left is not idle
-time: the tokenizer itself costs 3-4% more CPU a token when both cores run (the bare loop with
-two calls in flight measures 0.98-0.99x of itself), and the pipeline's other Python work
-(reading, packing, batching, tensors: about 0.65 s of CPU per 12M tokens, printed by thread)
-runs on the cores the encoder would otherwise have. Where ranks share the cores, the other
-ranks fill those gaps and a second thread only adds work: two ranks on 2 cores delivered
-0.93-0.94x the microbatches with two threads each as with one (``benchmarks/trainer_wait``'s
-capacity, medians of 5), hence one thread unless the rank has two cores to itself.
+tokens on 2 cores. A second thread has its batch ready meanwhile: its call takes the pool the
+moment the first one's returns (:mod:`zephon.pool_turns`; two calls let into the pool at once
+return together and leave it idle while both convert). Measured side by side on 2 cores
+(``benchmarks/throughput.py``, medians of 4-5 pairs): 0.93x the bare tokenizer with one
+thread, 0.95x with two calling at once, 0.98x with two taking turns, the cores then 1.95 of 2
+busy (the bare loop, which converts ids the same way, keeps 1.91 busy). What is left is the
+pipeline's other Python work (reading, packing, batching, tensors: about 0.5 s of CPU per 12M
+tokens beyond the bare loop's, printed by thread), which runs on the cores the encoder would
+otherwise have. Where ranks share the cores, the other ranks fill those gaps and a second
+thread only adds work: two ranks on 2 cores delivered 0.93-0.94x the microbatches with two
+threads each as with one (``benchmarks/trainer_wait``'s capacity, medians of 5), hence one
+thread unless the rank has two cores to itself.
 
 The threads serve every source of the rank in submission order, so the batch a source needs
 now could wait behind other sources' read-ahead (with 4 lanes and two threads, up to 11
@@ -33,8 +35,10 @@ worker processes: several batches may be transformed at once, one on each thread
 tokenizer encodes from several threads safely).
 
 Limits: at most two threads per rank, whatever the number of sources. A third thread on 2
-cores keeps them no busier (1.92 of 2 against 1.90-1.92) and its extra call in flight costs
-the tokenizer about 1% more CPU a token: 0.99x the throughput of two (3 pairs). Memory: each
+cores kept them no busier (1.92 of 2 against 1.90-1.92) and its extra call in flight cost
+the tokenizer about 1% more CPU a token: 0.99x the throughput of two (3 pairs, measured
+before calls took turns; with turns a third thread has nothing to do that the second does
+not). Memory: each
 source holds up to ``in_flight`` batches of at most ``CHUNK_CHARS`` of text and their tokens,
 3 x 1 MiB of text and about 3 MiB of tokens per source with two threads.
 """
