@@ -45,7 +45,6 @@ starts within microseconds when it gets the GIL; the bound only matters when it 
 (another thread holds the GIL for long), so the returning caller is never held up for more
 than one GIL switch interval (5 ms by default)."""
 
-
 MIN_TEXTS = 16
 """Calls of fewer texts do not take turns (see :func:`takes_turn`)."""
 
@@ -82,9 +81,11 @@ class PoolTurns:
         """``call(*args, **kwargs)`` when no other call is inside."""
         with self._cond:
             self._waiting += 1
-            while self._inside:
-                self._cond.wait()
-            self._waiting -= 1
+            try:
+                while self._inside:
+                    self._cond.wait()
+            finally:  # also when interrupted while waiting
+                self._waiting -= 1
             self._inside = True
             self._started += 1
             self._cond.notify_all()  # a returning caller waits for this start
