@@ -20,18 +20,32 @@ def wait_until(condition, timeout: float = 10.0) -> None:
         time.sleep(0.001)
 
 
+class Overlapping:
+    """Wraps ``call``: records each call's first argument and the most calls inside at once,
+    holding each call open ``hold_s`` to widen the window two calls could overlap in."""
+
+    def __init__(self, call, hold_s: float = 0.002):
+        self.call, self.hold_s = call, hold_s
+        self.firsts: list = []
+        self.inside = self.most = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, first, *args, **kwargs):
+        with self.lock:
+            self.firsts.append(first)
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+        try:
+            time.sleep(self.hold_s)
+            return self.call(first, *args, **kwargs)
+        finally:
+            with self.lock:
+                self.inside -= 1
+
+
 def test_one_call_is_inside_at_a_time() -> None:
     turns = PoolTurns()
-    inside, most, lock = [0], [0], threading.Lock()
-
-    def call(i: int) -> int:
-        with lock:
-            inside[0] += 1
-            most[0] = max(most[0], inside[0])
-        time.sleep(0.001)
-        with lock:
-            inside[0] -= 1
-        return i * 2
+    call = Overlapping(lambda i: i * 2, hold_s=0.001)
 
     results: list[int] = []
 
@@ -44,7 +58,7 @@ def test_one_call_is_inside_at_a_time() -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    assert most[0] == 1
+    assert call.most == 1
     assert sorted(results) == sorted(2 * (100 * k + i) for k in range(3) for i in range(20))
     assert turns.started == 60 and turns.waiting == 0
 
@@ -112,33 +126,15 @@ def test_a_forked_child_is_not_held_by_a_call_inside_in_the_parent() -> None:
         holder.join(10)
 
 
-class SpyBatch:
-    """Wraps the backend's batch call: records each call's text lengths and overlap."""
-
-    def __init__(self, batch):
-        self.batch = batch
-        self.calls: list[list[int]] = []
-        self.inside = self.most = 0
-        self.lock = threading.Lock()
-
-    def __call__(self, texts, **kwargs):
-        with self.lock:
-            self.calls.append([len(t) for t in texts])
-            self.inside += 1
-            self.most = max(self.most, self.inside)
-        try:
-            time.sleep(0.002)  # widen the window two unturned calls would overlap in
-            return self.batch(texts, **kwargs)
-        finally:
-            with self.lock:
-                self.inside -= 1
+def lengths_of_calls(spy: Overlapping) -> list[list[int]]:
+    return [[len(t) for t in texts] for texts in spy.firsts]
 
 
 def test_encoder_batches_go_longest_first_one_at_a_time_and_come_back_in_order(
         tokenizer_dir) -> None:
     hf = load_tokenizer(tokenizer_dir)
     encoder = TextEncoder(hf)
-    spy = SpyBatch(encoder._fast_batch)
+    spy = Overlapping(encoder._fast_batch)
     encoder._fast_batch = spy
     texts = make_documents(3 * MIN_TEXTS, seed=11, min_words=5, max_words=300)
     expected = [e.ids for e in hf.backend_tokenizer.encode_batch(texts, add_special_tokens=False)]
@@ -156,7 +152,7 @@ def test_encoder_batches_go_longest_first_one_at_a_time_and_come_back_in_order(
         thread.join()
     assert [ids for k in range(len(batches)) for ids in got[k]] == expected
     assert spy.most == 1
-    assert all(lengths == sorted(lengths, reverse=True) for lengths in spy.calls)
+    assert all(lengths == sorted(lengths, reverse=True) for lengths in lengths_of_calls(spy))
     assert any([len(t) for t in b] != sorted(map(len, b), reverse=True) for b in batches)
 
 
@@ -164,12 +160,12 @@ def test_small_batches_do_not_take_turns(tokenizer_dir) -> None:
     assert not takes_turn(MIN_TEXTS - 1) and takes_turn(MIN_TEXTS)
     hf = load_tokenizer(tokenizer_dir)
     encoder = TextEncoder(hf)
-    spy = SpyBatch(encoder._fast_batch)
+    spy = Overlapping(encoder._fast_batch)
     encoder._fast_batch = spy
     texts = make_documents(MIN_TEXTS - 1, seed=12, min_words=5, max_words=300)
     before = POOL_TURNS.started
     got = encoder.encode(texts)
     assert POOL_TURNS.started == before
-    assert spy.calls == [[len(t) for t in texts]]
+    assert lengths_of_calls(spy) == [[len(t) for t in texts]]
     expected = [e.ids for e in hf.backend_tokenizer.encode_batch(texts, add_special_tokens=False)]
     assert [ids.tolist() for ids in got] == expected
