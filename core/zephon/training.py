@@ -109,8 +109,10 @@ class TrainingOptions:
         return names
 
 
-def _stack(records: Sequence[Record]) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+def _stack(records: Sequence[Record]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None,
                                                  np.ndarray | None]:
+    """Tokens, positions, where the padding is (None: no row has any) and train masks (None:
+    no row has one), each ``[B, S]``."""
     if not records:
         raise ConfigError("to_training: the batch has no records")
     first = records[0]
@@ -125,14 +127,16 @@ def _stack(records: Sequence[Record]) -> tuple[np.ndarray, np.ndarray, np.ndarra
     if len(lengths) != 1:
         raise ConfigError(f"to_training needs rows of one length, got lengths {sorted(lengths)}; "
                           "use pack_flat to make fixed-length rows")
-    tokens = np.stack([r.payload["input_ids"] for r in records])
+    tokens = np.array([r.payload["input_ids"] for r in records])  # rows of one length
     if "positions" in first.payload:
-        positions = np.stack([r.payload["positions"] for r in records])
+        positions = np.array([r.payload["positions"] for r in records])
     else:
         positions = np.broadcast_to(np.arange(tokens.shape[1], dtype=np.int32), tokens.shape)
-    padding = np.array([r.meta.get("padding", 0) for r in records], dtype=np.int64)
     width = tokens.shape[1]
-    is_pad = np.arange(width)[None, :] >= (width - padding)[:, None]
+    padding = [r.meta.get("padding", 0) for r in records]
+    is_pad = None
+    if any(padding):
+        is_pad = np.arange(width)[None, :] >= (width - np.array(padding))[:, None]
     masks = None
     if any("train_mask" in r.payload for r in records):
         masks = np.stack([r.payload.get("train_mask", np.ones(width, dtype=bool))
@@ -150,22 +154,27 @@ def to_training(records: Sequence[Record], options: TrainingOptions) -> dict[str
             raise ConfigError("return_labels needs rows of at least 2 tokens")
         inputs = tokens[:, :-1]
         labels = tokens[:, 1:].astype(np.int64)
-        valid = ~is_pad[:, 1:]
+        # valid stays None while every label counts (no padding, masks or EOS masking).
+        valid = None if is_pad is None else ~is_pad[:, 1:]
         if masks is not None:
-            valid &= masks[:, 1:]
+            valid = masks[:, 1:].copy() if valid is None else valid & masks[:, 1:]
         if options.eos_mask_loss:
             # Only the prediction that crosses into the next document: an EOS input whose
             # target starts a document. Tokenizers whose BOS is their EOS (GPT-2, Pythia)
             # still train BOS -> first token, and EOS ids inside a document stay trained.
-            valid &= ~((inputs == options.eos_token_id) & (positions[:, 1:] == 0))
-        labels[~valid] = options.ignore_index
+            crossing = (inputs == options.eos_token_id) & (positions[:, 1:] == 0)
+            valid = ~crossing if valid is None else valid & ~crossing
+        if valid is not None:
+            labels[~valid] = options.ignore_index
         positions = positions[:, :-1]
-        is_pad = is_pad[:, :-1]
+        if is_pad is not None:
+            is_pad = is_pad[:, :-1]
         out["labels"] = labels
         if options.return_loss_mask:
-            out["loss_mask"] = valid.astype(np.float32)
+            out["loss_mask"] = (np.ones(labels.shape, dtype=np.float32) if valid is None
+                                else valid.astype(np.float32))
         if options.return_num_valid_tokens:
-            out["num_valid_tokens"] = np.int64(valid.sum())
+            out["num_valid_tokens"] = np.int64(labels.size if valid is None else valid.sum())
     else:
         inputs = tokens
     rows, width = inputs.shape
@@ -191,7 +200,8 @@ def to_training(records: Sequence[Record], options: TrainingOptions) -> dict[str
         out["cu_seqlens"] = cu
         out["max_seqlen"] = np.int64(max_seqlen)
     if options.return_padding_mask:
-        out["padding_mask"] = is_pad.copy()
+        out["padding_mask"] = (np.zeros(inputs.shape, dtype=bool) if is_pad is None
+                               else is_pad.copy())
     result: dict[str, Any] = {}
     for name in options.produced_fields():
         if name in options.exclude_fields:

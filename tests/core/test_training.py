@@ -96,6 +96,26 @@ def test_row_with_padding():
     assert int(out["max_seqlen"]) == 4
 
 
+
+def test_rows_without_padding_give_the_same_fields_and_types():
+    """Batches of full rows skip the padding arithmetic; their fields keep shapes and types."""
+    full = golden_batch().to_training(return_labels=True, return_loss_mask=True,
+                                      return_num_valid_tokens=True, return_padding_mask=True)
+    padded = SampleBatch([packed([BOS, A1, A2, EOS, BOS, B1, B2, EOS, PAD],
+                                 [0, 1, 2, 3, 0, 1, 2, 3, 0], padding=1)]).to_training(
+        return_labels=True, return_loss_mask=True, return_num_valid_tokens=True,
+        return_padding_mask=True)
+    assert {n: (t.dtype, t.shape) for n, t in full.items()} == {
+        "input_ids": (torch.int64, (1, 7)), "positions": (torch.int64, (1, 7)),
+        "labels": (torch.int64, (1, 7)), "loss_mask": (torch.float32, (1, 7)),
+        "num_valid_tokens": (torch.int64, ()), "padding_mask": (torch.bool, (1, 7))}
+    assert {n: t.dtype for n, t in padded.items()} == {n: t.dtype for n, t in full.items()}
+    assert as_list(full["padding_mask"]) == [[False] * 7]
+    assert as_list(full["loss_mask"]) == [[1.0] * 7] and int(full["num_valid_tokens"]) == 7
+    for name in ("input_ids", "positions", "labels", "loss_mask", "padding_mask"):
+        assert torch.equal(padded[name][:, :7], full[name])
+    assert int(padded["num_valid_tokens"]) == 7
+
 def test_chat_train_mask_masks_labels():
     batch = SampleBatch([packed([BOS, A1, A2, EOS], [0, 1, 2, 3],
                                 train_mask=[0, 0, 1, 1])])
