@@ -202,9 +202,15 @@ def _footer(path: str, mtime_ns: int, size: int) -> pq.FileMetaData:
 
 def _parquet_file(path: str) -> pq.ParquetFile:
     """A ParquetFile whose footer is parsed once per file version. Only the footer is cached,
-    never an open handle: a shard cache must be able to delete a file once it is read."""
+    never an open handle: a shard cache must be able to delete a file once it is read.
+
+    Files are local (remote ones come through the shard cache), so reads are not pre-buffered:
+    pre-buffering coalesces reads on a background I/O pool for object stores, and on a local
+    file only adds that pool's work (a unit of 256 texts of 7 KB read in about 10% less CPU
+    without it)."""
     stat = os.stat(path)
-    return pq.ParquetFile(path, metadata=_footer(path, stat.st_mtime_ns, stat.st_size))
+    return pq.ParquetFile(path, metadata=_footer(path, stat.st_mtime_ns, stat.st_size),
+                          pre_buffer=False)
 
 
 def _check_columns(available: list[str], wanted: list[str], display: str) -> None:
