@@ -14,6 +14,7 @@ from zephon.demo.assets import make_documents
 from zephon.engine import document_threads
 from zephon.engine import source as source_module
 from zephon.engine.document_threads import DocumentThreads, threads_for_this_rank
+from zephon.engine.workers import DocumentWorkers
 from zephon.errors import DataError
 from zephon.io import Dataset
 from zephon.ops.base import DocumentOperator
@@ -101,6 +102,68 @@ def test_two_threads_where_the_rank_has_two_cores_to_itself(monkeypatch) -> None
     assert rank_with(4, "junk") == 2
     assert DocumentThreads({}, threads=2).in_flight == 3
 
+
+
+def test_only_datasets_with_a_gil_releasing_operator_use_the_threads(
+        tmp_path, tokenizer_dir, monkeypatch) -> None:
+    """A tokenized dataset's batches go to the threads; a pretokenized one's (Python-bound
+    checks) stay on the producer thread. Batches and resume are those of prefetch=0."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from zephon.tokenizer import load_tokenizer
+
+    monkeypatch.setattr(source_module, "CHUNK_CHARS", 2000)
+    texts = make_documents(120, seed=4, min_words=10, max_words=60)
+    write_jsonl(tmp_path / "text" / "part.jsonl", [{"text": t} for t in texts[:60]])
+    tokenizer = load_tokenizer(tokenizer_dir)
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts[60:]]
+    (tmp_path / "ids").mkdir()
+    pq.write_table(pa.table({"input_ids": pa.array(ids, pa.list_(pa.int32()))}),
+                   tmp_path / "ids" / "part.parquet", row_group_size=8)
+
+    def run(prefetch: int, seen: dict | None = None) -> Pipeline:
+        def note_thread(row: dict) -> dict:
+            if seen is not None:
+                kind = "text" if "text" in row else "ids"
+                seen.setdefault(kind, set()).add(threading.current_thread().name)
+            return row
+
+        return (Pipeline(source_for({"text": tmp_path / "text", "ids": tmp_path / "ids"}))
+                .options(lanes=2, prefetch=prefetch).map(note_thread)
+                .tokenize(tokenizer_id=tokenizer_dir, datasets=("text",))
+                .pretokenized(eos_token_id=tokenizer.eos_token_id, datasets=("ids",))
+                .pack_flat(33).batch(2))
+
+    straight = tokens(run(0))
+    assert len(straight) > 20
+    seen: dict = {}
+    threaded = run(4, seen)
+    it = iter(threaded)
+    assert tokens(next(it) for _ in range(9)) == straight[:9]
+    state = threaded.state_dict()
+    assert tokens(it) == straight[9:]
+    assert THREAD in seen["text"]
+    assert seen["ids"] == {"zephon-rank0"}, "no document thread for Python-bound operators"
+    resumed = run(4)
+    resumed.load_state_dict(state)
+    assert tokens(resumed) == straight[9:]
+
+
+def test_which_offload_takes_which_operators() -> None:
+    class Native(DocumentOperator):
+        releases_gil = True
+
+        def apply(self, docs, where):
+            return [[d] for d in docs]
+
+    class Python(Native):
+        releases_gil = False
+
+    native, python = Native(None), Python(None)
+    assert DocumentThreads.takes([python, native])
+    assert not DocumentThreads.takes([python]) and not DocumentThreads.takes([])
+    assert DocumentWorkers.takes([python]) and not DocumentWorkers.takes([])
 
 class _Gate(DocumentOperator):
     """Holds each batch starting with one of ``held`` inside ``apply`` until released;

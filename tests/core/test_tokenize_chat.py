@@ -267,3 +267,23 @@ def test_bad_tools_field_is_counted(tmp_path, chat_tokenizers):
                              tools_field="tools").batch(1, drop_last=False)
     assert len(list(pipeline)) == 1
     assert pipeline.report().datasets[0].skipped == {"invalid": 2}
+
+
+def test_the_demo_templates_with_and_without_markers_train_the_same_tokens(tmp_path):
+    """The marked template reads the replies from its marks (one render, the batch call, which
+    releases the GIL: the operator goes to the document threads); the unmarked one renders
+    prefixes. Both give the same ids and masks."""
+    from zephon.demo.assets import MARKED_CHAT_TEMPLATE, build_chat_assets, make_conversations
+
+    paths = build_chat_assets(tmp_path, n=20)
+    marked = ChatTokenizer(TokenizeChatSpec(tokenizer_id=paths["tokenizer"],
+                                            chat_template=MARKED_CHAT_TEMPLATE))
+    plain = ChatTokenizer(TokenizeChatSpec(tokenizer_id=paths["tokenizer"]))
+    assert (marked.markers, marked.releases_gil) == (True, True)
+    assert (plain.markers, plain.releases_gil) == (False, False)
+    for messages in make_conversations(20, seed=3):
+        ids, mask = marked.encode_conversation(messages)
+        plain_ids, plain_mask = plain.encode_conversation(messages)
+        assert ids.tolist() == plain_ids.tolist() and mask.tolist() == plain_mask.tolist()
+        replies = [m["content"] + "<|im_end|>" for m in messages if m["role"] == "assistant"]
+        assert trained_turns(marked.tokenizer, ids, mask) == replies

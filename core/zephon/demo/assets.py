@@ -85,6 +85,17 @@ CHAT_TEMPLATE = (
 rendering prefixes, and TorchTitan 0.3.0's tokenizer (plain Jinja, no ``generation`` tag) can
 load it too."""
 
+MARKED_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}{{ '<|im_start|>assistant\\n' }}"
+    "{% generation %}{{ (message.get('content') or '') + '<|im_end|>' }}{% endgeneration %}"
+    "{{ '\\n' }}{% else %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+    "(message.get('content') or '') + '<|im_end|>\\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+"""The same conversations with ``{% generation %}`` markers around assistant replies:
+tokenize_chat reads the trained tokens from the marks (one render, tokenized by the batch
+call) instead of rendering prefixes."""
+
 
 def make_conversations(n: int, seed: int = 0) -> list[list[dict[str, str]]]:
     """``n`` synthetic multi-turn conversations (system, user and assistant turns)."""

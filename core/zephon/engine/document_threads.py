@@ -1,11 +1,18 @@
 """Document operators read ahead on threads of their own.
 
-With ``workers=0`` and ``prefetch > 0`` every dataset source of a rank hands its read-ahead
-batches to one or two threads (:func:`threads_for_this_rank`), which run the document
-operators over them exactly as :func:`~zephon.engine.source.transform_documents` does in the
-caller's thread. A source keeps :attr:`DocumentThreads.in_flight` batches submitted and takes
-the results in submission order, so its documents, its state and every resume are what they
-are without the threads, with one thread or two (tested); only the timing changes.
+With ``workers=0`` and ``prefetch > 0`` every dataset source of a rank whose operators release
+the GIL for their work (:attr:`~zephon.ops.base.DocumentOperator.releases_gil`: tokenizing)
+hands its read-ahead batches to one or two threads (:func:`threads_for_this_rank`), which run
+the document operators over them exactly as :func:`~zephon.engine.source.transform_documents`
+does in the caller's thread. Sources whose operators are Python-bound (pretokenized ids,
+map/filter) run them on the producer thread: on threads of their own they would only take
+turns at the GIL with it, each turn a context switch (pretokenized Parquet: 1,260 switches
+per million tokens with the threads, 420 without; 1.17x the tokens/s without,
+``benchmarks/operator_threads.py``).
+
+A source keeps :attr:`DocumentThreads.in_flight` batches submitted and takes the results in
+submission order, so its documents, its state and every resume are what they are without the
+threads, with one thread or two (tested); only the timing changes.
 
 Why: the tokenizer's Rust backend releases the GIL and keeps both cores of a 2-core machine
 busy while it encodes, but everything around it (reading Parquet, turning ids into arrays,
@@ -129,6 +136,14 @@ class DocumentThreads:
         self._requests: queue.SimpleQueue | None = None
         self._pid = -1
         self._finalizer: weakref.finalize | None = None
+
+    @staticmethod
+    def takes(ops: Sequence[DocumentOperator]) -> bool:
+        """Whether a source with operators ``ops`` sends its batches here: when one of them
+        releases the GIL for its work (:attr:`DocumentOperator.releases_gil`). Python-bound
+        operators stay on the source's own thread, where these threads could only take turns
+        at the GIL with it."""
+        return any(op.releases_gil for op in ops)
 
     def submit(self, dataset: int, docs: list[Any], labels: list[Any]) -> Future:
         if self._requests is None or self._pid != os.getpid():

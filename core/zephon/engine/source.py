@@ -8,8 +8,9 @@ more documents (a long document may be split into pieces, a filter may drop it).
 With ``options(workers=N)`` the batches go to worker processes
 (:mod:`zephon.engine.workers`), up to ``N`` in flight; with ``workers=0`` and a producer thread
 (``prefetch > 0``) they go to the rank's document threads
-(:mod:`zephon.engine.document_threads`), one more in flight than there are threads. Either way
-they come back in submission order and nothing else changes.
+(:mod:`zephon.engine.document_threads`), one more in flight than there are threads, when one
+of the operators releases the GIL for its work (tokenizing). Either way they come back in
+submission order and nothing else changes.
 
 State is only the position of the next document the mixer has not taken, ``(k, row, piece)``:
 the k-th unit of this lane, the row inside the unit's order, the document among that row's
@@ -146,7 +147,7 @@ class DatasetSource:
         self._ahead: deque[_Ahead | _LazyRow] = deque()
         self._unit: _LoadedUnit | None = None
         self._exhausted = False
-        self.workers = workers if workers is not None and self.ops else None
+        self.workers = workers if workers is not None and workers.takes(self.ops) else None
         self._in_flight: deque[tuple[list[tuple[int, int, int, int]], Future]] = deque()
 
     # -- state -----------------------------------------------------------------------------

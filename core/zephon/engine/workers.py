@@ -206,6 +206,12 @@ class DocumentWorkers:
         """Batches a source keeps submitted: one per process."""
         return self.workers
 
+    @staticmethod
+    def takes(ops: Sequence[DocumentOperator]) -> bool:
+        """Whether a source with operators ``ops`` sends its batches here: whenever it has
+        any, as every operator's work, Python or native, runs on the processes' cores."""
+        return bool(ops)
+
     def submit(self, dataset: int, docs: list[Any], labels: list[Any]) -> Future:
         if self._pool is None:
             # The operators reach the workers through shared memory, not the start-up pipe:

@@ -184,6 +184,13 @@ class DocumentOperator(Operator):
     """Columns this operator reads from ``Doc.fields`` (None: all). Used to project reads."""
     batch_size: int | None = None
     """Documents it prefers per ``apply`` call (None: no preference); affects speed only."""
+    releases_gil: bool = False
+    """Whether ``apply`` spends much of its time in native code with the GIL released (the
+    Rust tokenizer's batch calls). With ``workers=0``, a dataset's read-ahead batches go to the
+    rank's document threads only when one of its operators does, and the threads overlap that
+    work with the rest of the pipeline; otherwise they run on the producer thread that reads
+    the dataset, where more threads could only take turns at the GIL with it
+    (``benchmarks/operator_threads.py`` measures both choices)."""
 
     @abstractmethod
     def apply(self, docs: Sequence[Doc], where: Sequence[str]) -> list[Outcome]:

@@ -86,6 +86,8 @@ class TokenizeSpec(DocumentSpec):
 class DocumentTokenizer(DocumentOperator):
     """Runtime side of :class:`TokenizeSpec`."""
 
+    releases_gil = True
+
     def __init__(self, spec: TokenizeSpec):
         super().__init__(spec)
         self.spec: TokenizeSpec = spec

@@ -132,6 +132,10 @@ class ChatTokenizer(DocumentOperator):
         self.tokenizer = tokenizer
         self.template = template
         self.markers = bool(_MARKER.search(template))
+        # With markers the rendered conversation is encoded by the tokenizer's batch call,
+        # which releases the GIL; without, by a single encode with offsets, which holds it,
+        # and the two renders per assistant turn (Python) are most of the work.
+        self.releases_gil = self.markers
         self.encoder = TextEncoder(tokenizer)
         self.columns = [spec.field] + ([spec.tools_field] if spec.tools_field else [])
 
