@@ -2,9 +2,10 @@
 
 With ``workers=0`` and a producer thread (``prefetch > 0``) a dataset's read-ahead batches go
 to the rank's document threads only when one of its operators releases the GIL for its work
-(``DocumentOperator.releases_gil``: tokenize, tokenize_chat); pretokenized ids and map/filter
-functions stay on the producer thread. This measures both choices for three sources, in fresh
-subprocesses, alternating ``--repeats`` times:
+(``DocumentOperator.releases_gil``: tokenize, and tokenize_chat with a template that marks the
+replies); pretokenized ids, map/filter functions and prefix-rendered chat stay on the producer
+thread. This measures both choices for five sources, in fresh subprocesses, alternating
+``--repeats`` times:
 
 - ``parquet``: ``pretokenized`` over Parquet files with a ``list<int32>`` column (the corpus
   of ``benchmarks/pretokenized.py``);
@@ -60,7 +61,7 @@ def child(kind: str, mode: str, paths: dict[str, str]) -> dict[str, float]:
 
     from zephon.engine.document_threads import DocumentThreads
 
-    chosen = mode == "threads"
+    chosen = mode == "threads"  # forced for every dataset, whatever its operators say
     DocumentThreads.takes = staticmethod(lambda ops: bool(ops) and chosen)  # type: ignore
     usage = resource.getrusage(resource.RUSAGE_SELF)
     cpu, switches = usage.ru_utime + usage.ru_stime, usage.ru_nvcsw
