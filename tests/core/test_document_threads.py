@@ -103,7 +103,6 @@ def test_two_threads_where_the_rank_has_two_cores_to_itself(monkeypatch) -> None
     assert DocumentThreads({}, threads=2).in_flight == 3
 
 
-
 def test_only_datasets_with_a_gil_releasing_operator_use_the_threads(
         tmp_path, tokenizer_dir, monkeypatch) -> None:
     """A tokenized dataset's batches go to the threads; a pretokenized one's (Python-bound
@@ -164,6 +163,7 @@ def test_which_offload_takes_which_operators() -> None:
     assert DocumentThreads.takes([python, native])
     assert not DocumentThreads.takes([python]) and not DocumentThreads.takes([])
     assert DocumentWorkers.takes([python]) and not DocumentWorkers.takes([])
+
 
 class _Gate(DocumentOperator):
     """Holds each batch starting with one of ``held`` inside ``apply`` until released;

@@ -96,7 +96,6 @@ def test_row_with_padding():
     assert int(out["max_seqlen"]) == 4
 
 
-
 def test_rows_without_padding_give_the_same_fields_and_types():
     """Batches of full rows skip the padding arithmetic; their fields keep shapes and types."""
     full = golden_batch().to_training(return_labels=True, return_loss_mask=True,
@@ -115,6 +114,7 @@ def test_rows_without_padding_give_the_same_fields_and_types():
     for name in ("input_ids", "positions", "labels", "loss_mask", "padding_mask"):
         assert torch.equal(padded[name][:, :7], full[name])
     assert int(padded["num_valid_tokens"]) == 7
+
 
 def test_chat_train_mask_masks_labels():
     batch = SampleBatch([packed([BOS, A1, A2, EOS], [0, 1, 2, 3],
