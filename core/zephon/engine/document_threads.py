@@ -5,7 +5,7 @@ the GIL for their work (:attr:`~zephon.ops.base.DocumentOperator.releases_gil`: 
 hands its read-ahead batches to one or two threads (:func:`threads_for_this_rank`), which run
 the document operators over them exactly as :func:`~zephon.engine.source.transform_documents`
 does in the caller's thread. Sources whose operators are Python-bound (pretokenized ids,
-map/filter) run them on the producer thread: on threads of their own they would only take
+map/filter, chat rendered by prefixes) run them on the producer thread: on threads of their own they would only take
 turns at the GIL with it, each turn a context switch (pretokenized Parquet: 1,260 switches
 per million tokens with the threads, 420 without; 1.17x the tokens/s without,
 ``benchmarks/operator_threads.py``).
@@ -45,9 +45,9 @@ Limits: at most two threads per rank, whatever the number of sources. A third th
 cores kept them no busier (1.92 of 2 against 1.90-1.92) and its extra call in flight cost
 the tokenizer about 1% more CPU a token: 0.99x the throughput of two (3 pairs, measured
 before calls took turns; with turns a third thread has nothing to do that the second does
-not). Memory: each
-source holds up to ``in_flight`` batches of at most ``CHUNK_CHARS`` of text and their tokens,
-3 x 1 MiB of text and about 3 MiB of tokens per source with two threads.
+not). Memory: each source holds up to ``in_flight`` batches of at most ``CHUNK_CHARS`` of
+text and their tokens, 3 x 1 MiB of text and about 3 MiB of tokens per source with two
+threads.
 """
 
 from __future__ import annotations
