@@ -5,10 +5,10 @@ the GIL for their work (:attr:`~zephon.ops.base.DocumentOperator.releases_gil`: 
 hands its read-ahead batches to one or two threads (:func:`threads_for_this_rank`), which run
 the document operators over them exactly as :func:`~zephon.engine.source.transform_documents`
 does in the caller's thread. Sources whose operators are Python-bound (pretokenized ids,
-map/filter, chat rendered by prefixes) run them on the producer thread: on threads of their own they would only take
-turns at the GIL with it, each turn a context switch (pretokenized Parquet: 1,260 switches
-per million tokens with the threads, 420 without; 1.17x the tokens/s without,
-``benchmarks/operator_threads.py``).
+map/filter, chat rendered by prefixes) run them on the producer thread: on threads of
+their own they would only take turns at the GIL with it, each turn a context switch
+(pretokenized Parquet: 1,260 switches per million tokens with the threads, 420 without;
+1.17x the tokens/s without, ``benchmarks/operator_threads.py``).
 
 A source keeps :attr:`DocumentThreads.in_flight` batches submitted and takes the results in
 submission order, so its documents, its state and every resume are what they are without the
