@@ -9,6 +9,7 @@ and then sleeps (the test kills it).
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 
@@ -55,6 +56,10 @@ def _open(args: dict) -> None:
 
 
 def main() -> None:
+    # The Ctrl-C test interrupts this process. A shell without job control starts background
+    # commands with SIGINT ignored, children inherit that, and Python then raises no
+    # KeyboardInterrupt: take Ctrl-C as an interactive run does, however the tests were started.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     args = json.loads(sys.argv[1])
     if args["mode"] == "pipeline":
         result = _pipeline(args)
