@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import subprocess
+import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -12,7 +15,7 @@ import pytest
 from tests.conftest import write_jsonl, write_parquet
 from zephon.errors import ConfigError, DataError
 from zephon.io import Dataset
-from zephon.io.formats import PlanHints, detect_format, read_unit
+from zephon.io.formats import PlanHints, detect_format, read_memory_pool, read_unit
 
 HINTS = PlanHints(unit_bytes=64, arrow_unit_rows=3)
 
@@ -68,6 +71,61 @@ def test_parquet_projection_and_units(tmp_path):
     assert len(dataset.plan(HINTS, 1)) == 5
     assert len(dataset.plan(HINTS, 12)) >= 12
     assert read_all(dataset, min_units=12) == list(enumerate(texts))
+
+
+def _mixed_table(rows: int) -> pa.Table:
+    return pa.table({
+        "text": [f"t{i}" if i % 4 else None for i in range(rows)],
+        "input_ids": pa.array([list(range(i % 5)) for i in range(rows)], pa.list_(pa.int32())),
+        "messages": [[{"role": "user", "content": f"q{i}"}, {"role": "assistant",
+                                                            "content": f"a{i}"}]
+                     for i in range(rows)],
+        "meta": [{"source": f"s{i % 3}", "score": i / 7} for i in range(rows)],
+        "idx": list(range(rows)),
+    })
+
+
+@pytest.mark.parametrize("columns", [None, ["text"], ["messages", "idx"],
+                                     ["meta", "input_ids", "text"]])
+def test_parquet_units_read_what_pyarrow_reads(tmp_path, columns):
+    """Leaf columns of nested fields (lists, structs, lists of structs) are all read, for any
+    projection, and each value equals pyarrow's own ParquetFile read."""
+    path = tmp_path / "mixed.parquet"
+    pq.write_table(_mixed_table(23), path, row_group_size=6)
+    dataset = Dataset.from_path("m", path)
+    expected_file = pq.ParquetFile(path)
+    for _, unit in dataset.plan(HINTS, 1):
+        table, _ = read_unit(str(path), "parquet", None, unit, columns, "mixed.parquet")
+        expected = expected_file.read_row_group(unit.group, columns=columns)
+        assert sorted(table) == sorted(expected.column_names)
+        for name in table:
+            values = table[name]
+            values = [list(v) for v in values] if name == "input_ids" else list(values)
+            assert values == expected.column(name).to_pylist(), name
+
+
+def test_parquet_units_are_read_into_the_loader_pool(tmp_path):
+    """Token lists stay Arrow buffers while their rows are used: allocated from
+    read_memory_pool, not from Arrow's default pool (see its docstring for why)."""
+    path = tmp_path / "ids.parquet"
+    ids = pa.array([list(range(1000)) for _ in range(200)], pa.list_(pa.int32()))
+    pq.write_table(pa.table({"input_ids": ids}), path, row_group_size=200)
+    unit = Dataset.from_path("i", path).plan(HINTS, 1)[0][1]
+    pool = read_memory_pool()
+    before = pool.bytes_allocated()
+    table, _ = read_unit(str(path), "parquet", None, unit, ["input_ids"], "ids.parquet")
+    assert pool.bytes_allocated() - before >= 200 * 1000 * 4
+    assert list(table["input_ids"][199]) == list(range(1000))
+    if pool.backend_name != pa.default_memory_pool().backend_name:
+        assert pool.backend_name in ("jemalloc", "system")
+
+
+def test_arrow_default_memory_pool_setting_is_respected():
+    code = ("import pyarrow as pa; from zephon.io.formats import read_memory_pool; "
+            "print(read_memory_pool().backend_name, pa.default_memory_pool().backend_name)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={**os.environ, "ARROW_DEFAULT_MEMORY_POOL": "system"})
+    assert out.stdout.split() == ["system", "system"]
 
 
 def test_arrow_file_and_stream(tmp_path):
