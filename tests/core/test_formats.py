@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -102,6 +103,21 @@ def test_parquet_units_read_what_pyarrow_reads(tmp_path, columns):
             values = table[name]
             values = [list(v) for v in values] if name == "input_ids" else list(values)
             assert values == expected.column(name).to_pylist(), name
+
+
+@pytest.mark.skipif(not hasattr(pa, "uuid") or not hasattr(pa, "json_"),
+                    reason="this pyarrow has no UUID or JSON extension types")
+def test_parquet_extension_columns_read_as_pyarrow_reads_them(tmp_path):
+    """UUID and JSON columns come back as ParquetFile gives them (UUID objects, not bytes)."""
+    path = tmp_path / "ext.parquet"
+    table = pa.table({"u": pa.array([uuid.UUID(int=i).bytes for i in range(4)], pa.uuid()),
+                      "j": pa.array(['{"a": 1}', "[]", "2", "null"], pa.json_())})
+    pq.write_table(table, path, store_schema=False)  # as written by a writer other than Arrow
+    unit = Dataset.from_path("e", path).plan(HINTS, 1)[0][1]
+    got, _ = read_unit(str(path), "parquet", None, unit, None, "ext.parquet")
+    expected = pq.ParquetFile(path).read_row_group(0)
+    assert got["u"] == expected.column("u").to_pylist() == [uuid.UUID(int=i) for i in range(4)]
+    assert got["j"] == expected.column("j").to_pylist()
 
 
 def test_parquet_units_are_read_into_the_loader_pool(tmp_path):

@@ -220,8 +220,9 @@ def _read_row_group(path: str, group: int, columns: list[str] | None,
 
 
 def _open_parquet(reader: Any, path: str, footer: pq.FileMetaData) -> None:
-    """Open as ``pq.ParquetFile`` does: Arrow extension types (JSON, UUID) where this pyarrow
-    knows them (20 and later)."""
+    """Open as ``pq.ParquetFile`` does: Parquet's UUID and JSON columns become Arrow extension
+    types (UUID objects, JSON text) also in files written without an Arrow schema, where this
+    pyarrow has the option."""
     try:
         reader.open(path, metadata=footer, pre_buffer=False, arrow_extensions_enabled=True)
     except TypeError:  # older pyarrow: no extension types in Parquet
