@@ -46,8 +46,6 @@ def huge_page_faults() -> int:
 
 
 def child(paths: dict[str, str], gap_s: float) -> dict[str, float]:
-    import pyarrow as pa
-
     from zephon.io import Dataset
     from zephon.io.formats import PlanHints, read_memory_pool, read_unit
 
@@ -72,8 +70,7 @@ def child(paths: dict[str, str], gap_s: float) -> dict[str, float]:
         time.sleep(gap_s)
     return {"cpu": cpu, "slowest_ms": slowest * 1000, "faults": faults, "units": len(units),
             "huge_pages": huge_page_faults() - huge_before,
-            "rows": rows, "pool": read_memory_pool().backend_name,
-            "default": pa.default_memory_pool().backend_name}
+            "rows": rows, "pool": read_memory_pool().backend_name}
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ Parquet and Arrow; JSONL lines are parsed one by one so an error can name its li
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import math
 import os
@@ -223,10 +224,13 @@ def _open_parquet(reader: Any, path: str, footer: pq.FileMetaData) -> None:
     """Open as ``pq.ParquetFile`` does: Parquet's UUID and JSON columns become Arrow extension
     types (UUID objects, JSON text) also in files written without an Arrow schema, where this
     pyarrow has the option."""
-    try:
-        reader.open(path, metadata=footer, pre_buffer=False, arrow_extensions_enabled=True)
-    except TypeError:  # older pyarrow: no extension types in Parquet
-        reader.open(path, metadata=footer, pre_buffer=False)
+    extensions = {"arrow_extensions_enabled": True} if _PARQUET_EXTENSIONS else {}
+    reader.open(path, metadata=footer, pre_buffer=False, **extensions)
+
+
+_PARQUET_EXTENSIONS = "arrow_extensions_enabled" in inspect.signature(
+    pq.ParquetFile.__init__).parameters
+"""Whether this pyarrow reads Parquet logical types as Arrow extension types on request."""
 
 
 @functools.cache
