@@ -19,6 +19,7 @@ from zephon.engine.agreement import RoundAgreement, check_agreement_group
 from zephon.engine.document_threads import DocumentThreads
 from zephon.engine.lane import LanePlan
 from zephon.engine.rank import RankStream, rounds_ahead
+from zephon.engine.rank_check import check_ranks_agree, plan_digests
 from zephon.engine.source import Offload, projected_columns, transform_documents
 from zephon.engine.state import (
     STATE_VERSION,
@@ -91,6 +92,9 @@ class Loader:
         elif options.prefetch > 0:
             self.workers = DocumentThreads(ops_by_dataset)
         self._use_source(work_source.bound(options.io_options))
+        check_ranks_agree(
+            lambda: {**self._fingerprint, "plan": plan_digests(self.source, self.lanes)},
+            options.dp_rank, world, options.process_group, self._titles)
 
     def _use_source(self, source: StaticMixtureWorkSource) -> None:
         """Plan the lanes over ``source`` and start a fresh stream."""
