@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from zephon.engine.rank_check import _disagreement, describe, digest
+from zephon.engine.rank_check import _check_dp_ranks, _disagreement, describe, digest
+from zephon.errors import ConfigError
 
 WORKER = r"""
 import json, sys
@@ -91,3 +92,14 @@ def test_the_message_names_each_differing_rank_and_the_operator():
     assert "ops[0].field: rank 0 has 'text', rank 2 has 'body'" in message
     assert "rank 1" not in message
     assert describe("plan.web") == "the work units planned from the files"
+
+
+def test_tensor_parallel_peers_may_share_a_dp_rank_but_not_more():
+    """A group over the whole world holds TP/PP peers that read the same lanes: with 4 ranks
+    and dp size 2, each dp_rank belongs to exactly 2 of them."""
+    _check_dp_ranks([0, 0, 1, 1], peers=2)
+    _check_dp_ranks([0, 1], peers=1)
+    with pytest.raises(ConfigError, match=r"dp_rank 0 is claimed by ranks \[0, 1, 2\]"):
+        _check_dp_ranks([0, 0, 0, 1], peers=2)
+    with pytest.raises(ConfigError, match="no rank holds dp_rank 1"):
+        _check_dp_ranks([0, 2], peers=1)

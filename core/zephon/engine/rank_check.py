@@ -12,7 +12,9 @@ one collective of 24 bytes a rank (24 KiB over 1,024 ranks), on the gloo group t
 agreement uses, so no device is touched. Every rank receives the same rows and so reaches the
 same verdict:
 
-- ranks that report different ``dp_world_size`` values, or the same ``dp_rank``, fail at once;
+- ranks that report different ``dp_world_size`` values, or claim one ``dp_rank`` more often
+  than the group has peers per data-parallel rank (one in a data-parallel group; more where
+  the group also holds tensor or pipeline peers, which read the same lanes), fail at once;
 - ranks whose digests differ issue one more collective, the fingerprints themselves gathered as
   objects, and fail naming the first difference between each differing rank and the first
   rank (``work_source.seed: rank 0 has 1, rank 1 has 2``).
@@ -78,7 +80,8 @@ def check_ranks_agree(identity: Callable[[], dict[str, Any]], dp_rank: int,
                       titles: Sequence[str] = ()) -> None:
     """Raise :class:`ConfigError` on every rank unless all ranks of the data-parallel group
     have the same ``identity()`` (computed only when there are ranks to compare), the same
-    ``dp_world_size`` and distinct ``dp_rank`` values; see the module docstring."""
+    ``dp_world_size`` and every ``dp_rank`` held by the same number of ranks; see the module
+    docstring."""
     group = _group(dp_world_size, process_group)
     if group is None:
         return
@@ -86,9 +89,9 @@ def check_ranks_agree(identity: Callable[[], dict[str, Any]], dp_rank: int,
     import torch.distributed as dist
 
     size = dist.get_world_size(group)
-    if size != dp_world_size:
+    if size % dp_world_size:
         raise ConfigError(f"options: dp_world_size={dp_world_size}, but the data-parallel "
-                          f"process group has {size} ranks")
+                          f"process group has {size} ranks (not a multiple of it)")
     mine = identity()
     rows = [torch.zeros(3, dtype=torch.int64) for _ in range(size)]
     dist.all_gather(rows, torch.tensor([digest(mine), dp_rank, dp_world_size],
@@ -97,17 +100,30 @@ def check_ranks_agree(identity: Callable[[], dict[str, Any]], dp_rank: int,
     if len(set(worlds)) > 1:
         raise ConfigError("ranks disagree on dp_world_size: " + ", ".join(
             f"rank {i} has {w}" for i, w in enumerate(worlds)))
-    if len(set(ranks)) != size:
-        shared = sorted({r for r in ranks if ranks.count(r) > 1})
-        raise ConfigError(
-            f"ranks disagree on who reads what: dp_rank {shared[0]} is claimed by ranks "
-            f"{[i for i, r in enumerate(ranks) if r == shared[0]]} of the group (dp_ranks "
-            f"{list(ranks)}); each rank must pass its own dp_rank, 0..{size - 1}")
+    _check_dp_ranks(list(ranks), size // dp_world_size)
     if len(set(digests)) == 1:
         return
     everyone: list[Any] = [None] * size
     dist.all_gather_object(everyone, mine, group=group)
     raise ConfigError(_disagreement(everyone, titles))
+
+
+def _check_dp_ranks(ranks: list[int], peers: int) -> None:
+    """Each dp_rank ``0..W-1`` must be held by ``peers`` ranks of the group: one where the
+    group is the data-parallel group, more where it also holds tensor/pipeline peers, which
+    read the same lanes."""
+    world = len(ranks) // peers
+    for dp_rank in range(world):
+        holders = [i for i, r in enumerate(ranks) if r == dp_rank]
+        if len(holders) > peers:
+            raise ConfigError(
+                f"ranks disagree on who reads what: dp_rank {dp_rank} is claimed by ranks "
+                f"{holders} of the group (dp_ranks {ranks}), which would read the same data; "
+                f"each data-parallel rank must pass its own dp_rank, 0..{world - 1}")
+    missing = sorted(set(range(world)) - set(ranks))
+    if missing:
+        raise ConfigError(f"ranks disagree on who reads what: no rank holds dp_rank "
+                          f"{missing[0]} (dp_ranks {ranks}), so its data would never be read")
 
 
 def _group(dp_world_size: int, process_group: Any) -> Any:
