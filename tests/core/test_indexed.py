@@ -22,15 +22,61 @@ def corpus(n, seed, low=5, high=120, vocab=1000):
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.int16, np.int32, np.int64,
-                                   np.float64, np.float32, np.uint16])
-def test_every_dtype_round_trips(tmp_path, dtype):
+                                   np.uint16])
+def test_every_integer_dtype_round_trips(tmp_path, dtype):
+    """Documents come in the stored dtype: ``pretokenized`` checks them before its cast."""
     docs = corpus(30, 1, vocab=100)
     prefix = write_indexed_dataset(tmp_path / "d", docs, dtype=dtype)
     dataset = IndexedDataset(prefix)
     assert dataset.documents == 30 and dataset.dtype == np.dtype(dtype)
     assert all(np.array_equal(dataset.document(i), d) for i, d in enumerate(docs))
-    assert dataset.document(0).dtype == np.int32
+    assert dataset.document(0).dtype == np.dtype(dtype)
     assert dataset.document_lengths().tolist() == [len(d) for d in docs]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_float_token_files_are_refused(tmp_path, dtype):
+    """A float .bin would arrive truncated (1.7, 2.2, 3.9 as 1, 2, 3): refused when opened."""
+    prefix = write_indexed_dataset(tmp_path / "f", [[1.7, 2.2, 3.9], [4.0]], dtype=dtype)
+    with pytest.raises(DataError, match=rf"f\.idx: token ids are stored as "
+                                        rf"{np.dtype(dtype)} .*must be integers"):
+        open_indexed(prefix)
+    pipeline = Pipeline(StaticMixtureWorkSource([Dataset.from_path("f", prefix)])
+                        ).pretokenized().batch(1, drop_last=False)
+    with pytest.raises(DataError, match=r"f\.idx: token ids are stored as"):
+        list(pipeline)
+
+
+def test_ids_are_checked_before_the_cast_to_int32(tmp_path):
+    """2**32 + 5 in an int64 .bin is an error naming the row, not the id 5."""
+    prefix = write_indexed_dataset(tmp_path / "w", [[1, 2, 3], [7, 2**32 + 5, 9]],
+                                   dtype=np.int64)
+    source = StaticMixtureWorkSource([Dataset.from_path("w", prefix)], shuffle_rows=False)
+    for vocab in (50304, None):
+        pipeline = Pipeline(source).pretokenized(vocab_size=vocab).batch(1, drop_last=False)
+        with pytest.raises(DataError, match=r"/w: row 1: field 'input_ids' holds token id "
+                                            r"4294967301, outside \[0, (50304|2147483648)\)"):
+            list(pipeline)
+
+
+def test_damaged_index_entries_are_errors_naming_the_sequence(tmp_path):
+    """Pointers and lengths are checked against the .bin when the index is opened, instead of
+    reading another sequence's tokens or a short slice past the end of the map."""
+    head = 9 + 8 + 1 + 8 + 8
+    for field, value, message in [
+            ("length", -4, r"x\.idx: sequence 2 is damaged .*-4 tokens"),
+            ("pointer", 6, r"x\.idx: sequence 2 is damaged \(byte offset 6,"),
+            ("pointer", 2**40, r"x\.idx: sequence 2 is damaged"),
+            ("length", 10**6, r"x\.bin: the token file is truncated .*sequence 2 of the index")]:
+        prefix = write_indexed_dataset(tmp_path / "x", corpus(5, 3), dtype=np.int32)
+        raw = bytearray(Path(prefix + ".idx").read_bytes())
+        if field == "length":
+            struct.pack_into("<i", raw, head + 2 * 4, value)
+        else:
+            struct.pack_into("<q", raw, head + 5 * 4 + 2 * 8, value)
+        Path(prefix + ".idx").write_bytes(bytes(raw))
+        with pytest.raises(DataError, match=message):
+            IndexedDataset(prefix)
 
 
 def test_documents_spanning_several_sequences(tmp_path):

@@ -133,3 +133,51 @@ def test_special_ids_and_options():
     assert empty.reason == "empty"
     with pytest.raises(ConfigError, match="eos_token_id=9 is not below vocab_size=5"):
         PretokenizedSpec(eos_token_id=9, vocab_size=5)
+
+
+def _apply(spec, ids):
+    op = spec.build(BuildContext(seed=0, lanes=1))
+    return op.apply([Doc(None, "d", "x", fields={"input_ids": ids})], ["d.jsonl:3"])
+
+
+@pytest.mark.parametrize("ids, bad", [
+    (np.array([1, 2**32 + 5]), 2**32 + 5), (np.array([2**31, 4]), 2**31),
+    (np.array([3, 2**33 + 7], np.uint64), 2**33 + 7), ([5, 2**31], 2**31),
+    (np.array([-1, 2], np.int8), -1)])
+def test_ids_must_fit_int32_without_a_vocabulary(ids, bad):
+    """Without vocab_size the cast to int32 wrapped ids around (2**32 + 5 arrived as 5)."""
+    with pytest.raises(DataError, match=rf"d\.jsonl:3: field 'input_ids' holds token id {bad}, "
+                                        r"outside \[0, 2147483648\) \(no vocab_size"):
+        _apply(PretokenizedSpec(), ids)
+    [[piece]] = _apply(PretokenizedSpec(), np.array([0, 2**31 - 1], np.uint64))
+    assert piece.tokens.dtype == np.int32 and piece.tokens.tolist() == [0, 2**31 - 1]
+
+
+def test_wide_ids_in_files_name_file_and_row(tmp_path):
+    pq.write_table(pa.table({"input_ids": pa.array([[1, 2], [3, 2**33 + 7]],
+                                                   pa.list_(pa.uint64()))}),
+                   tmp_path / "u.parquet")
+    pipeline = (Pipeline(StaticMixtureWorkSource([Dataset.from_path("u", tmp_path /
+                                                                    "u.parquet")],
+                                                 shuffle_rows=False))
+                .pretokenized().batch(1))
+    with pytest.raises(DataError, match=r"u\.parquet: row 1: field 'input_ids' holds token id "
+                                        r"8589934599, outside \[0, 2147483648\)"):
+        list(pipeline)
+    for huge in (2**64, 2**70, -2**64):
+        (tmp_path / "j.jsonl").write_text(f'{{"input_ids": [1]}}\n{{"input_ids": [2, {huge}]}}\n')
+        pipeline = Pipeline(StaticMixtureWorkSource([Dataset.from_path("j", tmp_path /
+                                                                       "j.jsonl")])
+                            ).pretokenized(vocab_size=50304).batch(1)
+        with pytest.raises(DataError, match=rf"j\.jsonl:2: field 'input_ids' holds token id "
+                                            rf"{huge}, outside \[0, 50304\)"):
+            list(pipeline)
+
+
+def test_special_ids_and_vocabulary_must_fit_int32():
+    with pytest.raises(ConfigError, match=r"vocab_size=2147483649 does not fit the int32"):
+        PretokenizedSpec(vocab_size=2**31 + 1)
+    with pytest.raises(ConfigError, match=r"eos_token_id must be a non-negative int below 2\*\*31"):
+        PretokenizedSpec(eos_token_id=2**31)
+    [[piece]] = _apply(PretokenizedSpec(vocab_size=2**31), np.array([2**31 - 1]))
+    assert piece.tokens.tolist() == [2**31 - 1]

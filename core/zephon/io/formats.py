@@ -8,6 +8,13 @@ streams cannot be entered in the middle).
 
 Readers return the requested columns as Python lists. Only the projected columns are read from
 Parquet and Arrow; JSONL lines are parsed one by one so an error can name its line.
+
+What is read is checked before it is trusted, so a damaged file is a :class:`DataError` naming
+it, never a crash or a value made of bytes that belong elsewhere. Arrow IPC data is memory-mapped
+and its offsets and lengths come from the file: the requested columns of the unit's rows are
+validated in full (offsets inside their buffers and rising, UTF-8 text) and their buffers must
+not share bytes with another column's. Parquet decoding builds offsets itself, but not UTF-8
+checks: string columns are validated. JSONL text is checked by the JSON parser.
 """
 
 from __future__ import annotations
@@ -46,6 +53,11 @@ _SUFFIXES: dict[str, tuple[str, str | None]] = {
     ".ipc": ("arrow", None),
     ".idx": ("megatron", None),
 }
+
+
+_READ_ERRORS = (OSError, pa.ArrowException, UnicodeDecodeError)
+"""What pyarrow raises for an unreadable file; UnicodeDecodeError when a field name in damaged
+metadata is not UTF-8 (values are validated before they are decoded)."""
 
 
 def detect_format(name: str) -> tuple[str, str | None] | None:
@@ -115,7 +127,7 @@ def plan_file(path: str, fmt: str, compression: str | None, hints: PlanHints,
             return [UnitSpec("bytes", 0, s, min(s + step, size)) for s in range(0, size, step)]
     except DataError:
         raise
-    except (OSError, pa.ArrowException) as exc:
+    except _READ_ERRORS as exc:
         raise DataError(f"cannot read {fmt} file {path}: {exc}") from exc
     raise DataError(f"unknown format {fmt!r} for {path}; known formats: {', '.join(FORMATS)}")
 
@@ -166,12 +178,15 @@ def read_unit(path: str, fmt: str, compression: str | None, unit: UnitSpec,
         if fmt == "parquet":
             table, base = _read_row_group(path, unit.group, columns, display)
             table = table.slice(unit.start, unit.stop - unit.start)
+            _check_text(table, base + unit.start, display)
             keys = list(range(base + unit.start, base + unit.start + table.num_rows))
             return _table_columns(table, columns, display), keys
         if fmt == "arrow":
             table = _open_arrow(path).slice(unit.start, unit.stop - unit.start)
             if columns is not None:
                 _check_columns(table.column_names, columns, display)
+            _check_arrow(table, columns, unit.start, display)
+            if columns is not None:
                 table = table.select(columns)
             keys = list(range(unit.start, unit.start + table.num_rows))
             return _table_columns(table, columns, display), keys
@@ -184,7 +199,7 @@ def read_unit(path: str, fmt: str, compression: str | None, unit: UnitSpec,
             return {TOKENS_FIELD: column}, list(range(unit.start, unit.stop))
     except DataError:
         raise
-    except (OSError, pa.ArrowException) as exc:
+    except _READ_ERRORS as exc:
         raise DataError(f"cannot read {fmt} file {display}: {exc}") from exc
     raise DataError(f"unknown format {fmt!r} for {display}")
 
@@ -261,6 +276,104 @@ def _check_columns(available: list[str], wanted: list[str], display: str) -> Non
     if missing:
         raise DataError(
             f"{display}: missing field {missing[0]!r}; the file has fields {sorted(available)}")
+    doubled = [c for c in wanted if available.count(c) > 1]
+    if doubled:
+        raise DataError(f"{display}: field {doubled[0]!r} appears {available.count(doubled[0])} "
+                        "times in the file's schema; a damaged or ambiguous file")
+
+
+def _check_arrow(table: pa.Table, columns: list[str] | None, first_row: int,
+                 display: str) -> None:
+    """Check the rows of ``table`` (a slice of a memory-mapped Arrow file whose first row is
+    row ``first_row`` of the file) before any value is read from ``columns`` (None: all).
+
+    Per record batch, in two steps. (1) No buffer of a requested column may share a byte with
+    another buffer of the batch: a damaged buffer position in the batch's metadata would
+    otherwise read another column's bytes, offsets and text all valid. One ``buffers()`` call
+    per column and a sort of the buffers (about 1 µs per column) per batch; it needs the
+    buffers to be views of the file, which they are unless the file is compressed (then they
+    are decompressed into fresh memory and a redirected buffer decompresses another column:
+    not detected). (2) ``validate(full=True)`` of each requested column's rows: offsets inside
+    their buffers and rising, UTF-8 text, null counts. Both together cost about 0.12 ms for a
+    unit of 256 texts of 7 KB (its read goes from 0.27 to 0.40 ms, against about 0.25 s to
+    tokenize it at 1.7M tokens/s); cheaper offset-only checks would leave the UTF-8 errors to
+    Python's decoder and the nested types unchecked.
+    """
+    names = table.column_names
+    wanted = set(names if columns is None else columns)
+    row = first_row
+    for chunks in zip(*(column.chunks for column in table.columns), strict=True):
+        rows = len(chunks[0]) if chunks else 0
+        _check_disjoint(names, chunks, wanted, f"{display}: rows {row}..{row + rows}")
+        for name, chunk in zip(names, chunks, strict=True):
+            if name in wanted:
+                try:
+                    chunk.validate(full=True)
+                except pa.ArrowException as exc:
+                    where = _bad_rows(pa.chunked_array([chunk]), row)
+                    raise DataError(f"{display}: {where}: column {name!r} is damaged "
+                                    f"({exc})") from None
+        row += rows
+
+
+def _check_disjoint(names: list[str], chunks: tuple[pa.Array, ...], wanted: set[str],
+                    where: str) -> None:
+    """Raise when a buffer of a ``wanted`` column overlaps another buffer of the same batch.
+
+    Sorted by start, a buffer overlaps an earlier one exactly when it starts before the
+    furthest end seen so far, and then it overlaps the buffer that reaches that end."""
+    spans = sorted((b.address, b.address + b.size, name)
+                   for name, chunk in zip(names, chunks, strict=True)
+                   for b in chunk.buffers() if b is not None and b.size)
+    reach, owner = 0, ""
+    for start, end, name in spans:
+        if start < reach and (name in wanted or owner in wanted):
+            read, other = (name, owner) if name in wanted else (owner, name)
+            raise DataError(f"{where}: column {read!r} shares bytes with column {other!r}; "
+                            "the file is damaged")
+        if end > reach:
+            reach, owner = end, name
+
+
+def _check_text(table: pa.Table, first_row: int, display: str) -> None:
+    """Raise a DataError naming the row when a string of ``table`` (rows from ``first_row`` of
+    the file) is not valid UTF-8, which Parquet decoding does not check. Only columns holding
+    strings (nested ones included) are validated, in full; other columns are skipped. About
+    0.09 ms for a row group of 256 texts of 7 KB, 3% of reading it (2.9 ms)."""
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        if not _has_text(column.type):
+            continue
+        try:
+            column.validate(full=True)
+        except pa.ArrowException as exc:
+            raise DataError(f"{display}: {_bad_rows(column, first_row)}: column {name!r} is "
+                            f"damaged ({exc})") from None
+
+
+def _has_text(kind: pa.DataType) -> bool:
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or \
+            getattr(pa.types, "is_string_view", lambda _: False)(kind):
+        return True
+    if pa.types.is_dictionary(kind):
+        return _has_text(kind.value_type)
+    return any(_has_text(kind.field(i).type) for i in range(kind.num_fields))
+
+
+def _bad_rows(column: pa.ChunkedArray, first_row: int) -> str:
+    """``row n``: the first row of a string ``column`` that fails full validation, found on
+    the error path by a binary search (each step validates a half again); ``rows a..b`` for a
+    nested column, whose row slices share one child array and cannot be told apart."""
+    low, high = 0, len(column)
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        return f"rows {first_row}..{first_row + high}"
+    while high - low > 1:
+        middle = (low + high) // 2
+        try:
+            column.slice(low, middle - low).validate(full=True)
+            low = middle
+        except pa.ArrowException:
+            high = middle
+    return f"row {first_row + low}"
 
 
 def _table_columns(table: pa.Table, columns: list[str] | None,

@@ -14,8 +14,17 @@ The format, as Megatron's ``preprocess_data.py`` writes it (little-endian):
 
 A Zephon document is a document of the index: the tokens of its sequences in order (one
 sequence per document for GPT data; several when the data was split into sentences). The index
-is read whole (16 bytes per sequence) and the ``.bin`` is memory-mapped, so a document costs
-one slice and one copy into int32, and only the pages read are loaded.
+is read whole (16 bytes per sequence) and the ``.bin`` is memory-mapped, so a one-sequence
+document costs one slice (a read-only view of the map, in the stored dtype) and only the pages
+read are loaded. Ids reach their reader in the stored dtype, so that ``pretokenized`` checks
+them before its one cast to int32: a cast first would wrap 2**32 + 5 around to 5.
+
+The index is checked when it is opened, with a few vectorized passes over its arrays (about
+5 ms per million sequences, a fifth of reading the index): every sequence must lie inside the
+``.bin`` at a whole multiple of the dtype's size, with a length that is not negative. Token ids
+must be integers: the float codes (6, 7) are refused when the index is opened, since Megatron
+writes token ids as integers (uint16, or int32 above 65,500 ids) and a float id has no one
+right integer.
 """
 
 from __future__ import annotations
@@ -68,6 +77,10 @@ class IndexedDataset:
         if code not in DTYPES:
             raise DataError(f"{idx}: unknown dtype code {code} (known: {sorted(DTYPES)})")
         self.dtype = np.dtype(DTYPES[code])
+        if self.dtype.kind == "f":
+            raise DataError(f"{idx}: token ids are stored as {self.dtype} (dtype code {code}); "
+                            "token ids must be integers: write the dataset with an integer "
+                            "dtype (Megatron uses uint16 or int32)")
         need = _HEADER + sequences * 12 + doc_entries * 8
         if len(raw) < need:
             raise DataError(f"{idx}: the index is truncated ({len(raw)} bytes, its header "
@@ -86,11 +99,7 @@ class IndexedDataset:
             size = os.path.getsize(binary)
         except OSError as exc:
             raise DataError(f"{binary}: cannot read the token file ({exc.strerror})") from None
-        end = int(self.pointers[-1]) + int(self.lengths[-1]) * self.dtype.itemsize \
-            if sequences else 0
-        if size < end:
-            raise DataError(f"{binary}: the token file is truncated ({size} bytes; the index "
-                            f"needs {end})")
+        _check_sequences(idx, binary, self.lengths, self.pointers, self.dtype.itemsize, size)
         # A plain ndarray view of the map: slices of a np.memmap pay for a subclass each.
         self.tokens: Any = (np.memmap(binary, self.dtype, mode="r", shape=(
             size // self.dtype.itemsize,)).view(np.ndarray)
@@ -107,14 +116,40 @@ class IndexedDataset:
         return totals[self.doc_index[1:]] - totals[self.doc_index[:-1]]
 
     def document(self, i: int) -> np.ndarray:
-        """Document ``i``'s tokens as a fresh int32 array."""
+        """Document ``i``'s tokens in the stored dtype: a read-only view of the map for one
+        sequence, a fresh array for several."""
         first, last = int(self.doc_index[i]), int(self.doc_index[i + 1])
         if last - first == 1:
             start = int(self.starts[first])
-            return self.tokens[start:start + int(self.lengths[first])].astype(np.int32)
+            return self.tokens[start:start + int(self.lengths[first])]
         parts = [self.tokens[int(self.starts[s]):int(self.starts[s]) + int(self.lengths[s])]
                  for s in range(first, last)]
-        return (np.concatenate(parts) if parts else np.zeros(0, self.dtype)).astype(np.int32)
+        return np.concatenate(parts) if parts else np.zeros(0, self.dtype)
+
+
+def _check_sequences(idx: str, binary: str, lengths: np.ndarray, pointers: np.ndarray,
+                     itemsize: int, size: int) -> None:
+    """Raise a DataError naming the first sequence that does not lie inside the ``.bin`` of
+    ``size`` bytes: a negative length, a pointer that is negative or not a multiple of
+    ``itemsize``, or tokens past the end (a truncated or damaged file).
+
+    Whole-array reductions (min, max, one OR of the pointers, the max of the ends); the
+    per-sequence masks that find the culprit run only on the error path."""
+    if not lengths.size:
+        return
+    if lengths.min() >= 0 and pointers.min() >= 0 and pointers.max() <= size and \
+            not int(np.bitwise_or.reduce(pointers)) & (itemsize - 1) and \
+            (pointers + np.multiply(lengths, itemsize, dtype=np.int64)).max() <= size:
+        return
+    damaged = (lengths < 0) | (pointers < 0) | (pointers > size) | (pointers % itemsize != 0)
+    past = ~damaged & (np.multiply(lengths, itemsize, dtype=np.int64) > size - pointers)
+    s = int(np.argmax(damaged | past))
+    pointer, length = int(pointers[s]), int(lengths[s])
+    if damaged[s]:
+        raise DataError(f"{idx}: sequence {s} is damaged (byte offset {pointer}, {length} "
+                        f"tokens of {itemsize} bytes, in a token file of {size} bytes)")
+    raise DataError(f"{binary}: the token file is truncated ({size} bytes; sequence {s} of the "
+                    f"index needs {pointer + length * itemsize})")
 
 
 @functools.lru_cache(maxsize=64)
@@ -134,7 +169,7 @@ def open_indexed(prefix: str) -> IndexedDataset:
 
 class DocumentColumn:
     """Documents ``start .. stop`` of an indexed dataset as a column: ``column[r]`` is document
-    ``start + r`` (int32), read from the memory map when asked for."""
+    ``start + r`` in the stored dtype, read from the memory map when asked for."""
 
     def __init__(self, dataset: IndexedDataset, start: int, stop: int):
         self.dataset, self.start, self.stop = dataset, start, stop

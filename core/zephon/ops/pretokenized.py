@@ -7,6 +7,12 @@ document optionally gets ``bos_token_id`` before it and ``eos_token_id`` after i
 Megatron's ``preprocess_data.py --append-eod`` already ends in EOD: add nothing), is checked
 against ``vocab_size`` and split like ``tokenize`` output by ``max_document_tokens``. An empty
 list or a null produces no document and is counted as ``empty``.
+
+Ids are checked in the type they were stored in, before the one cast to int32: they must be
+integers (a float or bool array, or a JSON number that is not an integer, is an error), not
+negative, and below ``vocab_size``, or below 2**31 when no vocabulary is given, so no id can
+wrap around in the cast. The check is at most one min and one max per document, fewer where
+the stored dtype cannot pass a bound (uint16 ids need neither without a vocabulary).
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ from zephon.ops.tokenize import split_pieces
 from zephon.records import Doc
 from zephon.tokenizer import SpecialTokens
 
+ID_LIMIT = 2**31
+"""Token ids leave this operator as int32: every id must lie below this."""
+
 
 @dataclass(frozen=True)
 class PretokenizedSpec(DocumentSpec):
@@ -47,7 +56,7 @@ class PretokenizedSpec(DocumentSpec):
     ``eos_mask_loss`` uses."""
     vocab_size: int | None = None
     """Ids must lie in ``[0, vocab_size)``; an id outside is an error naming file and row
-    (None: not checked)."""
+    (None: ids must still lie in ``[0, 2**31)``, the range of the int32 ids it hands on)."""
     max_document_tokens: int | None = None
     """Split longer documents into pieces of at most this many tokens (None: never split)."""
 
@@ -57,13 +66,16 @@ class PretokenizedSpec(DocumentSpec):
             raise ConfigError(f"pretokenized: field must be a column name, got {self.field!r}")
         for name in ("bos_token_id", "eos_token_id"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 0):
-                raise ConfigError(f"pretokenized: {name} must be a non-negative int, "
-                                  f"got {value!r}")
+            if value is not None and (not isinstance(value, int) or not 0 <= value < ID_LIMIT):
+                raise ConfigError(f"pretokenized: {name} must be a non-negative int below "
+                                  f"2**31, got {value!r}")
         if self.vocab_size is not None and (not isinstance(self.vocab_size, int)
                                             or self.vocab_size <= 0):
             raise ConfigError(f"pretokenized: vocab_size must be positive, got "
                               f"{self.vocab_size!r}")
+        if self.vocab_size is not None and self.vocab_size > ID_LIMIT:
+            raise ConfigError(f"pretokenized: vocab_size={self.vocab_size} does not fit the "
+                              f"int32 token ids it hands on (at most {ID_LIMIT})")
         if self.vocab_size is not None:
             for name in ("bos_token_id", "eos_token_id"):
                 value = getattr(self, name)
@@ -88,6 +100,8 @@ class Pretokenized(DocumentOperator):
             else None
         self._eos = np.array([spec.eos_token_id], np.int32) if spec.eos_token_id is not None \
             else None
+        self._limit = spec.vocab_size if spec.vocab_size is not None else ID_LIMIT
+        self._checks: dict[np.dtype, tuple[bool, bool]] = {}
 
     def apply(self, docs: Sequence[Doc], where: Sequence[str]) -> list[Outcome]:
         out: list[Outcome] = []
@@ -117,17 +131,37 @@ class Pretokenized(DocumentOperator):
                     isinstance(v, int) and not isinstance(v, bool) for v in value):
                 raise DataError(f"{label}: field {name!r} is {_kind(value)}, expected a list "
                                 "of token ids (integers)")
-            value = np.asarray(value, dtype=np.int64)
+            try:
+                value = np.asarray(value, dtype=np.int64)
+            except OverflowError:  # JSON integers have no size limit; int64 does
+                bad = next(v for v in value if not -2**63 <= v < 2**63)
+                raise self._range_error(label, bad) from None
         elif value.ndim != 1 or (value.size and value.dtype.kind not in "iu"):
             raise DataError(f"{label}: field {name!r} holds {value.dtype} values of shape "
                             f"{value.shape}, expected a list of token ids (integers)")
-        vocab = self.spec.vocab_size
-        if value.size and (int(value.min()) < 0 or (vocab is not None
-                                                    and int(value.max()) >= vocab)):
-            bad = int(value.min()) if int(value.min()) < 0 else int(value.max())
-            raise DataError(f"{label}: field {name!r} holds token id {bad}, outside "
-                            f"[0, {vocab if vocab is not None else 'inf'})")
+        if value.size:
+            check_low, check_high = self._bounds(value.dtype)
+            if check_low and (low := int(value.min())) < 0:
+                raise self._range_error(label, low)
+            if check_high and (high := int(value.max())) >= self._limit:
+                raise self._range_error(label, high)
         return value.astype(np.int32, copy=False)
+
+    def _bounds(self, dtype: np.dtype) -> tuple[bool, bool]:
+        """Whether ids of ``dtype`` need a min check and a max check: not for a bound the
+        dtype cannot pass (uint16 ids need neither without a vocabulary). Each reduction is a
+        pass and about 2 µs of call overhead per document, 4% of a pass over indexed data."""
+        found = self._checks.get(dtype)
+        if found is None:
+            info = np.iinfo(dtype)
+            found = self._checks[dtype] = (info.min < 0, info.max >= self._limit)
+        return found
+
+    def _range_error(self, label: Any, bad: int) -> DataError:
+        why = "" if self.spec.vocab_size is not None else \
+            " (no vocab_size: token ids must fit int32)"
+        return DataError(f"{label}: field {self.spec.field!r} holds token id {bad}, outside "
+                         f"[0, {self._limit}){why}")
 
 
 def _kind(value: Any) -> str:
