@@ -15,6 +15,18 @@ setting cannot silently cut documents: on the backend itself when it was read fo
 alone (a directory with ``tokenizer.json``), on a private copy when others may hold it.
 Start-up with a 128k-token vocabulary (a 9 MB ``tokenizer.json``, ``benchmarks/startup.py``):
 0.26 s to read it and 0.05 s to build the encoder in place, 0.49 s with a copy.
+
+Special-token text (``"<|eos|>"`` typed into a document) is encoded as the tokenizer's control
+token or, with ``split_special_tokens``, as plain text, by the backend's own switch
+(``encode_special_tokens``), so every path (batch calls, long-text slices, offsets, worker
+processes) gives the same ids for the same text.
+
+A text holding a surrogate code point (U+D800-U+DFFF: a lone half of a UTF-16 pair, which a
+JSON escape such as ``\\udc80`` makes) cannot be encoded by any tokenizer. The backend refuses
+the whole batch with a TypeError (a Python tokenizer: UnicodeEncodeError); only then are the
+batch's texts searched for the culprit (:func:`find_surrogate`: 0.03 ms per MB of ASCII, 0.7
+of other text), so clean text pays nothing, and the refusal becomes :class:`UnencodableText`.
+:func:`replace_surrogates` is the repair, as a ``map``.
 """
 
 from __future__ import annotations
@@ -23,6 +35,7 @@ import array
 import hashlib
 import json
 import os
+import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon.errors import ConfigError
+from zephon.errors import ConfigError, DataError
 from zephon.pool_turns import POOL_TURNS, takes_turn
 
 _LOCK = threading.Lock()
@@ -113,11 +126,80 @@ class SpecialTokens:
     pad: int | None
 
 
-class TextEncoder:
-    """Batch text -> int32 token arrays, without special tokens (the caller adds BOS/EOS)."""
+class UnencodableText(DataError):
+    """A text the tokenizer cannot take: ``index`` in the texts of the call, the surrogate
+    code point ``code`` at character ``at``. Operators turn it into an error naming the row."""
 
-    def __init__(self, tokenizer: Any):
+    def __init__(self, index: int, at: int, code: int):
+        super().__init__(index, at, code)
+        self.index, self.at, self.code = index, at, code
+
+    def __str__(self) -> str:
+        return (f"text {self.index} holds the surrogate code point U+{self.code:04X} at "
+                f"character {self.at}, which is not Unicode text and no tokenizer encodes")
+
+
+def surrogate_advice(code: int, op: str) -> str:
+    """The end of an error message about the surrogate code point ``code`` met by ``op``:
+    what it is and the map that cleans it."""
+    return (f"the surrogate code point U+{code:04X} (a lone half of a UTF-16 pair, as the JSON "
+            f"escape \\u{code:04x} makes), which is not Unicode text and no tokenizer encodes; "
+            f"replace such characters by U+FFFD before {op} with the map "
+            "zephon.tokenizer.replace_surrogates (Python: .map(replace_surrogates); recipes: "
+            '[[ops]] op = "map", fn = "zephon.tokenizer:replace_surrogates")')
+
+
+def find_surrogate(texts: list[str]) -> tuple[int, int, int] | None:
+    """(index of the text, character, code point) of the first surrogate code point in
+    ``texts``, or None. Strict UTF-8 encoding stops at the first one, in C."""
+    for index, text in enumerate(texts):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return index, exc.start, ord(text[exc.start])
+    return None
+
+
+def refusal(texts: list[str], exc: Exception) -> Exception:
+    """What to raise when the backend refused ``texts`` with ``exc``: :class:`UnencodableText`
+    when a text holds a surrogate, else ``exc`` itself."""
+    found = find_surrogate(texts)
+    return UnencodableText(*found) if found is not None else exc
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def replace_surrogates(document: dict[str, Any]) -> dict[str, Any]:
+    """A ``map`` function: ``document`` with every surrogate code point (U+D800-U+DFFF) in its
+    text, in nested lists and dicts too (chat messages), replaced by U+FFFD, the replacement
+    character that ``errors="replace"`` decoding puts in place of bytes that are not text.
+    Pair halves that happen to stand side by side are replaced one by one as well (JSON
+    readers join valid pairs before this sees them). Opt-in, as it costs a pass over every
+    string: ``.map(replace_surrogates)``, or in recipes ``[[ops]] op = "map"``,
+    ``fn = "zephon.tokenizer:replace_surrogates"``."""
+    return _replaced(document)
+
+
+def _replaced(value: Any) -> Any:
+    if isinstance(value, str):
+        return value if value.isascii() else _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {k: _replaced(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_replaced(v) for v in value]
+    return value
+
+
+class TextEncoder:
+    """Batch text -> int32 token arrays, without special tokens (the caller adds BOS/EOS).
+
+    ``split_special_tokens``: special-token text in a text is encoded as plain text (True) or
+    as the control token it spells (False, the tokenizer's own default)."""
+
+    def __init__(self, tokenizer: Any, split_special_tokens: bool = False):
         self.tokenizer = tokenizer
+        self._split_special = bool(split_special_tokens)
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is None and type(tokenizer).__module__.startswith("tokenizers"):
             backend = tokenizer
@@ -134,10 +216,13 @@ class TextEncoder:
                 else Tokenizer.from_str(serialized)
             self._backend.no_truncation()
             self._backend.no_padding()
+            self._backend.encode_special_tokens = self._split_special
         else:
             self._sliceable = False
             vocab = sorted(tokenizer.get_vocab().items())
             self._digest = hashlib.sha256(repr(vocab).encode()).hexdigest()[:16]
+            if self._split_special:
+                _check_splits(tokenizer)
         self._fast_batch = getattr(self._backend, "encode_batch_fast", None)
         self.special = SpecialTokens(
             bos=_token_id(tokenizer, "bos"),
@@ -153,6 +238,18 @@ class TextEncoder:
             state["tokenizer"] = None
         return state
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """The backend's ``encode_special_tokens`` switch does not survive pickling: set
+        again."""
+        self.__dict__.update(state)
+        if self._backend is not None:
+            self._backend.encode_special_tokens = self._split_special
+
+    @property
+    def split_special_tokens(self) -> bool:
+        """Whether special-token text is encoded as plain text."""
+        return self._split_special
+
     @property
     def digest(self) -> str:
         """A short hash of the tokenizer's full definition (vocabulary, merges, normalizer)."""
@@ -162,13 +259,23 @@ class TextEncoder:
         """One text -> a tokenizers Encoding (ids and character offsets), no special tokens."""
         if self._backend is None:
             raise ConfigError("character offsets need a fast (Rust-backed) tokenizer")
-        return self._backend.encode(text, add_special_tokens=False)
+        try:
+            return self._backend.encode(text, add_special_tokens=False)
+        except TypeError as exc:
+            raise refusal([text], exc) from None
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
         """Each text's ids; texts over :data:`LONG_TEXT_CHARS` go through :meth:`slices`, the
         others through one batch call. A batch call of :data:`~zephon.pool_turns.MIN_TEXTS`
         texts or more takes its turn in the tokenizer's pool (:mod:`zephon.pool_turns`) with
-        its texts longest first; the ids come back in the order given."""
+        its texts longest first; the ids come back in the order given. A text the backend
+        refuses raises :class:`UnencodableText` naming its index in ``texts``."""
+        try:
+            return self._encode(texts)
+        except (TypeError, UnicodeError, UnencodableText) as exc:
+            raise refusal(texts, exc) from None
+
+    def _encode(self, texts: list[str]) -> list[np.ndarray]:
         if not self._sliceable or all(len(t) <= LONG_TEXT_CHARS for t in texts):
             return self._encode_batch(texts)
         short = iter(self._encode_batch([t for t in texts if len(t) <= LONG_TEXT_CHARS]))
@@ -188,7 +295,8 @@ class TextEncoder:
             for i, encoding in zip(order, encodings, strict=True):
                 ids[i] = ids_array(encoding.ids)
             return ids
-        ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        options = {"split_special_tokens": True} if self._split_special else {}
+        ids = self.tokenizer(texts, add_special_tokens=False, **options)["input_ids"]
         return [np.asarray(x, dtype=np.int32) for x in ids]
 
     @property
@@ -203,15 +311,22 @@ class TextEncoder:
         byte-level BPE pre-tokenizer (GPT-2's rule) never merges across such a cut, so the
         ids equal whole-text tokenization (tested) while the tokenizer's per-token
         bookkeeping (about 550 bytes a token) is held for one slice at a time. A tokenizer
-        that is not :attr:`sliceable` gives the whole text as one slice."""
+        that is not :attr:`sliceable` gives the whole text as one slice. A refused text
+        raises :class:`UnencodableText` (index 0, the character counted in ``text``)."""
         if not self._sliceable:
-            yield self._encode_batch([text])[0]
+            yield self._encode_slice(text, text)
             return
         start = 0
         while start < len(text):
             end = _cut(text, start + SLICE_CHARS)
-            yield self._encode_batch([text[start:end]])[0]
+            yield self._encode_slice(text[start:end], text)
             start = end
+
+    def _encode_slice(self, piece: str, text: str) -> np.ndarray:
+        try:
+            return self._encode_batch([piece])[0]
+        except (TypeError, UnicodeError) as exc:
+            raise refusal([text], exc) from None
 
 
 def ids_array(ids: list[int]) -> np.ndarray:
@@ -255,6 +370,17 @@ def _splits_at_spaces(backend: Any) -> bool:
             and bool(pre.use_regex))
 
 
+def _check_splits(tokenizer: Any) -> None:
+    """Refuse a tokenizer without a backend that cannot encode special-token text as plain
+    text (transformers' Mistral tokenizer): asked once, on a short text."""
+    try:
+        tokenizer(["x"], add_special_tokens=False, split_special_tokens=True)
+    except (ValueError, TypeError, NotImplementedError) as exc:
+        raise ConfigError(f"split_special_tokens=True: {type(tokenizer).__name__} cannot "
+                          f"encode special-token text as plain text ({exc}); set "
+                          "split_special_tokens=False") from None
+
+
 def _token_id(tokenizer: Any, kind: str) -> int | None:
     value = getattr(tokenizer, f"{kind}_token_id", None)
     return int(value) if value is not None else None
@@ -296,7 +422,10 @@ class _SavedFastTokenizer:
         return loaded if loaded.eos_token_id is not None else None
 
 
-def resolve_encoder(tokenizer_id: str | None, tokenizer: Any | None) -> TextEncoder:
+def resolve_encoder(tokenizer_id: str | None, tokenizer: Any | None,
+                    split_special_tokens: bool = False) -> TextEncoder:
+    """The encoder of exactly one of a tokenizer id (loaded, see :func:`load_tokenizer`) or
+    a tokenizer object; ``split_special_tokens`` as in :class:`TextEncoder`."""
     if (tokenizer_id is None) == (tokenizer is None):
         raise ConfigError("give exactly one of tokenizer_id=... or tokenizer=...")
     if tokenizer is None:
@@ -304,4 +433,4 @@ def resolve_encoder(tokenizer_id: str | None, tokenizer: Any | None) -> TextEnco
             cached = _CACHE.get(tokenizer_id)
         tokenizer = cached or _SavedFastTokenizer.try_load(tokenizer_id) or \
             load_tokenizer(tokenizer_id)
-    return TextEncoder(tokenizer)
+    return TextEncoder(tokenizer, split_special_tokens)

@@ -298,3 +298,224 @@ def test_texts_are_sliced_only_under_gpt2_byte_level_pre_tokenization():
     assert not _splits_at_spaces(backend(pre_tokenizers.Sequence(
         [pre_tokenizers.Digits(), pre_tokenizers.ByteLevel()])))
     assert not _splits_at_spaces(backend(pre_tokenizers.Whitespace()))
+
+
+CONTROL_TEXT = "A page on tokens: <|eos|> ends one, <|pad|> fills and <|bos|> opens the next."
+
+
+def control_ids(tokenizer_dir) -> set[int]:
+    hf = load_tokenizer(tokenizer_dir)
+    return {hf.bos_token_id, hf.eos_token_id, hf.pad_token_id}
+
+
+def test_special_token_text_in_a_document_is_plain_text(tokenizer_dir):
+    hf = load_tokenizer(tokenizer_dir)
+    [[doc]] = DocumentTokenizer(TokenizeSpec(tokenizer_id=tokenizer_dir)).encode([CONTROL_TEXT])
+    assert doc[0] == hf.bos_token_id and doc[-1] == hf.eos_token_id
+    assert not control_ids(tokenizer_dir) & set(doc[1:-1].tolist())
+    assert hf.decode(doc[1:-1]) == CONTROL_TEXT
+    kept = DocumentTokenizer(TokenizeSpec(tokenizer_id=tokenizer_dir, split_special_tokens=False))
+    [[marked]] = kept.encode([CONTROL_TEXT])
+    assert control_ids(tokenizer_dir) <= set(marked[1:-1].tolist())  # markers on purpose
+
+
+def test_split_special_tokens_is_in_the_fingerprint(tokenizer_dir):
+    split = DocumentTokenizer(TokenizeSpec(tokenizer_id=tokenizer_dir)).fingerprint()
+    kept = DocumentTokenizer(TokenizeSpec(tokenizer_id=tokenizer_dir,
+                                          split_special_tokens=False)).fingerprint()
+    assert split["split_special_tokens"] is True and kept["split_special_tokens"] is False
+
+
+def test_every_encoding_path_gives_the_same_plain_ids(tokenizer_dir, monkeypatch):
+    """Batch calls with and without a pool turn, offsets, long-text slices, a copied backend
+    and an encoder sent to a worker process all give the ids of the backend's own switch."""
+    import pickle
+
+    from tokenizers import Tokenizer
+
+    import zephon.tokenizer as tokenizer_module
+    from zephon.tokenizer import TextEncoder, resolve_encoder
+
+    words = long_text(900).split(" ")
+    markers = ["<|eos|>", "<|pad|>", "<|bos|>", "x<|eos|>y", "<|pad|><|bos|>"]
+    text = " ".join(w if i % 9 else f"{w} {markers[i % 5]}" for i, w in enumerate(words))
+    reference = Tokenizer.from_file(os.path.join(tokenizer_dir, "tokenizer.json"))
+    reference.encode_special_tokens = True
+    expected = reference.encode(text, add_special_tokens=False).ids
+    assert not control_ids(tokenizer_dir) & set(expected)
+
+    own = resolve_encoder(tokenizer_dir, None, split_special_tokens=True)
+    copied = TextEncoder(load_tokenizer(tokenizer_dir), split_special_tokens=True)
+    travelled = pickle.loads(pickle.dumps(copied))
+    for encoder in (own, copied, travelled):
+        assert encoder.encode([text])[0].tolist() == expected
+        assert all(ids.tolist() == expected for ids in encoder.encode([text] * 20))
+        assert encoder.encode_with_offsets(text).ids == expected
+    monkeypatch.setattr(tokenizer_module, "LONG_TEXT_CHARS", 200)
+    monkeypatch.setattr(tokenizer_module, "SLICE_CHARS", 97)
+    for encoder in (own, copied, travelled):
+        assert len(list(encoder.slices(text))) > 20
+        assert encoder.encode([text, "ka"])[0].tolist() == expected
+    assert TextEncoder(load_tokenizer(tokenizer_dir)).encode([text])[0].tolist() != expected
+
+
+def test_a_python_tokenizer_splits_special_token_text_too():
+    from transformers import ByT5Tokenizer
+
+    from zephon.tokenizer import TextEncoder
+
+    python = ByT5Tokenizer()  # no Rust backend: encoded through transformers' own call
+    assert getattr(python, "backend_tokenizer", None) is None
+    text = "one </s> two"
+    [split] = TextEncoder(python, split_special_tokens=True).encode([text])
+    assert python.eos_token_id not in split.tolist()
+    assert python.decode(split.tolist()) == text
+    [kept] = TextEncoder(python).encode([text])
+    assert python.eos_token_id in kept.tolist()
+
+
+def test_a_tokenizer_that_cannot_split_special_tokens_is_refused():
+    class Refusing:
+        eos_token_id = 1
+
+        def get_vocab(self):
+            return {"x": 0, "</s>": 1}
+
+        def __call__(self, texts, add_special_tokens=True, split_special_tokens=False):
+            if split_special_tokens:
+                raise ValueError("this tokenizer does not support split_special_tokens")
+            return {"input_ids": [[0] for _ in texts]}
+
+    with pytest.raises(ConfigError, match="split_special_tokens=False"):
+        DocumentTokenizer(TokenizeSpec(tokenizer=Refusing()))
+    assert DocumentTokenizer(TokenizeSpec(tokenizer=Refusing(), split_special_tokens=False))
+
+
+def gpt2_style_tokenizer(path) -> str:
+    """A byte-level BPE whose BOS and EOS are both ``<|endoftext|>``, as GPT-2's."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from zephon.demo.assets import make_documents
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tokenizer.train_from_iterator(make_documents(30, seed=5), trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<|endoftext|>",
+                            eos_token="<|endoftext|>").save_pretrained(str(path))
+    return str(path)
+
+
+def test_a_bos_that_is_the_eos_is_not_added_unless_asked(tmp_path):
+    path = gpt2_style_tokenizer(tmp_path / "gpt2")
+    hf = load_tokenizer(path)
+    end = hf.eos_token_id
+    assert hf.bos_token_id == end
+    plain = DocumentTokenizer(TokenizeSpec(tokenizer_id=path)).encode(["Ka lo.", "Mi ne."])
+    ids = np.concatenate([doc for [doc] in plain]).tolist()
+    assert ids.count(end) == 2 and ids[-1] == end  # one separator per document, not two
+    assert plain[0][0].tolist() == hf("Ka lo.", add_special_tokens=False)["input_ids"] + [end]
+    for tokenizer in (dict(tokenizer_id=path), dict(tokenizer=hf)):
+        op = DocumentTokenizer(TokenizeSpec(**tokenizer))
+        assert op.bos is None and op.fingerprint()["bos"] is None
+        asked = DocumentTokenizer(TokenizeSpec(**tokenizer, add_bos=True))
+        [[doc]] = asked.encode(["Ka lo."])
+        assert doc[0] == end and doc[-1] == end and asked.fingerprint()["bos"] == end
+
+
+def write_surrogate_jsonl(path):
+    """JSON Lines whose second line escapes a lone surrogate, as scraped data does."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"text": "Ka lo mi."}\n{"text": "x \\udc80 y"}\n{"text": "Mi ne."}\n')
+    return path
+
+
+def test_a_lone_surrogate_is_an_error_naming_the_row_and_the_cleaning_map(tokenizer_dir,
+                                                                           monkeypatch):
+    import json
+
+    import zephon.ops.tokenize as tokenize_module
+    import zephon.tokenizer as tokenizer_module
+    from zephon.errors import DataError
+    from zephon.records import Doc
+
+    bad = json.loads('"x \\udc80 y"')
+    op = DocumentTokenizer(TokenizeSpec(tokenizer_id=tokenizer_dir, max_document_tokens=64))
+    texts = [f"Ka lo {i}." for i in range(30)]
+    for at in (1, 17):  # a short batch call, and one that takes a turn in the pool
+        batch = [*texts[:at], bad, *texts[at:]]
+        docs = [Doc(None, f"d{i}", "web", fields={"text": t}) for i, t in enumerate(batch)]
+        with pytest.raises(DataError, match=rf"web/part-0\.jsonl:{at + 1}: field 'text', "
+                                            r"character 2, holds the surrogate code point "
+                                            r"U\+DC80.*zephon\.tokenizer:replace_surrogates"):
+            op.apply(docs, [f"web/part-0.jsonl:{i + 1}" for i in range(len(batch))])
+    monkeypatch.setattr(tokenize_module, "LONG_TEXT_CHARS", 1000)
+    monkeypatch.setattr(tokenizer_module, "LONG_TEXT_CHARS", 1000)
+    monkeypatch.setattr(tokenizer_module, "SLICE_CHARS", 333)
+    long = long_text(400)
+    long = long[:2500] + "\ud83d" + long[2500:]
+    [lazy] = op.apply([Doc(None, "d", "web", fields={"text": long})], ["web/part-1.jsonl:9"])
+    with pytest.raises(DataError, match=r"web/part-1\.jsonl:9: field 'text', character 2500, "
+                                        r"holds the surrogate code point U\+D83D"):
+        list(lazy)
+
+
+def test_the_cleaning_map_replaces_lone_surrogates_in_a_pipeline(tokenizer_dir, tmp_path):
+    from zephon import Pipeline
+    from zephon.errors import DataError
+    from zephon.io import Dataset
+    from zephon.work import StaticMixtureWorkSource
+
+    path = write_surrogate_jsonl(tmp_path / "web" / "part-0.jsonl")
+
+    def pipeline() -> Pipeline:
+        source = StaticMixtureWorkSource([Dataset.from_path("web", path)], shuffle_rows=False)
+        return Pipeline(source).options(prefetch=0)
+
+    tokenized = pipeline().tokenize(tokenizer_id=tokenizer_dir).pack_sequences(64).batch(1)
+    with pytest.raises(DataError, match=r"part-0\.jsonl:2: field 'text', character 2, holds"):
+        list(tokenized)
+    from zephon.tokenizer import replace_surrogates
+
+    cleaned = (pipeline().map(replace_surrogates).tokenize(tokenizer_id=tokenizer_dir)
+               .pack_sequences(64).batch(1))
+    op = DocumentTokenizer(TokenizeSpec(tokenizer_id=tokenizer_dir))
+    expected = [op.encode([t])[0][0].tolist() for t in ("Ka lo mi.", "x \ufffd y", "Mi ne.")]
+    got = [ids.tolist() for b in cleaned for r in b.records for ids in r.payload["documents"]]
+    assert sorted(got) == sorted(expected)
+    assert replace_surrogates({"a": "\ud800\udc00 ok", "b": [{"c": "\udfff"}], "n": 3}) == \
+        {"a": "\ufffd\ufffd ok", "b": [{"c": "\ufffd"}], "n": 3}
+
+
+def test_special_token_text_stays_text_in_threads_and_worker_processes(tokenizer_dir,
+                                                                       tmp_path):
+    from tests.conftest import write_jsonl
+    from zephon import Pipeline
+    from zephon.io import Dataset
+    from zephon.work import StaticMixtureWorkSource
+
+    hf = load_tokenizer(tokenizer_dir)
+    texts = [f"Row {i}: {CONTROL_TEXT}" for i in range(40)]
+    path = write_jsonl(tmp_path / "web.jsonl", [{"text": t} for t in texts])
+
+    def documents(split: bool = True, **options) -> list[list[int]]:
+        source = StaticMixtureWorkSource([Dataset.from_path("web", path)], shuffle_rows=False)
+        kept = {} if split else {"split_special_tokens": False}
+        pipeline = (Pipeline(source).options(**options)
+                    .tokenize(tokenizer_id=tokenizer_dir, **kept)
+                    .pack_sequences(4096).batch(1, drop_last=False))
+        return sorted(d.tolist() for b in pipeline for r in b.records
+                      for d in r.payload["documents"])
+
+    expected = sorted(DocumentTokenizer(TokenizeSpec(tokenizer_id=tokenizer_dir))
+                      .encode([t])[0][0].tolist() for t in texts)
+    for options in ({"prefetch": 0}, {}, {"workers": 1}):  # producer, document threads, worker
+        docs = documents(**options)
+        assert docs == expected, options
+        assert all(not control_ids(tokenizer_dir) & set(d[1:-1]) for d in docs)
+        assert sorted(hf.decode(d[1:-1]) for d in docs) == sorted(texts)
+    assert all(control_ids(tokenizer_dir) <= set(d[1:-1]) for d in documents(False, workers=1))

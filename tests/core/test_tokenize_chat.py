@@ -287,3 +287,31 @@ def test_the_demo_templates_with_and_without_markers_train_the_same_tokens(tmp_p
         assert ids.tolist() == plain_ids.tolist() and mask.tolist() == plain_mask.tolist()
         replies = [m["content"] + "<|im_end|>" for m in messages if m["role"] == "assistant"]
         assert trained_turns(marked.tokenizer, ids, mask) == replies
+
+
+@pytest.mark.parametrize("style", ["chatml", "llama3"])
+def test_a_lone_surrogate_in_a_message_is_an_error_naming_the_row(tmp_path, chat_tokenizers,
+                                                                  style):
+    """With generation markers (transformers encodes the render) and without (the encoder's
+    offsets) alike; the cleaning map then lets the conversation through, its template markers
+    still the control ids."""
+    path = tmp_path / "chat.jsonl"
+    good = json.dumps({"messages": CONVERSATION[1:3]})
+    bad = good.replace("Ne ta shi.", "Ne \\udc80 ta shi.")
+    path.write_text(f"{good}\n{bad}\n")
+    pipeline = chat_pipeline(path, chat_tokenizers[style]).batch(1, drop_last=False)
+    with pytest.raises(DataError, match=r"chat\.jsonl:2: field 'messages': message 1 \(role "
+                                        r"'assistant'\) holds the surrogate code point U\+DC80"
+                                        r".*zephon\.tokenizer:replace_surrogates"):
+        list(pipeline)
+    from zephon.tokenizer import replace_surrogates
+
+    source = StaticMixtureWorkSource([Dataset.from_path("chat", path)], seed=0,
+                                     shuffle_rows=False, shuffle_units=False)
+    cleaned = (Pipeline(source).map(replace_surrogates)
+               .tokenize_chat(tokenizer_id=chat_tokenizers[style]).batch(1, drop_last=False))
+    [first, second] = [b.records[0].payload["input_ids"] for b in cleaned]
+    chat = _chat(chat_tokenizers[style])
+    assert "Ne \ufffd ta shi." in chat.tokenizer.decode(second.tolist())
+    marker = chat.tokenizer.convert_tokens_to_ids(END_OF_TURN[style])
+    assert first.tolist().count(marker) == second.tolist().count(marker) == 2

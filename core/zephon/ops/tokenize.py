@@ -6,6 +6,22 @@ than ``max_document_tokens`` (counting BOS/EOS) is split into consecutive pieces
 many tokens, each packed as its own document; only the first piece carries BOS and only the
 last carries EOS. Empty or null texts produce no document and are counted.
 
+BOS and EOS are added by default when the tokenizer defines them, except BOS where it is the
+EOS token itself (GPT-2's ``<|endoftext|>``): one separator between documents, as Megatron's
+``--append-eod`` data has, not two; ``add_bos=True`` adds it anyway.
+
+Special-token text inside a document (``"<|eos|>"`` in a web page about tokenizers) is encoded
+as the plain text it is, never as the control token it spells (``split_special_tokens=True``,
+the default; tiktoken refuses such text by default, transformers encodes it as the control
+token). Data that embeds its markers on purpose sets ``split_special_tokens=False``. Either way
+the tokenizer's own switch does the work (see :mod:`zephon.tokenizer`): non-special added
+tokens still match, and both settings tokenize at the same speed (batch calls of 1,000 demo
+documents: a median ratio of 1.00 over 30 interleaved pairs).
+
+A text holding a surrogate code point (from a JSON escape such as ``\\udc80``) is a DataError
+naming the row and the map that cleans it (:func:`zephon.tokenizer.replace_surrogates`); it is
+found only after the tokenizer refuses a batch, so clean text pays nothing for the check.
+
 With ``max_document_tokens``, a text longer than ``LONG_TEXT_CHARS`` (256 KiB) is tokenized in
 slices as its pieces are taken (:class:`~zephon.ops.base.LazyPieces`), so a 50 MB document
 holds one slice's tokens and one piece at a time instead of its 12M tokens; a resume inside it
@@ -35,7 +51,13 @@ from zephon.ops.base import (
     Outcome,
 )
 from zephon.records import Doc
-from zephon.tokenizer import LONG_TEXT_CHARS, TextEncoder, resolve_encoder
+from zephon.tokenizer import (
+    LONG_TEXT_CHARS,
+    TextEncoder,
+    UnencodableText,
+    resolve_encoder,
+    surrogate_advice,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +78,15 @@ class TokenizeSpec(DocumentSpec):
                                                               "fingerprint": False})
     """A tokenizer object instead of ``tokenizer_id`` (Python only)."""
     add_bos: bool | None = None
-    """Prefix each document with BOS. None: when the tokenizer defines a BOS token."""
+    """Prefix each document with BOS. None: when the tokenizer defines a BOS token that differs
+    from its EOS token (a BOS that is the EOS would double the separator after EOS)."""
     add_eos: bool | None = None
     """Suffix each document with EOS. None: when the tokenizer defines an EOS token."""
     max_document_tokens: int | None = None
     """Split longer documents into pieces of at most this many tokens (None: never split)."""
+    split_special_tokens: bool = True
+    """Encode special-token text inside a document (``"<|eos|>"``) as plain text (True), or
+    as the control token it spells (False: for data that embeds its markers on purpose)."""
     batch_size: int = dataclasses.field(default=256, metadata={"fingerprint": False})
     """Documents per backend call; affects speed only, never the tokens."""
 
@@ -93,9 +119,12 @@ class DocumentTokenizer(DocumentOperator):
         self.spec: TokenizeSpec = spec
         self.columns = [spec.field]
         self.batch_size = spec.batch_size
-        self.encoder: TextEncoder = resolve_encoder(spec.tokenizer_id, spec.tokenizer)
+        self.encoder: TextEncoder = resolve_encoder(spec.tokenizer_id, spec.tokenizer,
+                                                    spec.split_special_tokens)
         special = self.encoder.special
         self.bos = _special(spec.add_bos, special.bos, "add_bos", "BOS")
+        if spec.add_bos is None and self.bos is not None and self.bos == special.eos:
+            self.bos = None
         self.eos = _special(spec.add_eos, special.eos, "add_eos", "EOS")
         self._warned_long = False
 
@@ -108,6 +137,7 @@ class DocumentTokenizer(DocumentOperator):
             "bos": self.bos,
             "eos": self.eos,
             "max_document_tokens": self.spec.max_document_tokens,
+            "split_special_tokens": self.spec.split_special_tokens,
         }
 
     def apply(self, docs: Sequence[Doc], where: Sequence[str]) -> list[Outcome]:
@@ -126,11 +156,14 @@ class DocumentTokenizer(DocumentOperator):
             texts.append(value or "")
         lazy = self._made_lazily(texts)
         out: list[Outcome] = []
-        eager = iter(self.encode([t for t, made_lazily in zip(texts, lazy, strict=True)
-                                  if not made_lazily]))
+        now = [i for i, made_lazily in enumerate(lazy) if not made_lazily]
+        try:
+            eager = iter(self.encode([texts[i] for i in now]))
+        except UnencodableText as exc:
+            raise self._unencodable(where[now[exc.index]], exc) from None
         for doc, text, made_lazily, label in zip(docs, texts, lazy, where, strict=True):
             if made_lazily:
-                out.append(LazyPieces(functools.partial(self._lazy_pieces, doc, text)))
+                out.append(LazyPieces(functools.partial(self._lazy_pieces, doc, text, label)))
                 continue
             pieces = next(eager)
             if not pieces:
@@ -157,14 +190,18 @@ class DocumentTokenizer(DocumentOperator):
             return [False] * len(texts)
         return [len(t) > LONG_TEXT_CHARS for t in texts]
 
-    def _lazy_pieces(self, doc: Doc, text: str) -> Iterator[Doc]:
+    def _unencodable(self, label: str, exc: UnencodableText) -> DataError:
+        return DataError(f"{label}: field {self.spec.field!r}, character {exc.at}, holds "
+                         f"{surrogate_advice(exc.code, 'tokenize')}")
+
+    def _lazy_pieces(self, doc: Doc, text: str, label: str) -> Iterator[Doc]:
         """The pieces of one long text, made slice by slice: at most one slice's tokens and
         one piece are held at a time, not the whole document's tokens."""
         limit = self.spec.max_document_tokens
         assert limit is not None
         pending = np.array([self.bos] if self.bos is not None else [], dtype=np.int32)
         offset = doc.doc_start
-        for ids in self.encoder.slices(text):
+        for ids in self._slices(text, label):
             pending = np.concatenate([pending, ids])
             cut = pending.size - pending.size % limit
             for start in range(0, cut, limit):
@@ -177,6 +214,12 @@ class DocumentTokenizer(DocumentOperator):
             piece = pending[start:start + limit]
             yield Doc(piece.copy(), doc.doc_id, doc.dataset, offset)
             offset += piece.size
+
+    def _slices(self, text: str, label: str) -> Iterator[np.ndarray]:
+        try:
+            yield from self.encoder.slices(text)
+        except UnencodableText as exc:
+            raise self._unencodable(label, exc) from None
 
     def encode(self, texts: list[str]) -> list[list[np.ndarray]]:
         """Each text -> its pieces (an empty list for an empty document)."""

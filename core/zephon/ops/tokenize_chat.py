@@ -20,6 +20,16 @@ every non-empty assistant turn, ``"last"`` only the final one. The spans are fou
 Fail closed: a conversation with nothing to train on (no assistant turn, only empty ones, an
 unknown role, a missing or malformed field) is dropped and counted by reason, or raises with
 ``on_untrainable="raise"``. There is no fallback to training on every token.
+
+Special tokens: the rendered conversation is encoded with special-token text as control tokens,
+so the template's own markers (``<|im_start|>``, ``<|im_end|>``, BOS) are the control ids they
+must be. The same holds for special-token text inside a message's content: the template's
+output does not say which characters came from the messages (``tokenize``'s
+``split_special_tokens`` has no counterpart here).
+
+A message holding a surrogate code point (from a JSON escape such as ``\\udc80``) is a
+DataError naming the row and the message, found only after the tokenizer refuses the text; the
+map ``zephon.tokenizer.replace_surrogates`` cleans such data.
 """
 
 from __future__ import annotations
@@ -44,7 +54,13 @@ from zephon.ops.base import (
 )
 from zephon.ops.tokenize import split_pieces
 from zephon.records import Doc
-from zephon.tokenizer import TextEncoder, load_tokenizer
+from zephon.tokenizer import (
+    TextEncoder,
+    UnencodableText,
+    find_surrogate,
+    load_tokenizer,
+    surrogate_advice,
+)
 
 ROLES = ("system", "user", "assistant", "tool")
 _MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -113,6 +129,14 @@ class _Untrainable(Exception):
         self.reason = reason
 
 
+class _Surrogate(Exception):
+    """The tokenizer refused a conversation holding a surrogate code point."""
+
+    def __init__(self, place: str, code: int):
+        super().__init__(place, code)
+        self.place, self.code = place, code
+
+
 class ChatTokenizer(DocumentOperator):
     """Runtime side of :class:`TokenizeChatSpec`."""
 
@@ -172,6 +196,9 @@ class ChatTokenizer(DocumentOperator):
                 continue
             except ConfigError as exc:
                 raise ConfigError(f"{label}: {exc}") from None
+            except _Surrogate as exc:
+                raise DataError(f"{label}: field {self.spec.field!r}: {exc.place} holds "
+                                f"{surrogate_advice(exc.code, 'tokenize_chat')}") from None
             limit = self.spec.max_document_tokens
             if limit is None or len(ids) <= limit:
                 out.append(split_pieces(doc, [ids], [mask]))
@@ -247,6 +274,9 @@ class ChatTokenizer(DocumentOperator):
                 messages, tools=tools, chat_template=self.template, tokenize=True,
                 return_dict=True, return_assistant_tokens_mask=True)
         except Exception as exc:
+            found = _surrogate(messages, tools)
+            if found is not None:
+                raise _Surrogate(*found) from None
             raise _Untrainable("invalid", f"the chat template failed: {exc}") from None
         ids = np.asarray(out["input_ids"], dtype=np.int32)
         marked = np.asarray(out["assistant_masks"], dtype=bool)
@@ -281,7 +311,11 @@ class ChatTokenizer(DocumentOperator):
                     "template renders earlier turns differently once later turns follow; add "
                     "{% generation %} markers to the template")
             spans.append((len(prompt), len(upto.rstrip())))
-        encoding = self.encoder.encode_with_offsets(full)
+        try:
+            encoding = self.encoder.encode_with_offsets(full)
+        except UnencodableText as exc:
+            raise _Surrogate(*(_surrogate(messages, tools) or
+                               ("the rendered conversation", exc.code))) from None
         ids = np.asarray(encoding.ids, dtype=np.int32)
         starts = np.array([o[0] for o in encoding.offsets], dtype=np.int64)
         ends = np.array([o[1] for o in encoding.offsets], dtype=np.int64)
@@ -303,6 +337,33 @@ class ChatTokenizer(DocumentOperator):
             raise _Untrainable("invalid", "cannot find where the opening assistant turn starts "
                                "in the template's output")
         return rendered[:at + len(header)]
+
+
+def _surrogate(messages: list[dict[str, Any]], tools: Any) -> tuple[str, int] | None:
+    """(which message, or the tools, the code point) of the first surrogate code point in a
+    conversation, or None. Asked only after the tokenizer refused it."""
+    for i, message in enumerate(messages):
+        code = _first_surrogate(message)
+        if code is not None:
+            return f"message {i} (role {message.get('role')!r})", code
+    code = _first_surrogate(tools)
+    return ("the tools", code) if code is not None else None
+
+
+def _first_surrogate(value: Any) -> int | None:
+    """The first surrogate code point in a string, or in the keys and values of nested
+    dicts and lists."""
+    if isinstance(value, str):
+        found = find_surrogate([value])
+        return found[2] if found is not None else None
+    if isinstance(value, dict):
+        value = [part for item in value.items() for part in item]
+    if isinstance(value, (list, tuple)):
+        for part in value:
+            code = _first_surrogate(part)
+            if code is not None:
+                return code
+    return None
 
 
 def _has_content(message: dict[str, Any]) -> bool:
