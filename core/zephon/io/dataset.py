@@ -15,6 +15,18 @@ Local listing rules, the same for files, directories and globs:
   (``dataset_info.json``, ``state.json``, ``dataset_dict.json``); other files, hidden ones and
   duplicates are skipped, logged and listed in ``skipped_files()`` (and the pipeline report);
 - a FIFO, device or socket, a broken link and a link loop are errors naming the path.
+
+Folders written by ``datasets`` (``Dataset.save_to_disk``) are read through their listing: a
+folder whose ``state.json`` has ``_data_files`` holds more ``.arrow`` files than its data once
+``load_from_disk(d).map(f)`` has run there (``cache-<hash>.arrow``, the mapped copy; reading
+it too would read every row twice). Of the files in such a folder only the listed ones are
+read, unless a file is named directly; the others are skipped, logged and listed like any
+skipped path. A listed file that is missing, or a ``state.json`` that cannot be parsed beside
+a ``dataset_info.json``, is an error naming the ``state.json``. A ``DatasetDict`` folder
+(``dataset_dict.json``, one sub-folder per split) is a ConfigError when the path (or a folder
+above it) names it, since reading it whole would mix its splits (a test split into
+training): name the split's folder (``d/train``), or make one dataset per split. A glob that
+matches split folders (``d/*``) reads each of them through its own ``state.json``.
 """
 
 from __future__ import annotations
@@ -114,9 +126,12 @@ class Dataset:
         return self._skipped
 
     def _list_files(self) -> list[DataFile]:
-        candidates, skipped = _expand_local(self.path)
+        candidates, skipped, dict_folders = _expand_local(self.path)
+        if dict_folders:
+            raise ConfigError(_dict_folder_message(self.name, dict_folders[0]))
         if not candidates and not skipped:
             raise DataError(f"Dataset {self.name!r}: no files match {self.path!r}")
+        candidates = _through_saved_listings(candidates, skipped, self.path)
         files = []
         for candidate in candidates:
             prefix = prefix_of(candidate)
@@ -212,18 +227,92 @@ def _root_of(path: str) -> str:
     return path if os.path.isdir(path) else os.path.dirname(path) or "."
 
 
-_METADATA = frozenset({"dataset_info.json", "state.json", "dataset_dict.json"})
+_SAVED_STATE = "state.json"
+_SAVED_INFO = "dataset_info.json"
+_DICT_MARKER = "dataset_dict.json"
+_METADATA = frozenset({_SAVED_INFO, _SAVED_STATE, _DICT_MARKER})
 
 
-def _expand_local(path: str) -> tuple[list[str], list[str]]:
-    """(files to consider, in sorted order, each real file once; skipped ``"path (reason)"``)."""
+def _through_saved_listings(candidates: list[str], skipped: list[str], path: str) -> list[str]:
+    """``candidates`` less the files of ``save_to_disk`` folders that their ``state.json``
+    does not list (added to ``skipped``). One ``stat`` per directory, and one parse per
+    ``state.json``, whatever the number of files."""
+    listings: dict[str, frozenset[str] | None] = {}
+    kept = []
+    for candidate in candidates:
+        folder = os.path.dirname(candidate) or "."
+        if folder not in listings:
+            listings[folder] = _saved_listing(folder)
+        listed = listings[folder]
+        if (listed is None or candidate == path or os.path.basename(candidate) in _METADATA
+                or os.path.normpath(candidate) in listed):
+            kept.append(candidate)
+        else:
+            skipped.append(f"{candidate} (not listed in {os.path.join(folder, _SAVED_STATE)})")
+    return kept
+
+
+def _saved_listing(folder: str) -> frozenset[str] | None:
+    """The normalized paths of the data files a ``datasets.save_to_disk`` folder lists in its
+    ``state.json`` (``_data_files``), or None when ``folder`` is not such a folder."""
+    state = os.path.join(folder, _SAVED_STATE)
+    if not os.path.isfile(state):
+        return None
+    saved_by_datasets = os.path.isfile(os.path.join(folder, _SAVED_INFO))
+    try:
+        with open(state, encoding="utf-8") as fh:
+            content = json.load(fh)
+    except (OSError, ValueError) as exc:
+        if saved_by_datasets:
+            raise DataError(f"{state}: cannot be read as the listing of a datasets.save_to_disk "
+                            f"folder ({exc}); its data files are unknown") from None
+        return None
+    if not isinstance(content, dict) or "_data_files" not in content:
+        if saved_by_datasets:
+            raise DataError(f"{state}: has no _data_files list, so the data files of this "
+                            "datasets.save_to_disk folder are unknown")
+        return None
+    entries = content["_data_files"]
+    if not isinstance(entries, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("filename"), str) for e in entries):
+        raise DataError(f"{state}: _data_files must be a list of {{\"filename\": ...}} "
+                        f"entries, got {entries!r:.200}")
+    listed = []
+    for entry in entries:
+        data = os.path.normpath(os.path.join(folder, entry["filename"]))
+        if not os.path.isfile(data):
+            raise DataError(f"{state}: lists {entry['filename']!r}, which is missing from "
+                            f"{folder}; the saved dataset is incomplete")
+        listed.append(data)
+    return frozenset(listed)
+
+
+def _dict_folder_message(name: str, folder: str) -> str:
+    """Why a DatasetDict folder is not read whole, and what to name instead."""
+    try:
+        with open(os.path.join(folder, _DICT_MARKER), encoding="utf-8") as fh:
+            splits = [str(s) for s in json.load(fh)["splits"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        splits = sorted(d for d in os.listdir(folder) if os.path.isdir(os.path.join(folder, d)))
+    example = os.path.join(folder, splits[0]) if splits else os.path.join(folder, "<split>")
+    return (f"Dataset {name!r}: {folder} is a DatasetDict written by datasets.save_to_disk "
+            f"(it holds {_DICT_MARKER}), with splits {splits}; reading it whole would mix "
+            f"them, a test split into training. Name one split's folder as the path (e.g. "
+            f"{example!r}), or make one dataset per split")
+
+
+def _expand_local(path: str) -> tuple[list[str], list[str], list[str]]:
+    """(files to consider, in sorted order, each real file once; skipped ``"path (reason)"``;
+    DatasetDict folders walked into)."""
     skipped: list[str] = []
+    dict_folders: list[str] = []
     if any(ch in path for ch in "*?["):
         found = []
         for match in sorted(glob.glob(path, recursive=True)):
-            found.extend(_walk(match, skipped) if os.path.isdir(match) else [match])
+            found.extend(_walk(match, skipped, dict_folders) if os.path.isdir(match)
+                         else [match])
     elif os.path.isdir(path):
-        found = _walk(path, skipped)
+        found = _walk(path, skipped, dict_folders)
     elif os.path.lexists(path) or prefix_of(path) is not None:
         found = [path]
     else:
@@ -241,13 +330,13 @@ def _expand_local(path: str) -> tuple[list[str], list[str]]:
             continue
         first[real] = candidate
         files.append(candidate)
-    return files, skipped
+    return files, skipped, dict_folders
 
 
-def _walk(root: str, skipped: list[str]) -> list[str]:
+def _walk(root: str, skipped: list[str], dict_folders: list[str]) -> list[str]:
     """Every file under ``root``, following directory links; a directory reached again (a
     link loop or a second link to it) is not walked twice. Adds what it passes over to
-    ``skipped``."""
+    ``skipped``, and the DatasetDict folders it walks into to ``dict_folders``."""
     found = []
     seen: dict[str, str] = {}
     for current, dirs, names in os.walk(root, followlinks=True):
@@ -260,6 +349,8 @@ def _walk(root: str, skipped: list[str]) -> list[str]:
         skipped.extend(f"{os.path.join(current, d)}/ (hidden)" for d in dirs
                        if d.startswith("."))
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        if _DICT_MARKER in names:
+            dict_folders.append(current)
         found.extend(os.path.join(current, n) for n in names)
     return found
 
