@@ -17,14 +17,16 @@ from typing import Any
 from zephon.batch import SampleBatch
 from zephon.engine.agreement import RoundAgreement, check_agreement_group
 from zephon.engine.document_threads import DocumentThreads
-from zephon.engine.lane import LanePlan
+from zephon.engine.lane import LanePlan, restored_lane
 from zephon.engine.rank import RankStream, rounds_ahead
 from zephon.engine.rank_check import check_ranks_agree, plan_digests
 from zephon.engine.source import Offload, projected_columns, transform_documents
 from zephon.engine.state import (
     STATE_VERSION,
     check_fingerprint,
-    from_portable,
+    check_lanes,
+    in_entry,
+    lane_entries,
     lane_key,
     to_portable,
 )
@@ -183,48 +185,70 @@ class Loader:
         Any consumed count ``s`` resumes, whatever the size now: the next global microbatches
         are ``s, s + 1, ...`` and rank ``r`` takes those with ``m % W == r`` (its lanes, since
         ``W`` divides ``L``), so a run checkpointed after 10 microbatches at 2 ranks goes on at
-        4 ranks with ranks 2 and 3 taking microbatches 10 and 11."""
-        if not isinstance(state, dict):
-            raise StateMismatchError(f"load_state_dict expects a dict, got {type(state).__name__}")
+        4 ranks with ranks 2 and 3 taking microbatches 10 and 11.
+
+        Nothing in ``state`` is trusted. Every entry must have the fields and types a loader
+        writes, the fingerprint of this pipeline and the lane of its key; the entries must
+        agree on the consumed count. Each lane this rank owns is restored into a fresh lane
+        first, whose nodes check every field against the plan (positions within the units the
+        lane reads, counts that agree), and a lane marked finished must be at its end. Other
+        lanes' states are checked by the ranks that own them. Any misfit raises a
+        StateMismatchError naming the entry and field, before any iteration, and leaves the
+        loader as it was."""
+        entries = lane_entries(state)
         world, rank = self.options.dp_world_size, self.options.dp_rank
-        lane_entries = {k: v for k, v in state.items() if k.startswith("lane_")}
-        if not lane_entries:
-            raise StateMismatchError("loader state has no lane entries (keys lane_<n>); was it "
-                                     "written by a zephon Pipeline?")
-        for key, entry in lane_entries.items():
-            if entry.get("version") != STATE_VERSION:
-                raise StateMismatchError(f"loader state {key!r} has version "
-                                         f"{entry.get('version')}, expected {STATE_VERSION}")
-        self._follow_moved_branches(next(iter(lane_entries.values()))["fingerprint"])
-        stream = self.stream
-        for key, entry in lane_entries.items():
-            check_fingerprint(entry["fingerprint"], self._fingerprint, key, self._titles)
-        missing = [lane_key(lane) for lane in stream.owned if lane_key(lane) not in lane_entries]
-        if missing:
-            raise StateMismatchError(
-                f"loader state lacks {missing} needed by rank {rank} of {world}; "
-                f"it holds {sorted(lane_entries)}. Merge the states of all ranks before loading "
-                "at another data-parallel size.")
-        consumed = {e["consumed_global"] for e in lane_entries.values()}
-        if len(consumed) != 1:
-            raise StateMismatchError(f"loader state entries disagree on how many microbatches "
-                                     f"were consumed ({sorted(consumed)}); they come from "
-                                     "different steps")
-        total = consumed.pop()
-        finished = any(e["finished"] for e in lane_entries.values())
-        for lane in stream.owned:
-            lane_state = lane_entries[lane_key(lane)]["lane_state"]
-            done = lane_state["microbatches"] if lane_state else 0
-            expected = max(0, -(-(total - lane) // self.lanes))
-            if done != expected and not lane_entries[lane_key(lane)]["finished"]:
+        previous = (self.source, self.plan, self._fingerprint, self.stream)
+        try:
+            self._follow_moved_branches(next(iter(entries.values()))["fingerprint"])
+            for lane, entry in entries.items():
+                check_fingerprint(entry["fingerprint"], self._fingerprint, lane_key(lane),
+                                  self._titles)
+            check_lanes(entries, self.lanes)
+            stream = self.stream
+            missing = [lane_key(lane) for lane in stream.owned if lane not in entries]
+            if missing:
                 raise StateMismatchError(
-                    f"loader state {lane_key(lane)!r} has {done} microbatches consumed, but "
-                    f"{total} global microbatches imply {expected}")
-        leftover = next((e["leftover"] for e in lane_entries.values() if e["leftover"]),
+                    f"loader state lacks {missing} needed by rank {rank} of {world}; it holds "
+                    f"{sorted(map(lane_key, entries))}. Merge the states of all ranks before "
+                    "loading at another data-parallel size.")
+            consumed = {e["consumed_global"] for e in entries.values()}
+            if len(consumed) != 1:
+                raise StateMismatchError(f"loader state entries disagree on how many "
+                                         f"microbatches were consumed ({sorted(consumed)}); "
+                                         "they come from different steps")
+            total = consumed.pop()
+            lane_states = {lane: self._checked_lane(lane, entries[lane], total)
+                           for lane in stream.owned}
+        except BaseException:
+            self.source, self.plan, self._fingerprint, self.stream = previous
+            raise
+        if stream is not previous[3]:
+            previous[3].close()
+        finished = any(e["finished"] for e in entries.values())
+        leftover = next((e["leftover"] for e in entries.values() if e["leftover"]),
                         dict.fromkeys(stream.leftover, 0))
-        stream.reset_to({lane: from_portable(lane_entries[lane_key(lane)]["lane_state"])
-                         for lane in stream.owned}, total, finished, dict(leftover))
+        stream.reset_to(lane_states, total, finished, dict(leftover))
         self.state_loaded = True
+
+    def _checked_lane(self, lane: int, entry: dict[str, Any], total: int
+                      ) -> dict[str, Any] | None:
+        """The decoded state of ``lane``'s entry, restored once into a fresh lane whose nodes
+        check it. Its consumed microbatches must be those that ``total`` implies, unless the
+        entry is finished; then the lane must be at its end."""
+        key = lane_key(lane)
+        saved, trial = None, None
+        with in_entry(key):
+            if entry["lane_state"] is not None:
+                saved, trial = restored_lane(self.plan, lane, entry["lane_state"])
+        done = saved["microbatches"] if saved else 0
+        expected = max(0, -(-(total - lane) // self.lanes))
+        if done != expected and not entry["finished"]:
+            raise StateMismatchError(f"loader state {key!r} has {done} microbatches consumed, "
+                                     f"but {total} global microbatches imply {expected}")
+        if entry["finished"] and not (trial and trial.drained):
+            raise StateMismatchError(f"loader state {key!r}: finished is true, but lane_state "
+                                     "is not at the end of the lane's data")
+        return saved
 
     # -- reporting -------------------------------------------------------------------------
     def estimate(self) -> list[DatasetEstimate]:

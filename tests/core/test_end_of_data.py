@@ -170,3 +170,65 @@ def test_a_trainer_paced_consumer_agrees_ahead_of_need(two_datasets, tokenizer_d
     for result in paced:
         assert result["tokens"] + result["leftover"]["tokens"] + result["dropped"]["tokens"] \
             == result["read"]
+
+
+EMPTY_WORKER = r"""
+import json, sys
+import torch.distributed as dist
+from zephon import Pipeline
+from zephon.io import Dataset
+from zephon.work import StaticMixtureWorkSource
+
+rank, world, port, path, out = sys.argv[1:6]
+rank, world = int(rank), int(world)
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                        world_size=world)
+source = StaticMixtureWorkSource([Dataset.from_path("web", path)], shuffle_units=False)
+base = Pipeline(source).options(lanes=2, dp_rank=rank, dp_world_size=world)
+results = {}
+for case, keep in (("all_filtered", lambda d: False),
+                   ("lane_1_filtered", lambda d: d["text"] != "skip me")):
+    try:
+        results[case] = len(list(base.filter(keep).batch(1, drop_last=False)))
+    except Exception as exc:
+        results[case] = f"{type(exc).__name__}: {exc}"
+    dist.barrier()  # a rank that did not stop with its peer would hang here
+json.dump(results, open(out, "w"))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.multiprocess
+def test_an_empty_run_is_an_error_on_every_rank(tmp_path):
+    """Two ranks of one lane each. Every row filtered: both ranks say so. Only lane 1's rows
+    filtered (six units of two rows, not shuffled: lane l reads units l, l + 2, l + 4): rank 0
+    made microbatches, rank 1 none, so no round is complete and both ranks raise."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = ["skip me" if (i // 2) % 2 else f"text {i}" for i in range(12)]
+    pq.write_table(pa.table({"text": rows}), tmp_path / "d.parquet")
+    script = tmp_path / "empty_worker.py"
+    script.write_text(EMPTY_WORKER)
+    port = free_port()
+    outs = [tmp_path / f"empty{r}.json" for r in range(2)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), "2", str(port),
+                               str(tmp_path / "d.parquet"), str(outs[r])], env=env)
+             for r in range(2)]
+    for proc in procs:
+        assert proc.wait(timeout=240) == 0
+    results = [json.loads(p.read_text()) for p in outs]
+    for rank, result in enumerate(results):
+        assert result["all_filtered"] == (
+            f"DataError: no microbatch could be made on rank {rank} of 2 (lanes [{rank}]): 6 "
+            "row(s) were read and every one was dropped. Check the filters and the text field "
+            "('web': 6 row(s) read, 0 document(s) delivered, dropped "
+            "filtered:__main__:<lambda>: 6)")
+    assert results[0]["lane_1_filtered"].startswith(
+        "DataError: no microbatch could be made on rank 0 of 2 (lanes [0]): the lanes made 6 "
+        "microbatch(es), but batches are handed out a round at a time, one microbatch from "
+        "each of the 2 lanes, and a lane of another rank made none")
+    assert results[1]["lane_1_filtered"].startswith(
+        "DataError: no microbatch could be made on rank 1 of 2 (lanes [1]): 6 row(s) were read "
+        "and every one was dropped")

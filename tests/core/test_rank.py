@@ -14,7 +14,7 @@ from zephon import Pipeline
 from zephon.engine.agreement import OPEN, Pending, check_agreement_group
 from zephon.engine.lane import Lane
 from zephon.engine.rank import MAX_ROUNDS_AHEAD, rounds_ahead
-from zephon.errors import ConfigError
+from zephon.errors import ConfigError, DataError
 from zephon.io import Dataset
 from zephon.work import MixtureSpec, StaticMixtureWorkSource
 
@@ -209,7 +209,10 @@ def test_a_peer_whose_data_ends_first_ends_this_rank_at_the_same_round(
         run = pipeline(two_datasets, tokenizer_dir, read_ahead_tokens=4 * ROUND_TOKENS)
         SimulatedPeers(run, peer)
         out = []
-        for batch in run:
+        if end_round == 0:  # nothing is handed out: an error on every rank
+            with pytest.raises(DataError, match="a lane of another rank made none"):
+                list(run)
+        for batch in run if end_round else ():
             out.append(batch)
             time.sleep(consumer_sleep)
         assert tokens(out) == straight[:end_round * LANES]

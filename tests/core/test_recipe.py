@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from zephon.errors import ConfigError
+from zephon.errors import ConfigError, DataError
 from zephon.recipe import DataRecipe
 
 RECIPE = """
@@ -149,7 +149,8 @@ def test_chat_roles_from_a_recipe(tmp_path):
     list(everything)
     strict = DataRecipe.from_dict({**base, "tokenize": {
         **base["tokenize"], "roles": ["user", "assistant"]}}).build(seq_len=96, microbatch_size=2)
-    list(strict)
+    with pytest.raises(DataError, match="every one was dropped"):  # every one has a system turn
+        list(strict)
     [loose], [tight] = everything.report().datasets, strict.report().datasets
     assert tight.skipped.get("unknown_role", 0) > loose.skipped.get("unknown_role", 0)
 
@@ -221,3 +222,20 @@ def test_read_ahead_budget_from_a_recipe(recipe_file):
                                                            "read_ahead_tokens = 0"))
     with pytest.raises(ConfigError, match="read_ahead_tokens must be an integer >= 1"):
         DataRecipe.from_toml(recipe_file).build(seq_len=64, microbatch_size=2)
+
+
+def test_split_special_tokens_is_a_recipe_key_in_the_fingerprint(recipe_file):
+    def tokenize_fingerprint(text: str) -> dict:
+        recipe_file.write_text(text)
+        pipeline = DataRecipe.from_toml(recipe_file).build(seq_len=64, microbatch_size=2)
+        [op] = [op for op in pipeline.fingerprint()["ops"] if op["op"] == "tokenize"]
+        return op
+
+    text = recipe_file.read_text()
+    assert tokenize_fingerprint(text)["split_special_tokens"] is True
+    kept = text.replace("[tokenize]\n", "[tokenize]\nsplit_special_tokens = false\n")
+    assert tokenize_fingerprint(kept)["split_special_tokens"] is False
+    wrong = text.replace("[tokenize]\n", '[tokenize]\nsplit_special_tokens = "no"\n')
+    recipe_file.write_text(wrong)
+    with pytest.raises(ConfigError, match="split_special_tokens"):
+        DataRecipe.from_toml(recipe_file)

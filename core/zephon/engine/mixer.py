@@ -17,6 +17,18 @@ from typing import Any
 from zephon.engine.source import DatasetSource
 from zephon.ops.base import Node
 from zephon.records import Doc
+from zephon.state_checks import (
+    StateFieldError,
+    item,
+    join,
+    need_bool,
+    need_counts,
+    need_dict,
+    need_fields,
+    need_int,
+    need_list,
+    within,
+)
 
 
 class DeficitMixer:
@@ -35,8 +47,12 @@ class DeficitMixer:
         return {"delivered": list(self.delivered), "active": list(self.active)}
 
     def restore(self, state: dict[str, Any]) -> None:
-        self.delivered = [int(x) for x in state["delivered"]]
-        self.active = [bool(x) for x in state["active"]]
+        state = need_fields(state, "", ("delivered", "active"))
+        n = len(self.weights)
+        delivered = need_list(state["delivered"], "delivered", n)
+        active = need_list(state["active"], "active", n)
+        self.delivered = [need_int(x, item("delivered", i)) for i, x in enumerate(delivered)]
+        self.active = [need_bool(x, item("active", i)) for i, x in enumerate(active)]
         self._normalized = self._normalize()
 
     def choose(self) -> int | None:
@@ -113,9 +129,53 @@ class MixNode(Node):
         }
 
     def restore(self, state: dict[str, Any]) -> None:
-        self.mixer.restore(state["mixer"])
-        for source, saved in zip(self.sources, state["sources"], strict=True):
-            source.restore(saved)
-        self._ended = state["ended"]
-        self.documents = dict(state["stats"]["documents"])
-        self.tokens = dict(state["stats"]["tokens"])
+        """Continue from ``state``, refused unless it is one the mixer could have written:
+        see :meth:`_check_counts` and :meth:`_check_active`."""
+        state = need_fields(state, "", ("mixer", "sources", "ended", "stats"))
+        saved = need_list(state["sources"], "sources", len(self.sources))
+        for i, (source, part) in enumerate(zip(self.sources, saved, strict=True)):
+            with within(item("sources", i)):
+                source.restore(part)
+        with within("mixer"):
+            self.mixer.restore(state["mixer"])
+        ended = need_bool(state["ended"], "ended")
+        names = [s.name for s in self.sources]
+        stats = need_fields(state["stats"], "stats", ("documents", "tokens", "skipped"))
+        documents = need_counts(stats["documents"], "stats.documents", names)
+        tokens = need_counts(stats["tokens"], "stats.tokens", names)
+        self._check_counts(documents, tokens, need_fields(stats["skipped"], "stats.skipped",
+                                                          names))
+        self._check_active(ended)
+        self._ended = ended
+        self.documents = documents
+        self.tokens = tokens
+
+    def _check_counts(self, documents: dict[str, int], tokens: dict[str, int],
+                      skipped: dict[str, Any]) -> None:
+        """The mixer's delivered amounts are the counts of what it handed on (tokens when
+        mixing by tokens, else documents); the skipped counts are the sources' own."""
+        amounts, unit = (tokens, "tokens") if self.by_tokens else (documents, "documents")
+        for i, source in enumerate(self.sources):
+            name = source.name
+            if self.mixer.delivered[i] != amounts[name]:
+                raise StateFieldError(
+                    item("mixer.delivered", i), f"is {self.mixer.delivered[i]}, but "
+                    f"stats.{unit}.{name} is {amounts[name]}: both count what {name!r} "
+                    "delivered")
+            path = join("stats.skipped", name)
+            if need_dict(skipped[name], path) != source.skipped:
+                raise StateFieldError(path, f"is {skipped[name]}, but sources[{i}].skipped "
+                                            f"is {source.skipped}: both count the same drops")
+
+    def _check_active(self, ended: bool) -> None:
+        """With ``stop`` no dataset leaves the mixture (the lane ends instead); with
+        ``drain`` the lane ends exactly when the last one has left."""
+        active = self.mixer.active
+        if self.stop_when_one_ends and not all(active):
+            raise StateFieldError(item("mixer.active", active.index(False)),
+                                  "is false, but with on_exhausted='stop' no dataset leaves "
+                                  "the mixture")
+        if not self.stop_when_one_ends and ended == any(active):
+            raise StateFieldError("ended", f"is {'true' if ended else 'false'}, but "
+                                  + ("datasets are still in the mixture (mixer.active)" if ended
+                                     else "no dataset is left in the mixture (mixer.active)"))

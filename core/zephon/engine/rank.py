@@ -31,6 +31,10 @@ never leaves a collective its peers did not also issue; only the counts they rep
 timing. With one rank the agreement is local and free. Each rank then runs its lanes to their
 end and reports every microbatch no rank handed out as left over, so the report accounts for
 all data read.
+A run whose agreed end is its very first round, having consumed nothing before (not a resume
+at the end, not a state loaded as finished), delivers no batch: every rank raises a DataError
+saying why, from its lanes' counts (:mod:`zephon.engine.empty_run`), and so does a later
+``iter()`` of the same stream.
 
 One consumer at a time: a new ``iter()`` from the thread that iterates retires the previous
 iterator (it ends) and continues from the consumed state; ``iter()`` from another thread while
@@ -49,8 +53,9 @@ from typing import Any
 
 from zephon.batch import SampleBatch
 from zephon.engine.agreement import RoundAgreement
+from zephon.engine.empty_run import empty_run_message
 from zephon.engine.lane import Lane, LanePlan
-from zephon.errors import ZephonError
+from zephon.errors import DataError, ZephonError
 from zephon.io import cancel
 from zephon.records import record_counts
 
@@ -259,6 +264,8 @@ class RankStream:
         self.handed = 0
         self.finished = False
         self.leftover = {"microbatches": 0, "rows": 0, "documents": 0, "tokens": 0}
+        self.empty_run: str | None = None
+        """Why this run delivered no batch, when its agreed end was its first round."""
         self._stop: threading.Event | None = None
         self._owner: threading.Thread | None = None
 
@@ -275,6 +282,7 @@ class RankStream:
         self.handed = 0
         self.finished = finished
         self.leftover = dict(leftover)
+        self.empty_run = None
 
     def close(self) -> None:
         if self._stop is not None:
@@ -294,6 +302,8 @@ class RankStream:
         self._owner = me
         self.close()
         if self.finished:
+            if self.empty_run is not None:
+                raise DataError(self.empty_run)
             return iter(())
         lanes = {}
         for lane in self.owned:
@@ -373,6 +383,11 @@ class RankStream:
                     continue
                 if end is not None:
                     self._finish(*self._rest(rounds))
+                    if start == 0 and end == 0:  # every rank agreed on this same end
+                        self.empty_run = empty_run_message(
+                            self.plan.source.names(), self.consumed, self.leftover, self.rank,
+                            self.world_size, self.lanes)
+                        raise DataError(self.empty_run)
                     return
                 if pending is None:
                     gain = 1

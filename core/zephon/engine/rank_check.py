@@ -20,8 +20,9 @@ same verdict:
   rank (``work_source.seed: rank 0 has 1, rank 1 has 2``).
 
 Limits: it runs only where ``torch.distributed`` is initialized and the group is known (the
-``process_group`` option, or the default group when its size is ``dp_world_size``); elsewhere
-the ranks cannot be compared and the end-of-data agreement already warns. A rank that fails
+``process_group`` option, or the default group when its size is ``dp_world_size``) and the
+group's size is a multiple of ``dp_world_size``; elsewhere (ranks simulated in one process)
+the ranks cannot be compared, which is logged. A rank that fails
 before the check (a missing file raises while planning) leaves its peers waiting in the
 collective until the process group's timeout, as any collective would.
 """
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -38,6 +40,8 @@ from zephon.distributed import world_gloo_group
 from zephon.engine.state import first_difference, to_portable
 from zephon.errors import ConfigError
 from zephon.work.source import StaticMixtureWorkSource
+
+log = logging.getLogger(__name__)
 
 _WHAT = (
     ("plan.", "the work units planned from the files"),
@@ -89,9 +93,11 @@ def check_ranks_agree(identity: Callable[[], dict[str, Any]], dp_rank: int,
     import torch.distributed as dist
 
     size = dist.get_world_size(group)
-    if size % dp_world_size:
-        raise ConfigError(f"options: dp_world_size={dp_world_size}, but the data-parallel "
-                          f"process group has {size} ranks (not a multiple of it)")
+    if size % dp_world_size:  # ranks simulated in one process, or a group of other ranks
+        log.warning("zephon: the process group has %d ranks, not a multiple of "
+                    "dp_world_size=%d, so the ranks' plans cannot be compared", size,
+                    dp_world_size)
+        return
     mine = identity()
     rows = [torch.zeros(3, dtype=torch.int64) for _ in range(size)]
     dist.all_gather(rows, torch.tensor([digest(mine), dp_rank, dp_world_size],

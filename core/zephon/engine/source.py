@@ -17,6 +17,21 @@ the k-th unit of this lane, the row inside the unit's order, the document among 
 outputs. Documents read ahead are not state: a restore reads the unit again from that position
 and re-applies the (pure) document operators, so restoring costs at most one unit read, never
 a replay. Drops are counted by reason when the mixer moves past them.
+
+A repeated dataset that yields no document would be re-read forever. So the source of a
+repeated dataset watches, as batches come back, for a stretch without a document as long as
+a whole pass of the lane over its units (``ceil(n / lanes)`` units of ``n``, at least one,
+each read in full; or that many units in a row that hold no rows). A pass of one lane may
+come up empty while other units hold documents (a sparse dataset, a filter that keeps few
+files), so that alone is no error: the source then reads, in this thread, the units the lane
+may ever be given (every unit when units are shuffled; see
+:meth:`StaticMixtureWorkSource.lane_units`) until one yields a document. If one does, the
+lane goes on as before and the watch ends (the lane will reach that unit). If none does, no
+document can ever come: a DataError names the dataset, the lane, the pass (units and rows)
+and the drop reasons counted in it. The check costs the lane at most one extra read of the
+dataset, once, and only where a stretch that long came up empty; its counts are not state.
+A lane never lacks units of a repeated dataset (each of its positions in the endless unit
+sequence is a unit, even with fewer units than lanes), so an empty pass is always rows read.
 """
 
 from __future__ import annotations
@@ -31,10 +46,13 @@ from typing import Any
 import numpy as np
 
 from zephon.engine.document_threads import DocumentThreads
+from zephon.engine.state import lane_key
 from zephon.engine.workers import DocumentWorkers
-from zephon.io.formats import RowLabel, read_unit
+from zephon.errors import DataError, StateMismatchError
+from zephon.io.formats import RowLabel, UnitSpec, read_unit
 from zephon.ops.base import DocumentOperator, Dropped, LazyPieces
 from zephon.records import Doc
+from zephon.state_checks import StateFieldError, item, need_counts, need_fields, need_int, need_list
 from zephon.work.source import StaticMixtureWorkSource
 
 Position = tuple[int, int, int]
@@ -149,6 +167,15 @@ class DatasetSource:
         self._exhausted = False
         self.workers = workers if workers is not None and workers.takes(self.ops) else None
         self._in_flight: deque[tuple[list[tuple[int, int, int, int]], Future]] = deque()
+        self._resumed: Position | None = None
+        """The position restored and not yet read from (its row is checked then)."""
+        self._watch = source.repeated[index]
+        """Whether to watch for a pass without a document (see the module docstring)."""
+        self._pass_units = max(1, -(-len(source.plan(lanes)[index]) // lanes))
+        self._dead_units = 0  # units read in full, since the last document, that yielded none
+        self._empty_units = 0  # units in a row, as gathered, that held no rows
+        self._watched_k: int | None = None  # the unit (k) the last settled row came from
+        self._watched_alive = False  # whether it yielded a document
 
     # -- state -----------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
@@ -156,14 +183,62 @@ class DatasetSource:
                 "epoch": self.epoch}
 
     def restore(self, state: dict[str, Any]) -> None:
-        self.position = tuple(state["position"])
-        self.skipped = dict(state["skipped"])
-        self.epoch = state["epoch"]
+        """Continue from ``state``, refused unless its position is one this lane reaches:
+        see :meth:`_check_position`."""
+        state = need_fields(state, "", ("position", "skipped", "epoch"))
+        k, row, piece = (need_int(v, item("position", i))
+                         for i, v in enumerate(need_list(state["position"], "position", 3)))
+        skipped = need_counts(state["skipped"], "skipped")
+        epoch = need_int(state["epoch"], "epoch")
+        self._check_position(k, row, piece, epoch)
+        self.position = (k, row, piece)
+        self.skipped = skipped
+        self.epoch = epoch
+        self._resumed = self.position
         self._read = self.position
         self._next_chunk = min(self.chunk, _FIRST_CHUNK)
         self._ahead.clear()
         self._exhausted = False
         self.discard_in_flight()
+
+    def _check_position(self, k: int, row: int, piece: int, epoch: int) -> None:
+        """Refuse a position outside the plan: unit ``k`` must be one the lane reads (fewer
+        than its units of the dataset unless the dataset repeats), ``epoch`` that unit's epoch
+        (or 0 before anything was read), and ``row`` at most the unit's row count where the
+        plan knows it (Parquet, Arrow, Megatron units); a JSON Lines unit's rows are counted
+        only when it is read (:meth:`_check_resumed`). A row past the last has no piece."""
+        found = self.source.unit_at(self.index, self.lane, k, self.lanes)
+        if found is None:
+            units = len(self.source.plan(self.lanes)[self.index])
+            count = len(range(self.lane, units, self.lanes))
+            raise StateFieldError("position[0]", f"is {k}, but lane {self.lane} reads "
+                                                 f"{count} work unit(s) of dataset {self.name!r}"
+                                                 f", which does not repeat (0 to {count - 1})")
+        unit_epoch, _, (_, spec) = found
+        if epoch != unit_epoch and (k, row, piece, epoch) != (0, 0, 0, 0):
+            raise StateFieldError("epoch", f"is {epoch}, but work unit {k} of lane "
+                                           f"{self.lane} is read in epoch {unit_epoch} of "
+                                           f"dataset {self.name!r}")
+        rows = spec.stop - spec.start if spec.kind in ("rows", "row_group") else None
+        if rows is not None and row > rows:
+            raise StateFieldError("position[1]", f"is {row}, but work unit {k} of dataset "
+                                                 f"{self.name!r} holds {rows} rows")
+        if rows is not None and row == rows and piece:
+            raise StateFieldError("position[2]", f"is {piece}, but position[1] is past the "
+                                                 "last row, where there is no piece")
+
+    def _check_resumed(self, unit: _LoadedUnit) -> None:
+        """At the first read after a restore: the row of the restored position within the
+        unit's rows (what :meth:`_check_position` could not count)."""
+        k, row, piece = self._resumed
+        self._resumed = None
+        rows = len(unit.keys)
+        if unit.k == k and (row > rows or (row == rows and piece)):
+            raise StateMismatchError(
+                f"loader state {lane_key(self.lane)!r}: nodes[0].sources[{self.index}]"
+                f".position is [{k}, {row}, {piece}], but work unit {k} of dataset "
+                f"{self.name!r} for this lane holds {rows} rows: the state does not fit "
+                "this data")
 
     def __del__(self) -> None:
         self.discard_in_flight()
@@ -202,15 +277,21 @@ class DatasetSource:
         if found is None:
             return None
         epoch, unit_index, (file_index, spec) = found
+        table, keys, label = self._unit_rows(file_index, spec)
+        order = self.source.row_order(self.index, epoch, unit_index, len(keys))
+        self._unit = _LoadedUnit(k, epoch, table, keys, order, file_index, label)
+        return self._unit
+
+    def _unit_rows(self, file_index: int, spec: UnitSpec) -> tuple[
+            dict[str, list[Any]], list[int], Callable[[int], RowLabel]]:
+        """One unit's columns, row keys and the labeller of its rows."""
         data_file = self.dataset.files()[file_index]
         display = self.dataset.display_name(data_file)
         with self.dataset.local_file(data_file) as local:
             table, keys = read_unit(local, data_file.fmt, data_file.compression, spec,
                                     self.columns, display)
-        order = self.source.row_order(self.index, epoch, unit_index, len(keys))
-        self._unit = _LoadedUnit(k, epoch, table, keys, order, file_index, functools.partial(
-            RowLabel, display, local, data_file.fmt, data_file.compression))
-        return self._unit
+        return table, keys, functools.partial(RowLabel, display, local, data_file.fmt,
+                                              data_file.compression)
 
     def _fill(self) -> bool:
         if self.workers is None:
@@ -248,7 +329,13 @@ class DatasetSource:
             if unit is None:
                 self._exhausted = True
                 break
+            if self._resumed is not None:
+                self._check_resumed(unit)
             n = len(unit.keys)
+            if self._watch and row == 0:
+                self._empty_units = self._empty_units + 1 if n == 0 else 0
+                if self._empty_units >= self._pass_units:
+                    self._check_documents_exist()
             names = list(unit.columns)
             while row < n and len(docs) < chunk and chars < CHUNK_CHARS:
                 r = int(unit.order[row])
@@ -285,6 +372,68 @@ class DatasetSource:
                 last = p + 1 == wskip + len(outputs)
                 after = (wk, wrow + 1, 0) if last else (wk, wrow, p + 1)
                 self._ahead.append(_Ahead(doc, after, epoch, drops if p == wskip else []))
+        if self._watch:
+            self._watch_rows(where, rows)
+
+    # -- a repeated dataset without documents ----------------------------------------------
+    def _watch_rows(self, where: list[tuple[int, int, int, int]],
+                    rows: list[tuple[list[Any], list[str]]]) -> None:
+        """Count the units read in full without a document since the last one; after a
+        whole pass of them, check that the dataset has documents for this lane at all."""
+        for (wk, _, _, _), (outputs, _) in zip(where, rows, strict=True):
+            if wk != self._watched_k:
+                if self._watched_k is not None and not self._watched_alive:
+                    self._dead_units += 1
+                self._watched_k, self._watched_alive = wk, False
+            if outputs:
+                self._watched_alive = True
+                self._dead_units = 0
+        if self._dead_units >= self._pass_units:
+            self._check_documents_exist()
+
+    def _check_documents_exist(self) -> None:
+        """Read the units this lane may be given until one yields a document (then stop
+        watching), or raise a DataError saying that none does."""
+        units = self.source.plan(self.lanes)[self.index]
+        reachable = self.source.lane_units(self.index, self.lane, self.lanes)
+        rows = 0
+        drops: dict[str, int] = {}
+        for unit_index in reachable:
+            file_index, spec = units[unit_index]
+            columns, keys, label = self._unit_rows(file_index, spec)
+            for start in range(0, len(keys), self.chunk):
+                part = range(start, min(start + self.chunk, len(keys)))
+                docs = [Doc(None, f"{self.name}:{file_index}:{keys[r]}", self.name,
+                            fields={c: values[r] for c, values in columns.items()})
+                        for r in part]
+                labels = [label(keys[r]) for r in part]
+                for outputs, reasons in transform_documents(self.ops, docs, labels, lazy=True):
+                    if outputs:
+                        self._watch = False
+                        return
+                    for reason in reasons:
+                        drops[reason] = drops.get(reason, 0) + 1
+            rows += len(keys)
+        raise DataError(self._no_documents_message(len(units), len(reachable), rows, drops))
+
+    def _no_documents_message(self, units: int, reachable: int, rows: int,
+                              drops: dict[str, int]) -> str:
+        if reachable == units:
+            scope = f"a whole pass over its {units} work unit(s)"
+        else:
+            scope = (f"lane {self.lane} of {self.lanes} is only ever given {reachable} of its "
+                     f"{units} work units (units are not shuffled), and a whole pass over them")
+        if rows == 0:
+            found = "holds no rows"
+        else:
+            dropped = sum(drops.values())
+            found = (f"read {rows} row(s) and yielded no document; dropped {dropped} "
+                     f"({', '.join(f'{r}: {n}' for r, n in sorted(drops.items())) or 'none'})"
+                     + (f", {rows - dropped} made no document" if rows > dropped else ""))
+        advice = ("check its filters and text field, or do not repeat it" if reachable == units
+                  else "shuffle units (shuffle_units=True), or check its filters")
+        return (f"dataset {self.name!r} is repeated, so it would be read forever, but {scope} "
+                f"{found}: {advice}")
 
 
 def transform_documents(ops: Sequence[DocumentOperator], docs: list[Doc], labels: list[str],

@@ -17,13 +17,28 @@ names or layout of Zephon's classes. ``STATE_VERSION`` changes when the meaning 
 from __future__ import annotations
 
 import base64
+import binascii
+import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 from zephon.errors import StateMismatchError
+from zephon.state_checks import (
+    StateFieldError,
+    item,
+    join,
+    need_bool,
+    need_counts,
+    need_dict,
+    need_fields,
+    need_int,
+    need_list,
+    need_str,
+)
 
 STATE_VERSION = 2
 _ARRAY = "__ndarray__"
@@ -43,21 +58,126 @@ def to_portable(value: Any) -> Any:
     return value
 
 
-def from_portable(value: Any) -> Any:
-    """The inverse of :func:`to_portable` (tuples come back as lists)."""
+def from_portable(value: Any, path: str = "") -> Any:
+    """The inverse of :func:`to_portable` (tuples come back as lists). An encoded array that
+    is malformed raises :class:`StateFieldError` at its path below ``path``: a dtype that is
+    not a number or boolean, a shape that is not a list of counts, text that is not base64,
+    or bytes that do not fill the shape exactly."""
     if isinstance(value, dict):
         if len(value) == 1 and _ARRAY in value:
-            dtype, shape, data = value[_ARRAY]
-            array = np.frombuffer(base64.b64decode(data), dtype=np.dtype(dtype))
-            return array.reshape(shape).copy()
-        return {key: from_portable(item) for key, item in value.items()}
+            return _decode_array(value[_ARRAY], join(path, _ARRAY))
+        return {key: from_portable(part, join(path, str(key))) for key, part in value.items()}
     if isinstance(value, list):
-        return [from_portable(item) for item in value]
+        return [from_portable(part, item(path, i)) for i, part in enumerate(value)]
     return value
+
+
+def _decode_array(encoded: Any, path: str) -> np.ndarray:
+    dtype_text, shape, data = need_list(encoded, path, 3)
+    name = need_str(dtype_text, item(path, 0))
+    try:
+        dtype = np.dtype(name)
+    except (TypeError, ValueError):
+        raise StateFieldError(item(path, 0), f"is {name!r}, not a numpy dtype") from None
+    if dtype.kind not in "biuf":
+        raise StateFieldError(item(path, 0), f"is {name!r}; arrays in a loader state hold "
+                                             "numbers or booleans")
+    shape_path = item(path, 1)
+    dims = [need_int(n, item(shape_path, i)) for i, n in enumerate(need_list(shape, shape_path))]
+    try:
+        raw = base64.b64decode(need_str(data, item(path, 2)), validate=True)
+    except (binascii.Error, ValueError):
+        raise StateFieldError(item(path, 2), "is not base64 text") from None
+    size = math.prod(dims) * dtype.itemsize
+    if len(raw) != size:
+        raise StateFieldError(item(path, 2), f"holds {len(raw)} bytes, but an array of shape "
+                                             f"{dims} and dtype {dtype} has {size}")
+    return np.frombuffer(raw, dtype=dtype).reshape(dims).copy()
 
 
 def lane_key(lane: int) -> str:
     return f"lane_{lane}"
+
+
+# -- checking entries ------------------------------------------------------------------------
+ENTRY_FIELDS = ("version", "lane", "fingerprint", "consumed_global", "finished", "leftover",
+                "lane_state")
+LEFTOVER_FIELDS = ("microbatches", "rows", "documents", "tokens")
+_LANE_KEY = re.compile(r"lane_(0|[1-9][0-9]*)")
+
+
+@contextmanager
+def in_entry(key: str) -> Iterator[None]:
+    """Report the fields the enclosed checks refuse as fields of the entry ``key``."""
+    try:
+        yield
+    except StateFieldError as exc:
+        where = f"loader state {key!r}"
+        raise StateMismatchError(f"{where}: {exc}" if exc.path else f"{where} {exc}") from None
+
+
+def lane_entries(state: Any) -> dict[int, dict[str, Any]]:
+    """The entries of ``state`` by lane. Every key must be ``lane_<n>`` and every entry a
+    dict of exactly :data:`ENTRY_FIELDS` at :data:`STATE_VERSION`, with typed fields: counts,
+    a ``finished`` flag, ``leftover`` counts or None, and a dict fingerprint whose Hub
+    commits are strings. ``lane_state`` is left to the lane that restores it, and whether
+    the fingerprint and ``lane`` fit the pipeline to :func:`check_fingerprint` and
+    :func:`check_lanes`."""
+    if not isinstance(state, dict):
+        raise StateMismatchError(f"load_state_dict expects a dict, got {type(state).__name__}")
+    entries = {}
+    for key, entry in state.items():
+        found = _LANE_KEY.fullmatch(key) if isinstance(key, str) else None
+        if found is None:
+            raise StateMismatchError(
+                f"loader state has the key {key!r}, which is not a lane entry (lane_<n>): "
+                "load the dict that state_dict() returned, merged over the ranks")
+        with in_entry(key):
+            entries[int(found.group(1))] = _check_entry(entry)
+    if not entries:
+        raise StateMismatchError("loader state has no lane entries (keys lane_<n>); was it "
+                                 "written by a zephon Pipeline?")
+    return entries
+
+
+def _check_entry(entry: Any) -> dict[str, Any]:
+    entry = need_dict(entry, "")
+    version = entry.get("version")
+    if type(version) is not int or version != STATE_VERSION:
+        raise StateFieldError("", f"has version {version!r}, expected {STATE_VERSION}")
+    need_fields(entry, "", ENTRY_FIELDS)
+    need_int(entry["lane"], "lane")
+    need_int(entry["consumed_global"], "consumed_global")
+    need_bool(entry["finished"], "finished")
+    if entry["leftover"] is not None:
+        need_counts(entry["leftover"], "leftover", LEFTOVER_FIELDS)
+    fingerprint = need_dict(entry["fingerprint"], "fingerprint")
+    # What a resume reads before comparing fingerprints: the Hub commits, to follow a branch
+    # that moved (the rest is compared as a whole by check_fingerprint).
+    if "work_source" in fingerprint:
+        work = need_dict(fingerprint["work_source"], "fingerprint.work_source")
+        if "datasets" in work:
+            path = "fingerprint.work_source.datasets"
+            for name, dataset in need_dict(work["datasets"], path).items():
+                if isinstance(dataset, dict) and "commit" in dataset:
+                    need_str(dataset["commit"], join(path, f"{name}.commit"))
+                    if dataset.get("source") is not None:
+                        need_str(dataset["source"], join(path, f"{name}.source"))
+    return entry
+
+
+def check_lanes(entries: dict[int, dict[str, Any]], lanes: int) -> None:
+    """Refuse entries of lanes the pipeline does not have, and entries filed under another
+    lane's key (two lanes' entries swapped)."""
+    for lane, entry in entries.items():
+        key = lane_key(lane)
+        if lane >= lanes:
+            raise StateMismatchError(f"loader state has an entry {key!r}, but this pipeline "
+                                     f"has lanes 0 to {lanes - 1}")
+        if entry["lane"] != lane:
+            raise StateMismatchError(
+                f"loader state {key!r}: lane is {entry['lane']}, but the entry is filed under "
+                f"{key!r}: the entries of different lanes were swapped or renamed")
 
 
 _WHAT = {

@@ -38,6 +38,14 @@ from typing import Any, ClassVar
 
 from zephon.errors import ConfigError
 from zephon.records import Doc, Record
+from zephon.state_checks import (
+    StateFieldError,
+    item,
+    need_bool,
+    need_dict,
+    need_list,
+    record_from_state,
+)
 
 STAGES = ("document", "row", "batch")
 
@@ -212,7 +220,10 @@ class Node(ABC):
 
     @abstractmethod
     def restore(self, state: dict[str, Any]) -> None:
-        """Continue exactly after the snapshot ``state``."""
+        """Continue exactly after the snapshot ``state``. The state may come from a damaged
+        checkpoint: refuse what this node could not have written with a
+        :class:`zephon.state_checks.StateFieldError` naming the field (the helpers of
+        :mod:`zephon.state_checks` check one field each)."""
 
 
 class BufferedNode(Node):
@@ -236,7 +247,16 @@ class BufferedNode(Node):
     def algorithm_snapshot(self) -> dict[str, Any]: ...
 
     @abstractmethod
-    def algorithm_restore(self, state: dict[str, Any]) -> None: ...
+    def algorithm_restore(self, state: dict[str, Any]) -> None:
+        """Restore the algorithm from ``state`` (the whole snapshot; ``out`` and ``ended``
+        are checked already)."""
+
+    def check_output(self, record: Record, path: str) -> None:
+        """Refuse a record of a snapshot (held at ``path``) that this node could not have
+        handed on. By default: what the upstream node could not have handed on, where that
+        is a buffered node too (a shuffle hands on its upstream's rows unchanged)."""
+        if isinstance(self.upstream, BufferedNode):
+            self.upstream.check_output(record, path)
 
     def next(self) -> Record | None:
         while not self._out:
@@ -255,9 +275,18 @@ class BufferedNode(Node):
                 "ended": self._ended}
 
     def restore(self, state: dict[str, Any]) -> None:
+        state = need_dict(state, "")
+        for name in ("out", "ended"):
+            if name not in state:
+                raise StateFieldError(name, "is missing")
+        ended = need_bool(state["ended"], "ended")
+        out = [record_from_state(r, item("out", i))
+               for i, r in enumerate(need_list(state["out"], "out"))]
+        for i, record in enumerate(out):
+            self.check_output(record, item("out", i))
         self.algorithm_restore(state)
-        self._out = deque(Record.from_plain(r) for r in state["out"])
-        self._ended = state["ended"]
+        self._out = deque(out)
+        self._ended = ended
 
 
 class RowOperator(Operator):

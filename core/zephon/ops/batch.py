@@ -16,6 +16,7 @@ from zephon.batch import SampleBatch
 from zephon.errors import ConfigError
 from zephon.ops.base import BuildContext, Node, OperatorSpec, RowOperator
 from zephon.records import Record, record_counts
+from zephon.state_checks import need_counts, need_fields, need_int
 
 log = logging.getLogger(__name__)
 
@@ -92,5 +93,8 @@ class BatchNode(Node):
         return {"made": self.made, "stats": {"dropped": dict(self.dropped)}}
 
     def restore(self, state: dict[str, Any]) -> None:
-        self.made = state["made"]
-        self.dropped = dict(state["stats"]["dropped"])
+        state = need_fields(state, "", ("made", "stats"))
+        made = need_int(state["made"], "made")
+        stats = need_fields(state["stats"], "stats", ("dropped",))
+        self.dropped = need_counts(stats["dropped"], "stats.dropped", tuple(self.dropped))
+        self.made = made

@@ -34,6 +34,16 @@ import numpy as np
 from zephon.errors import ConfigError
 from zephon.ops.base import BufferedNode, BuildContext, Node, OperatorSpec, RowOperator
 from zephon.records import Doc, DocSpan, Record
+from zephon.state_checks import (
+    StateFieldError,
+    doc_from_state,
+    item,
+    need_counts,
+    need_fields,
+    need_int,
+    need_list,
+    within,
+)
 
 ALGORITHMS = ("wrap", "first_fit", "best_fit")
 
@@ -114,7 +124,51 @@ class PackNode(BufferedNode):
                 "stats": {"padding_tokens": self.packer.padding_tokens}}
 
     def algorithm_restore(self, state: dict[str, Any]) -> None:
-        self.packer.restore(state["packer"])
+        state = need_fields(state, "", ("packer", "stats", "out", "ended"))
+        stats = need_counts(state["stats"], "stats", ("padding_tokens",))
+        with within("packer"):
+            self.packer.restore(state["packer"])
+        packer = self.packer
+        if stats["padding_tokens"] != packer.padding_tokens:
+            raise StateFieldError("stats.padding_tokens",
+                                  f"is {stats['padding_tokens']}, but packer.padding_tokens "
+                                  f"is {packer.padding_tokens}: both count the same padding")
+        if state["ended"] and packer.open_rows():
+            raise StateFieldError("packer.bins", f"holds {packer.open_rows()} open row(s), but "
+                                                 "ended is true: open rows are emitted when "
+                                                 "the input ends")
+
+    def check_output(self, record: Record, path: str) -> None:
+        """A row this packer made: one of this lane and, for ``pack_flat``, ``max_length``
+        int32 tokens and positions, its documents laid end to end from the start and the rest
+        padding."""
+        if record.meta.get("lane") != self.packer.lane:
+            raise StateFieldError(f"{path}.meta.lane", f"is {record.meta.get('lane')!r}, but "
+                                                       f"this is lane {self.packer.lane}")
+        if not self.packer.spec.flat:
+            return
+        size = self.packer.spec.max_length
+        spans = record.meta.get("documents")
+        if spans is None:
+            raise StateFieldError(f"{path}.meta.documents", "is missing from a packed row")
+        for name in ("input_ids", "positions"):
+            value = record.payload.get(name)
+            if not (isinstance(value, np.ndarray) and value.dtype == np.int32
+                    and value.shape == (size,)):
+                raise StateFieldError(f"{path}.payload.{name}",
+                                      f"must be {size} int32 values (max_length), as "
+                                      "packed rows are")
+        offset = 0
+        for i, span in enumerate(spans):
+            if span.row_start != offset:
+                raise StateFieldError(item(f"{path}.meta.documents", i),
+                                      f"starts at {span.row_start}, but the documents before "
+                                      f"it end at {offset}")
+            offset += span.length
+        if record.meta.get("padding") != size - offset:
+            raise StateFieldError(f"{path}.meta.padding",
+                                  f"is {record.meta.get('padding')!r}, but the row's "
+                                  f"documents leave {size - offset} tokens of padding")
 
 
 _Segment = tuple[Doc, int, int]  # (doc, start inside doc.tokens, length)
@@ -142,10 +196,45 @@ class Packer:
         }
 
     def restore(self, state: dict[str, Any]) -> None:
-        self._bins = [[(_doc_from_state(d), s, n) for d, s, n in b] for b in state["bins"]]
-        self._used = [sum(n for _, _, n in b) for b in self._bins]
-        self.rows_made = state["rows_made"]
-        self.padding_tokens = state["padding_tokens"]
+        """Continue from ``state``, refused unless every open row holds pieces of tokenized
+        documents that fill it to less than ``max_length`` (a full row is emitted at once),
+        and there are no more open rows than the algorithm keeps (1 for wrap)."""
+        state = need_fields(state, "", ("bins", "rows_made", "padding_tokens"))
+        bins = need_list(state["bins"], "bins")
+        most = 1 if self.spec.algorithm == "wrap" else self.spec.max_open_bins
+        if len(bins) > most:
+            raise StateFieldError("bins", f"holds {len(bins)} open rows; "
+                                          f"algorithm={self.spec.algorithm!r} keeps at most "
+                                          f"{most}")
+        restored = [self._bin_from_state(b, item("bins", i)) for i, b in enumerate(bins)]
+        self.rows_made = need_int(state["rows_made"], "rows_made")
+        self.padding_tokens = need_int(state["padding_tokens"], "padding_tokens")
+        self._bins = restored
+        self._used = [sum(n for _, _, n in b) for b in restored]
+
+    def open_rows(self) -> int:
+        """Rows begun and not emitted."""
+        return sum(1 for b in self._bins if b)
+
+    def _bin_from_state(self, value: Any, path: str) -> list[_Segment]:
+        segments = []
+        used = 0
+        for i, part in enumerate(need_list(value, path)):
+            where = item(path, i)
+            doc_state, start, length = need_list(part, where, 3)
+            doc = doc_from_state(doc_state, item(where, 0))
+            start = need_int(start, item(where, 1))
+            length = need_int(length, item(where, 2), low=1)
+            if start + length > len(doc.tokens):
+                raise StateFieldError(item(where, 2), f"is {length}, but the piece holds "
+                                                      f"{len(doc.tokens) - start} tokens "
+                                                      f"from {start}")
+            used += length
+            segments.append((doc, start, length))
+        if used >= self.spec.max_length:
+            raise StateFieldError(path, f"holds {used} tokens, but an open row holds fewer "
+                                        f"than max_length={self.spec.max_length}")
+        return segments
 
     # -- packing ---------------------------------------------------------------------------
     def add(self, doc: Doc) -> list[Record]:
@@ -254,6 +343,3 @@ def _piece_state(doc: Doc, start: int, length: int) -> list[Any]:
     return Doc(doc.tokens[start:start + length], doc.doc_id, doc.dataset,
                doc.doc_start + start, mask).to_plain()
 
-
-def _doc_from_state(state: list[Any]) -> Doc:
-    return Doc.from_plain(list(state))

@@ -12,6 +12,7 @@ size grow linearly with ``buffer_size`` (a 2049-token row is 8 KiB of tokens plu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -20,6 +21,16 @@ import numpy as np
 from zephon.errors import ConfigError
 from zephon.ops.base import BufferedNode, BuildContext, Node, OperatorSpec, RowOperator
 from zephon.records import Record
+from zephon.state_checks import (
+    StateFieldError,
+    item,
+    need_fields,
+    need_int,
+    need_list,
+    need_str,
+    record_from_state,
+    within,
+)
 
 
 @dataclass(frozen=True)
@@ -73,7 +84,12 @@ class ShuffleNode(BufferedNode):
         return {"shuffler": self.shuffler.snapshot()}
 
     def algorithm_restore(self, state: dict[str, Any]) -> None:
-        self.shuffler.restore(state["shuffler"])
+        state = need_fields(state, "", ("shuffler", "out", "ended"))
+        with within("shuffler"):
+            self.shuffler.restore(state["shuffler"], self.check_output)
+        if state["ended"] and self.shuffler.held():
+            raise StateFieldError("shuffler.buffer", "holds rows, but ended is true: the "
+                                                     "buffer is emitted when the input ends")
 
 
 class Shuffler:
@@ -88,9 +104,25 @@ class Shuffler:
         return {"buffer": [r.to_plain() for r in self._buffer],
                 "rng": self._rng.bit_generator.state}
 
-    def restore(self, state: dict[str, Any]) -> None:
-        self._buffer = [Record.from_plain(r) for r in state["buffer"]]
-        self._rng.bit_generator.state = state["rng"]
+    def restore(self, state: dict[str, Any],
+                check: Callable[[Record, str], None] | None = None) -> None:
+        """Continue from ``state``: at most ``buffer_size`` records (each passed to
+        ``check`` with its path, when given) and a PCG64 state."""
+        state = need_fields(state, "", ("buffer", "rng"))
+        saved = need_list(state["buffer"], "buffer")
+        if len(saved) > self.spec.buffer_size:
+            raise StateFieldError("buffer", f"holds {len(saved)} rows, more than "
+                                            f"buffer_size={self.spec.buffer_size}")
+        buffer = [record_from_state(r, item("buffer", i)) for i, r in enumerate(saved)]
+        if check is not None:
+            for i, record in enumerate(buffer):
+                check(record, item("buffer", i))
+        self._rng.bit_generator.state = _rng_state(state["rng"], "rng")
+        self._buffer = buffer
+
+    def held(self) -> int:
+        """Records in the buffer."""
+        return len(self._buffer)
 
     def add(self, record: Record) -> list[Record]:
         if len(self._buffer) < self.spec.buffer_size:
@@ -106,3 +138,20 @@ class Shuffler:
         out = [self._buffer[i] for i in order]
         self._buffer = []
         return out
+
+
+def _rng_state(value: Any, path: str) -> dict[str, Any]:
+    """``value`` checked as a PCG64 ``bit_generator.state``: 128-bit state and increment (odd,
+    as PCG64 makes it) and a buffered 32-bit half (numpy takes any value of the right key
+    names, and fails on the rest with its own errors)."""
+    value = need_fields(value, path, ("bit_generator", "state", "has_uint32", "uinteger"))
+    if need_str(value["bit_generator"], f"{path}.bit_generator") != "PCG64":
+        raise StateFieldError(f"{path}.bit_generator",
+                              f"is {value['bit_generator']!r}, must be 'PCG64'")
+    inner = need_fields(value["state"], f"{path}.state", ("state", "inc"))
+    need_int(inner["state"], f"{path}.state.state", high=2**128 - 1)
+    if need_int(inner["inc"], f"{path}.state.inc", high=2**128 - 1) % 2 == 0:
+        raise StateFieldError(f"{path}.state.inc", f"is {inner['inc']}, must be odd")
+    need_int(value["has_uint32"], f"{path}.has_uint32", high=1)
+    need_int(value["uinteger"], f"{path}.uinteger", high=2**32 - 1)
+    return value

@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import math
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -175,6 +176,18 @@ class StaticMixtureWorkSource:
             return None
         order = self._unit_order(dataset, epoch, len(units))
         return epoch, int(order[index]), units[int(order[index])]
+
+    def lane_units(self, dataset: int, lane: int, lanes: int) -> list[int]:
+        """The indices of every unit of a repeated ``dataset`` that lane ``lane`` may ever
+        read: all of them when units are shuffled (each epoch's permutation can put any unit
+        at any of the lane's positions), else those at the lane's positions
+        ``lane + k * lanes`` modulo the unit count ``n``, i.e. every ``gcd(lanes, n)``-th
+        unit from ``lane % gcd(lanes, n)``."""
+        n = len(self.plan(lanes)[dataset])
+        if self.shuffle_units:
+            return list(range(n))
+        step = math.gcd(lanes, n)
+        return list(range(lane % step, n, step))
 
     @functools.lru_cache(maxsize=64)  # noqa: B019 - one source lives as long as its pipeline
     def _unit_order(self, dataset: int, epoch: int, n: int) -> np.ndarray:
