@@ -29,7 +29,7 @@ $(PY):
 
 $(STAMP): $(PY) pyproject.toml
 	$(PIP) install -q $(TORCH_PIN)
-	$(PIP) install -q -e ".[hf,dev,torchtitan,megatron,viz]" $(TORCH_PIN)
+	$(PIP) install -q -e ".[hf,dev,torchtitan,megatron,viz,fast]" $(TORCH_PIN)
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -37,7 +37,7 @@ install: $(STAMP)
 $(STAMP312): pyproject.toml
 	$(PYTHON312) -m venv $(VENV312)
 	$(PY312) -m pip install -q --upgrade pip
-	$(PY312) -m pip install -q -e ".[hf,dev,megatron]" $(TORCH_PIN) $(MEGATRON_CORE_312) tensorboard
+	$(PY312) -m pip install -q -e ".[hf,dev,megatron,fast]" $(TORCH_PIN) $(MEGATRON_CORE_312) tensorboard
 	touch $(STAMP312)
 
 # The loader tour (core), then TorchTitan's debug model trained for 10 steps with it (adapter).

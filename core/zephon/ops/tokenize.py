@@ -18,6 +18,13 @@ the tokenizer's own switch does the work (see :mod:`zephon.tokenizer`): non-spec
 tokens still match, and both settings tokenize at the same speed (batch calls of 1,000 demo
 documents: a median ratio of 1.00 over 30 interleaved pairs).
 
+The engine (``engine``: ``auto``, the default, ``fastokens`` or ``hf``) changes the speed, never
+the tokens, and is not part of the checkpoint fingerprint: a run saved with one engine resumes
+exactly with the other. ``auto`` encodes with fastokens once it has loaded the tokenizer and
+passed a self-check against ``tokenizers`` (until then, and where it is not installed or
+refuses the tokenizer, with ``tokenizers``, saying why in one log line); see
+:mod:`zephon.tokenizer` and :mod:`zephon.fast_engine`.
+
 A text holding a surrogate code point (from a JSON escape such as ``\\udc80``) is a DataError
 naming the row and the map that cleans it (:func:`zephon.tokenizer.replace_surrogates`); it is
 found only after the tokenizer refuses a batch, so clean text pays nothing for the check.
@@ -52,6 +59,7 @@ from zephon.ops.base import (
 )
 from zephon.records import Doc
 from zephon.tokenizer import (
+    ENGINES,
     LONG_TEXT_CHARS,
     TextEncoder,
     UnencodableText,
@@ -89,6 +97,11 @@ class TokenizeSpec(DocumentSpec):
     as the control token it spells (False: for data that embeds its markers on purpose)."""
     batch_size: int = dataclasses.field(default=256, metadata={"fingerprint": False})
     """Documents per backend call; affects speed only, never the tokens."""
+    engine: str = dataclasses.field(default="auto", metadata={"fingerprint": False})
+    """``"auto"``: fastokens where it is installed, loads the tokenizer and passes a
+    self-check against ``tokenizers``, else ``tokenizers`` (one log line says why);
+    ``"fastokens"``: that engine or a ConfigError saying why not; ``"hf"``: ``tokenizers``.
+    Affects speed only, never the tokens (see :mod:`zephon.tokenizer`)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -101,6 +114,9 @@ class TokenizeSpec(DocumentSpec):
                               f"got {self.max_document_tokens}")
         if self.batch_size <= 0:
             raise ConfigError(f"tokenize: batch_size must be positive, got {self.batch_size}")
+        if self.engine not in ENGINES:
+            raise ConfigError(f"tokenize: engine must be one of "
+                              f"{', '.join(repr(e) for e in ENGINES)}, got {self.engine!r}")
 
     def build(self, context: BuildContext) -> DocumentTokenizer:
         tokenizer = DocumentTokenizer(self)
@@ -120,7 +136,7 @@ class DocumentTokenizer(DocumentOperator):
         self.columns = [spec.field]
         self.batch_size = spec.batch_size
         self.encoder: TextEncoder = resolve_encoder(spec.tokenizer_id, spec.tokenizer,
-                                                    spec.split_special_tokens)
+                                                    spec.split_special_tokens, spec.engine)
         special = self.encoder.special
         self.bos = _special(spec.add_bos, special.bos, "add_bos", "BOS")
         if spec.add_bos is None and self.bos is not None and self.bos == special.eos:

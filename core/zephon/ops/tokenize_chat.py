@@ -27,6 +27,11 @@ must be. The same holds for special-token text inside a message's content: the t
 output does not say which characters came from the messages (``tokenize``'s
 ``split_special_tokens`` has no counterpart here).
 
+Engine: conversations are encoded by ``tokenizers`` alone (``zephon.tokenizer``'s
+``engine="hf"``), never by the fast engine: both ways of finding the trained spans map
+character spans to tokens, by offsets (prefix rendering) or transformers' ``char_to_token``
+(generation markers), and fastokens gives no offsets.
+
 A message holding a surrogate code point (from a JSON escape such as ``\\udc80``) is a
 DataError naming the row and the message, found only after the tokenizer refuses the text; the
 map ``zephon.tokenizer.replace_surrogates`` cleans such data.
