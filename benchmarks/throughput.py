@@ -15,22 +15,29 @@ subprocesses, alternating ``--repeats`` times:
   the tokenizer gains on this machine, and what running two calls at once costs in CPU;
 - ``hf-call``: the transformers tokenizer's batch call (``tokenizer(texts)["input_ids"]``, 256
   texts a call), as a hand-written loop that tokenizes on the fly uses it;
+- ``bare-fast``: the fast engine (``fastokens``, where installed) over the same texts, 256 per
+  call, through its flat call (one buffer of ids and one of offsets) and cut into one int32
+  array per text, as the pipeline's fast path does;
 - ``pipeline``: ``tokenize -> pack_flat(2049, "wrap") -> batch(8) -> to_training(return_labels)``
   over the same files, from constructing the Pipeline to the last batch, once per
   ``--workers`` value (``options(workers=N)``: N processes run the tokenizer; their CPU time
-  is counted with the pipeline's).
+  is counted with the pipeline's) and per ``--engines`` value (``tokenize(engine=...)``).
+
+After the timed runs, each engine's pipeline runs once more, untimed, hashing every
+microbatch's ids: the script prints whether the engines delivered identical tokens.
 
 Prints tokens/s of each (medians), the median ratio of side-by-side pairs in throughput and in
 CPU seconds per token, how many cores each kept busy (CPU over wall seconds), the pipeline's
 time to first batch, its CPU split by thread (its Python threads by name, sampled every 32
 batches; the rest is native threads: the tokenizer's pool, Parquet decoding; with workers,
 the worker processes), and the peak RSS of each process (of the largest worker process too).
-Usage: ``python -m benchmarks.throughput [--docs 10000] [--workers 0,2]``.
+Usage: ``python -m benchmarks.throughput [--docs 10000] [--workers 0,2] [--engines hf,fastokens]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing
 import os
@@ -166,6 +173,57 @@ def child_bare_two(paths: dict[str, str]) -> dict[str, float]:
             "rss_mib": peak_rss_mib()}
 
 
+def child_bare_fast(paths: dict[str, str]) -> dict[str, float]:
+    """The fast engine's flat batch call, each text's ids cut out as an int32 array."""
+    import fastokens
+    import numpy as np
+
+    texts = read_texts(paths)
+    engine = fastokens.Tokenizer.from_file(str(Path(paths["tokenizer"]) / "tokenizer.json"))
+    cpu = cpu_seconds()
+    start = time.perf_counter()
+    tokens = 0
+    for i in range(0, len(texts), 256):
+        flat, offsets = engine.encode_batch_flat(texts[i:i + 256])
+        ids = np.frombuffer(flat, np.uint32).astype(np.int32)
+        bounds = np.frombuffer(offsets, np.uint64).tolist()
+        tokens += sum(ids[a:b].size for a, b in itertools.pairwise(bounds))
+    elapsed = time.perf_counter() - start
+    return {"tokens": tokens, "seconds": elapsed, "cpu": cpu_seconds() - cpu,
+            "rss_mib": peak_rss_mib()}
+
+
+def child_digest(paths: dict[str, str], engine: str) -> dict[str, str]:
+    """A digest of every microbatch's ids from the pipeline with ``engine`` (untimed)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for batch in bench_pipeline(paths, 0, engine):
+        for record in batch.records:
+            digest.update(record.payload["input_ids"].tobytes())
+    return {"digest": digest.hexdigest()}
+
+
+def fast_engine_installed() -> bool:
+    try:
+        import fastokens  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def bench_pipeline(paths: dict[str, str], workers: int, engine: str) -> Any:
+    from zephon import Pipeline
+    from zephon.io import Dataset
+    from zephon.work import MixtureSpec, StaticMixtureWorkSource
+
+    source = StaticMixtureWorkSource([Dataset.from_path("bench", paths["data"])],
+                                     MixtureSpec({"bench": 1.0}), seed=0)
+    return (Pipeline(source).options(workers=workers)
+            .tokenize(tokenizer_id=paths["tokenizer"], field="text", engine=engine)
+            .pack_flat(2049, "wrap").batch(8, drop_last=False))
+
+
 class ThreadCPU:
     """CPU seconds of this process's Python threads, grouped by name. Each live thread's CPU
     clock is read at every :meth:`sample`; a thread that ends between samples keeps its last
@@ -227,25 +285,19 @@ def thread_role(name: str) -> str:
     return "other Python threads"  # the worker processes' hand-off (multiprocessing)
 
 
-def child_pipeline(paths: dict[str, str], workers: int) -> dict[str, float]:
+def child_pipeline(paths: dict[str, str], workers: int, engine: str) -> dict[str, float]:
     import gc
 
     import torch  # noqa: F401 - a trainer has torch loaded before it builds its loader
 
-    from zephon import Pipeline
-    from zephon.io import Dataset
-    from zephon.work import MixtureSpec, StaticMixtureWorkSource
+    import zephon  # noqa: F401 - imported before timing, as a trainer has it
 
     threads_cpu = ThreadCPU()
     cpu = cpu_seconds()
     own_cpu = cpu_seconds(resource.RUSAGE_SELF)
     workers_cpu = cpu_seconds(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    source = StaticMixtureWorkSource([Dataset.from_path("bench", paths["data"])],
-                                     MixtureSpec({"bench": 1.0}), seed=0)
-    pipeline = (Pipeline(source).options(workers=workers)
-                .tokenize(tokenizer_id=paths["tokenizer"], field="text")
-                .pack_flat(2049, "wrap").batch(8, drop_last=False))
+    pipeline = bench_pipeline(paths, workers, engine)
     tokens = 0
     first = None
     for step, batch in enumerate(pipeline):
@@ -281,6 +333,9 @@ def main() -> None:
     parser.add_argument("--root", default=".bench")
     parser.add_argument("--workers", default="0",
                         help="comma-separated worker counts to measure the pipeline with")
+    parser.add_argument("--engines", default=None,
+                        help="comma-separated tokenize engines for the pipeline (default: hf, "
+                        "and fastokens where installed)")
     parser.add_argument("--child")
     parser.add_argument("--paths")
     args = parser.parse_args()
@@ -292,15 +347,23 @@ def main() -> None:
             result = child_bare_two(paths)
         elif args.child == "hf-call":
             result = child_hf_call(paths)
+        elif args.child == "bare-fast":
+            result = child_bare_fast(paths)
+        elif args.child.startswith("digest:"):
+            result = child_digest(paths, args.child.split(":")[1])
         else:
-            result = child_pipeline(paths, int(args.child.split(":")[1]))
+            _, workers, engine = args.child.split(":")
+            result = child_pipeline(paths, int(workers), engine)
         print(json.dumps(result))
         return
     print(f"building corpus: {args.docs} documents in {args.files} Parquet files "
           f"(cached under {args.root})", flush=True)
     paths = build_corpus(Path(args.root), args.docs, args.files)
-    kinds = ["bare", "bare-2", "hf-call",
-             *(f"pipeline:{int(w)}" for w in args.workers.split(","))]
+    fast = fast_engine_installed()
+    engines = args.engines.split(",") if args.engines else ["hf", *(["fastokens"] if fast
+                                                                   else [])]
+    kinds = ["bare", "bare-2", "hf-call", *(["bare-fast"] if fast else []),
+             *(f"pipeline:{int(w)}:{e}" for w in args.workers.split(",") for e in engines)]
     runs: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
     for repeat in range(args.repeats):
         for kind in kinds:
@@ -308,7 +371,7 @@ def main() -> None:
                                   json.dumps(paths)], capture_output=True, text=True, check=True)
             result = json.loads(out.stdout.strip().splitlines()[-1])
             runs[kind].append(result)
-            print(f"  run {repeat + 1} {kind:<10} {result['tokens'] / result['seconds']:>12,.0f} "
+            print(f"  run {repeat + 1} {kind:<20} {result['tokens'] / result['seconds']:>12,.0f} "
                   f"tokens/s  ({result['tokens']:,} tokens, {result['seconds']:.1f} s wall, "
                   f"{result['cpu']:.1f} s CPU, "
                   f"peak RSS {result['rss_mib']:.0f} MiB)", flush=True)
@@ -332,7 +395,13 @@ def main() -> None:
     hf_vs_bare = statistics.median(rate(h) / rate(b) for h, b in zip(
         runs["hf-call"], runs["bare"], strict=True))
     print(f"transformers call   {hf:>12,.0f} tokens/s: {hf_vs_bare:.2f}x the bare tokenizer")
-    for kind in kinds[3:]:
+    if "bare-fast" in runs:
+        fast_rate = statistics.median(rate(r) for r in runs["bare-fast"])
+        fast_vs_bare = statistics.median(rate(f) / rate(b) for f, b in zip(
+            runs["bare-fast"], runs["bare"], strict=True))
+        print(f"bare fast engine    {fast_rate:>12,.0f} tokens/s: {fast_vs_bare:.2f}x the bare "
+              f"tokenizer, {busy('bare-fast'):.2f} of {cores} cores busy")
+    for kind in (k for k in kinds if k.startswith("pipeline:")):
         pipe = statistics.median(r["tokens"] / r["seconds"] for r in runs[kind])
         first = statistics.median(r["first_batch_s"] for r in runs[kind])
         # Ratios of adjacent runs: a shared machine's speed drifts more between repeats than
@@ -346,9 +415,10 @@ def main() -> None:
         cpu_ratio = statistics.median(per_token(p) / per_token(b) for p, b in pairs)
         hf_ratio = statistics.median((p["tokens"] / p["seconds"]) / (h["tokens"] / h["seconds"])
                                      for p, h in zip(runs[kind], runs["hf-call"], strict=True))
-        workers = kind.split(":")[1]
+        _, workers, engine = kind.split(":")
         worker_rss = max(r["worker_rss_mib"] for r in runs[kind])
-        print(f"pipeline workers={workers:<2} {pipe:>10,.0f} tokens/s: {ratio:.2f}x the bare "
+        print(f"pipeline workers={workers:<2} engine={engine:<9} {pipe:>10,.0f} tokens/s: "
+              f"{ratio:.2f}x the bare "
               f"tokenizer ({with_reading:.2f}x with its Parquet reading timed too), "
               f"{cpu_ratio:.2f}x its CPU per token, {hf_ratio:.2f}x the "
               f"transformers call (medians of side-by-side pairs); first batch {first:.2f} s; "
@@ -359,6 +429,23 @@ def main() -> None:
         print(f"  {busy(kind):.2f} of {cores} cores busy; CPU seconds by thread (medians): "
               + ", ".join(f"{part} {seconds:.2f}" for part, seconds in
                           sorted(split.items(), key=lambda item: -item[1])))
+    print_identity(paths, engines)
+
+
+def print_identity(paths: dict[str, str], engines: list[str]) -> None:
+    """Runs each engine's pipeline once more, untimed, and says whether the ids are equal."""
+    if len(engines) < 2:
+        return
+    digests = {}
+    for engine in engines:
+        out = subprocess.run([sys.executable, __file__, "--child", f"digest:{engine}",
+                              "--paths", json.dumps(paths)], capture_output=True, text=True,
+                             check=True)
+        digests[engine] = json.loads(out.stdout.strip().splitlines()[-1])["digest"]
+    same = len(set(digests.values())) == 1
+    print(f"tokens identical across engines {', '.join(engines)}: {'yes' if same else 'NO'} "
+          f"(sha256 of every microbatch's ids: "
+          + ", ".join(f"{e} {d[:12]}" for e, d in digests.items()) + ")")
 
 
 def per_token(run: dict[str, float]) -> float:

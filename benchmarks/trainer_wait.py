@@ -13,7 +13,11 @@ first batch), the time to the first and to the 10th batch from building the pipe
 wait within those 10 batches (the 10th batch cannot come before 9 steps of the loop), and the
 step-time inflation against the loop without a loader.
 
-Usage: ``python -m benchmarks.trainer_wait [--steps 400] [--docs 4000] [--workers N]``.
+Rows run at loads of the capacity of ``--rates-engine`` (``hf`` by default) with pipelines
+that tokenize with ``--engine``, so engines compare at the same absolute data rates.
+
+Usage: ``python -m benchmarks.trainer_wait [--steps 400] [--docs 4000] [--workers N]
+[--engine auto] [--rates-engine hf]``.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ BUSY_S = 0.002
 
 
 def pipeline_for(paths: dict[str, str], rank: int = 0, world: int = 1, prefetch: int = 4,
-                 workers: int = 0):
+                 workers: int = 0, engine: str = "auto"):
     from zephon import Pipeline
     from zephon.io import Dataset
     from zephon.work import StaticMixtureWorkSource
@@ -42,11 +46,12 @@ def pipeline_for(paths: dict[str, str], rank: int = 0, world: int = 1, prefetch:
                                      repeat=True)
     return (Pipeline(source).options(lanes=4, dp_rank=rank, dp_world_size=world,
                                      prefetch=prefetch, workers=workers)
-            .tokenize(tokenizer_id=paths["tokenizer"]).pack_flat(2049, "wrap").batch(4))
+            .tokenize(tokenizer_id=paths["tokenizer"], engine=engine)
+            .pack_flat(2049, "wrap").batch(4))
 
 
 def capacity(paths: dict[str, str], batches: int, workers: int = 0, rank: int = 0,
-             world: int = 1, port: int | None = None) -> float:
+             world: int = 1, port: int | None = None, engine: str = "auto") -> float:
     """Microbatches per second of a tight loop, read ahead as in training, after a warm-up
     of 100 (torch imported first, as a trainer has it). Long enough (1500 microbatches, 12M
     tokens, split between the ranks) that what the sources read ahead at the start (up to
@@ -56,7 +61,7 @@ def capacity(paths: dict[str, str], batches: int, workers: int = 0, rank: int = 
     import torch  # noqa: F401
 
     barrier = _join(rank, world, port)
-    iterator = iter(pipeline_for(paths, rank, world, workers=workers))
+    iterator = iter(pipeline_for(paths, rank, world, workers=workers, engine=engine))
     for _ in range(100 // world):
         next(iterator).to_training(return_labels=True)
         barrier()
@@ -79,7 +84,8 @@ def _join(rank: int, world: int, port: int | None):
 
 
 def trainer(paths: dict[str, str], step_s: float, steps: int, rank: int, world: int,
-            port: int | None, workers: int = 0, loader: bool = True) -> dict[str, float]:
+            port: int | None, workers: int = 0, loader: bool = True,
+            engine: str = "auto") -> dict[str, float]:
     import torch  # noqa: F401 - a trainer has torch loaded before it builds its loader
 
     made: list = []
@@ -87,7 +93,8 @@ def trainer(paths: dict[str, str], step_s: float, steps: int, rank: int, world: 
         made = list(itertools.islice(pipeline_for(paths, prefetch=0), steps))
     barrier = _join(rank, world, port)
     start = time.perf_counter()
-    iterator = iter(pipeline_for(paths, rank, world, workers=workers) if loader else made)
+    iterator = iter(pipeline_for(paths, rank, world, workers=workers, engine=engine) if loader
+                    else made)
     waits, tenth = [], None
     for step in range(steps):
         asked = time.perf_counter()
@@ -113,16 +120,17 @@ def trainer(paths: dict[str, str], step_s: float, steps: int, rank: int, world: 
 
 
 def run_child(paths: dict[str, str], step_s: float, steps: int, world: int,
-              workers: int = 0, loader: bool = True) -> list[dict]:
+              workers: int = 0, loader: bool = True, engine: str = "auto") -> list[dict]:
     return _run_ranks(world, {"paths": paths, "step_s": step_s, "steps": steps,
-                              "workers": workers, "loader": loader})
+                              "workers": workers, "loader": loader, "engine": engine})
 
 
-def ranks_capacity(paths: dict[str, str], batches: int, world: int, workers: int = 0) -> float:
+def ranks_capacity(paths: dict[str, str], batches: int, world: int, workers: int = 0,
+                   engine: str = "auto") -> float:
     """:func:`capacity` of ``world`` ranks in step, in processes of their own: the sum of
     their rates."""
     return sum(r["rate"] for r in _run_ranks(world, {"paths": paths, "capacity": batches,
-                                                     "workers": workers}))
+                                                     "workers": workers, "engine": engine}))
 
 
 def _run_ranks(world: int, spec: dict) -> list[dict]:
@@ -149,26 +157,39 @@ def main() -> None:
     parser.add_argument("--root", default=".bench")
     parser.add_argument("--workers", type=int, default=0,
                         help="options(workers=N) of every pipeline, the capacity's included")
+    parser.add_argument("--engine", default="auto",
+                        help="tokenize engine of the trainers' pipelines (auto, hf, fastokens)")
+    parser.add_argument("--rates-engine", default="hf",
+                        help="engine whose capacity sets the rows' data rates: with the "
+                        "default, every engine is measured at the same absolute rates")
     parser.add_argument("--child")
     args = parser.parse_args()
     if args.child:
         spec = json.loads(args.child)
         if "capacity" in spec:
             print(json.dumps({"rate": capacity(spec["paths"], spec["capacity"], spec["workers"],
-                                               spec["rank"], spec["world"], spec["port"])}))
+                                               spec["rank"], spec["world"], spec["port"],
+                                               spec["engine"])}))
             return
         print(json.dumps(trainer(spec["paths"], spec["step_s"], spec["steps"], spec["rank"],
                                  spec["world"], spec["port"], spec.get("workers", 0),
-                                 spec.get("loader", True))))
+                                 spec.get("loader", True), spec.get("engine", "auto"))))
         return
     from benchmarks.throughput import build_corpus
 
     paths = build_corpus(Path(args.root), args.docs, 8)
-    rates = {world: ranks_capacity(paths, 1500, world, args.workers) for world in (1, 2)}
-    for world, rate in rates.items():
-        print(f"capacity, {world} rank{'s' if world > 1 else ''}: {rate:.1f} microbatches/s of "
-              f"4 x 2049 tokens ({rate * 4 * 2049:,.0f} tokens/s), tight loop with read-ahead"
-              + (f", {rate / rates[1]:.2f}x one rank's" if world > 1 else ""))
+    measured = {engine: {world: ranks_capacity(paths, 1500, world, args.workers, engine)
+                         for world in (1, 2)}
+                for engine in dict.fromkeys((args.rates_engine, args.engine))}
+    for engine, by_world in measured.items():
+        for world, rate in by_world.items():
+            print(f"capacity, engine {engine}, {world} rank{'s' if world > 1 else ''}: "
+                  f"{rate:.1f} microbatches/s of 4 x 2049 tokens ({rate * 4 * 2049:,.0f} "
+                  "tokens/s), tight loop with read-ahead"
+                  + (f", {rate / by_world[1]:.2f}x one rank's" if world > 1 else ""))
+    rates = measured[args.rates_engine]
+    print(f"rows: loads of engine {args.rates_engine}'s capacity; trainers' pipelines use "
+          f"engine {args.engine}")
     print(f"{'load':>6}{'ranks':>7}{'step ms':>9}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}"
           f"{'wait %':>8}{'first s':>9}{'10th s':>8}{'wait<10':>9}{'inflation':>11}")
     for load in (0.25, 0.5, 0.8):
@@ -178,7 +199,8 @@ def main() -> None:
         for world in (1, 2):
             # Ranks share this machine's cores: each runs at the load of its share.
             step_s = 1 / (load * rates[world] / world)
-            results = run_child(paths, step_s, args.steps, world, args.workers)
+            results = run_child(paths, step_s, args.steps, world, args.workers,
+                                engine=args.engine)
             worst = max(results, key=lambda r: r["wait_share"])
             print(f"{load:>6.0%}{world:>7}{1000 * step_s:>9.1f}{worst['p50_ms']:>9.2f}"
                   f"{worst['p99_ms']:>9.2f}{worst['max_ms']:>9.1f}"
