@@ -17,7 +17,7 @@ Rows run at loads of the capacity of ``--rates-engine`` (``hf`` by default) with
 that tokenize with ``--engine``, so engines compare at the same absolute data rates.
 
 Usage: ``python -m benchmarks.trainer_wait [--steps 400] [--docs 4000] [--workers N]
-[--engine auto] [--rates-engine hf]``.
+[--engine auto] [--rates-engine hf] [--loads 0.25,0.5,0.8]``.
 """
 
 from __future__ import annotations
@@ -162,6 +162,8 @@ def main() -> None:
     parser.add_argument("--rates-engine", default="hf",
                         help="engine whose capacity sets the rows' data rates: with the "
                         "default, every engine is measured at the same absolute rates")
+    parser.add_argument("--loads", default="0.25,0.5,0.8",
+                        help="comma-separated loads (shares of the capacity) of the rows")
     parser.add_argument("--child")
     args = parser.parse_args()
     if args.child:
@@ -192,7 +194,7 @@ def main() -> None:
           f"engine {args.engine}")
     print(f"{'load':>6}{'ranks':>7}{'step ms':>9}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}"
           f"{'wait %':>8}{'first s':>9}{'10th s':>8}{'wait<10':>9}{'inflation':>11}")
-    for load in (0.25, 0.5, 0.8):
+    for load in (float(x) for x in args.loads.split(",")):
         bare = run_child(paths, 1 / (load * rates[1]), args.steps, 1, loader=False)[0]
         print(f"{load:>6.0%}{'none':>7}{1000 / (load * rates[1]):>9.1f}{'':>9}{'':>9}{'':>9}"
               f"{'':>8}{'':>9}{'':>8}{'':>9}{100 * bare['inflation']:>10.1f}%   (no loader)")
