@@ -328,6 +328,11 @@ class TextEncoder:
         return "tokenizers" if self._backend is not None else "transformers"
 
     @property
+    def encodes_with_fastokens(self) -> bool:
+        """Whether fastokens encodes now (never waits for a preparation in progress)."""
+        return self._fast is not None
+
+    @property
     def engine_note(self) -> str | None:
         """Why fastokens does not encode, when it was asked for (``auto``) and declined."""
         return self._fast_note if self.engine != "fastokens" else None

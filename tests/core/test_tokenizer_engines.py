@@ -496,3 +496,30 @@ def test_the_fast_engine_in_document_threads_and_worker_processes(tokenizer_dir,
     straight = rows(pipeline(path, tokenizer_dir, "hf", prefetch=0))
     for options in ({"prefetch": 0}, {}, {"workers": 1}):
         assert rows(pipeline(path, tokenizer_dir, "fastokens", **options)) == straight, options
+
+
+@needs_fastokens
+def test_batches_leave_the_document_threads_once_fastokens_encodes(tokenizer_dir, tmp_path,
+                                                                   monkeypatch):
+    """tokenizers' calls run on the document threads; fastokens' on the source's own thread,
+    where they take no turns at the GIL with the training loop. Under auto the batches move
+    when fastokens takes over, mid-stream, and the tokens stay the same."""
+    from zephon.engine.document_threads import DocumentThreads
+
+    sent: list[int] = []
+    submit = DocumentThreads.submit
+
+    def counted(self, dataset, docs, labels):
+        sent.append(len(docs))
+        return submit(self, dataset, docs, labels)
+
+    monkeypatch.setattr(DocumentThreads, "submit", counted)
+    path = write_corpus(tmp_path)
+    straight = rows(pipeline(path, tokenizer_dir, "hf", prefetch=0))
+    counts = {}
+    for engine in ("hf", "fastokens", "auto"):
+        sent.clear()
+        assert rows(pipeline(path, tokenizer_dir, engine)) == straight, engine
+        counts[engine] = len(sent)
+    assert counts["fastokens"] == 0
+    assert 0 < counts["auto"] < counts["hf"], counts

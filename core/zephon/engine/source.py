@@ -294,14 +294,19 @@ class DatasetSource:
                                               data_file.compression)
 
     def _fill(self) -> bool:
-        if self.workers is None:
+        """Transform the next read-ahead batch into :attr:`_ahead`; False at the end.
+
+        Whether batches go to the workers is asked again per batch, since an operator's
+        answer may change as it runs (a tokenizer that switches engines); batches already
+        in flight come back first, so the order never changes."""
+        if self.workers is None or (not self._in_flight and not self.workers.takes(self.ops)):
             batch = self._gather()
             if batch is None:
                 return False
             docs, labels, where = batch
             self._settle(where, transform_documents(self.ops, docs, labels, lazy=True))
             return True
-        while len(self._in_flight) < self.workers.in_flight:
+        while len(self._in_flight) < self.workers.in_flight and self.workers.takes(self.ops):
             batch = self._gather()
             if batch is None:
                 break
