@@ -442,13 +442,17 @@ def test_a_process_forked_while_fastokens_was_prepared_prepares_it_again(tokeniz
     assert encoder.engine == "fastokens"
 
 
-def test_chat_stays_on_tokenizers_for_its_offsets(tmp_path):
+def test_chat_stays_on_tokenizers_for_its_offsets(tmp_path, caplog):
     from zephon.demo.assets import build_chat_assets
     from zephon.ops.tokenize_chat import ChatTokenizer, TokenizeChatSpec
 
     path = build_chat_assets(tmp_path, n=10)["tokenizer"]
-    chat = ChatTokenizer(TokenizeChatSpec(tokenizer_id=path))
+    with caplog.at_level(logging.INFO, logger="zephon"):
+        chat = ChatTokenizer(TokenizeChatSpec(tokenizer_id=path))
     assert chat.encoder.engine == "tokenizers"
+    said = [r.getMessage() for r in caplog.records if "tokenize_chat" in r.getMessage()]
+    assert said == ["zephon: tokenize_chat encodes with tokenizers, not fastokens: its "
+                    "assistant masks need character offsets, which fastokens does not give"]
 
 
 def write_corpus(root: Path) -> Path:

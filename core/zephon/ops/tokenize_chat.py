@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -66,6 +67,8 @@ from zephon.tokenizer import (
     load_tokenizer,
     surrogate_advice,
 )
+
+log = logging.getLogger(__name__)
 
 ROLES = ("system", "user", "assistant", "tool")
 _MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -166,6 +169,8 @@ class ChatTokenizer(DocumentOperator):
         # and the two renders per assistant turn (Python) are most of the work.
         self.releases_gil = self.markers
         self.encoder = TextEncoder(tokenizer)
+        log.info("zephon: tokenize_chat encodes with %s, not fastokens: its assistant masks "
+                 "need character offsets, which fastokens does not give", self.encoder.engine)
         self.columns = [spec.field] + ([spec.tools_field] if spec.tools_field else [])
 
     def fingerprint(self) -> dict[str, Any]:
