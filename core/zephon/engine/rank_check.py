@@ -32,27 +32,28 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from zephon.distributed import world_gloo_group
-from zephon.engine.state import first_difference, to_portable
+from zephon.engine import state
+from zephon.engine.state import first_difference, short, to_portable
 from zephon.errors import ConfigError
 from zephon.work.source import StaticMixtureWorkSource
 
 log = logging.getLogger(__name__)
 
-_WHAT = (
-    ("plan.", "the work units planned from the files"),
-    ("work_source.datasets", "the datasets or their files (a file missing or different on "
-                             "some node?)"),
-    ("work_source.mixture", "the mixture weights"),
-    ("work_source.seed", "the seed (a seed derived from the rank?)"),
-    ("work_source", "the work source options"),
-    ("lanes", "the lane count"),
-    ("version", "the zephon version"),
-)
+_WHAT = {
+    "plan.": "the work units planned from the files",
+    "work_source.datasets": "the datasets or their files (a file missing or different on "
+                            "some node?)",
+    "work_source.mixture": "the mixture weights",
+    "work_source.seed": "the seed (a seed derived from the rank?)",
+    "work_source": "the work source options",
+    "lanes": "the lane count",
+    "version": "the zephon version",
+    "ops": "the operators",
+}
 
 
 def plan_digests(source: StaticMixtureWorkSource, lanes: int) -> dict[str, str]:
@@ -71,12 +72,8 @@ def digest(identity: dict[str, Any]) -> int:
 
 
 def describe(path: str, titles: Sequence[str] = ()) -> str:
-    """What a fingerprint path means to a user (``ops[2].max_length`` -> the packing options)."""
-    op = re.match(r"ops\[(\d+)\]", path)
-    if op:
-        index = int(op.group(1))
-        return f"the {titles[index]} options" if index < len(titles) else "the operators"
-    return next((text for prefix, text in _WHAT if path.startswith(prefix)), path)
+    """What a fingerprint path means to a user, in words for ranks that differ."""
+    return state.describe(path, titles, _WHAT)
 
 
 def check_ranks_agree(identity: Callable[[], dict[str, Any]], dp_rank: int,
@@ -159,7 +156,8 @@ def _disagreement(identities: list[dict[str, Any]], titles: Sequence[str]) -> st
             continue
         path, first, theirs = found
         lines.append(f"rank {rank} differs from rank 0 in {describe(path, titles)} "
-                     f"({path}: rank 0 has {_short(first)}, rank {rank} has {_short(theirs)})")
+                     f"({path}: rank 0 has {short(first, 100)}, "
+                     f"rank {rank} has {short(theirs, 100)})")
     if not lines:  # pragma: no cover - equal fingerprints digest equally
         lines.append("their fingerprints digest differently")
     shown = lines[:4] + ([f"... and {len(lines) - 4} more rank(s)"] if len(lines) > 4 else [])
@@ -170,8 +168,3 @@ def _disagreement(identities: list[dict[str, Any]], titles: Sequence[str]) -> st
 
 def _without_plan(identity: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in identity.items() if key != "plan"}
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 100 else text[:97] + "..."

@@ -20,7 +20,7 @@ import base64
 import binascii
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -219,17 +219,23 @@ def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], key: str,
     if found is None:
         return
     path, old, new = found
-    op = re.match(r"ops\[(\d+)\]", path)
-    if op and int(op.group(1)) < len(titles):
-        what = f"the {titles[int(op.group(1))]} options"
-    else:
-        what = next((text for prefix, text in _WHAT.items() if path.startswith(prefix)), path)
+    what = describe(path, titles)
     raise StateMismatchError(
         f"loader state {key!r} was written by a different pipeline: {what} changed "
-        f"({path}: checkpoint {_short(old)}, now {_short(new)}). Resume with the same recipe, "
+        f"({path}: checkpoint {short(old)}, now {short(new)}). Resume with the same recipe, "
         "or start a new run.")
 
 
-def _short(value: Any) -> str:
+def describe(path: str, titles: Sequence[str] = (), what: Mapping[str, str] = _WHAT) -> str:
+    """What a fingerprint path means to a user: ``ops[2].max_length`` is "the packing options"
+    where ``titles[2]`` is ``"packing"``; other paths by their first prefix in ``what``."""
+    op = re.match(r"ops\[(\d+)\]", path)
+    if op and int(op.group(1)) < len(titles):
+        return f"the {titles[int(op.group(1))]} options"
+    return next((text for prefix, text in what.items() if path.startswith(prefix)), path)
+
+
+def short(value: Any, limit: int = 120) -> str:
+    """``repr(value)``, cut to ``limit`` characters for messages."""
     text = repr(value)
-    return text if len(text) <= 120 else text[:117] + "..."
+    return text if len(text) <= limit else text[:limit - 3] + "..."
