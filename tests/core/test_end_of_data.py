@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,10 +17,9 @@ from zephon import Pipeline
 from zephon.io import Dataset
 from zephon.work import MixtureSpec, StaticMixtureWorkSource
 
-rank, world, port, short, long, tokenizer, out = sys.argv[1:8]
+rank, world, store, out, short, long, tokenizer = sys.argv[1:8]
 rank, world = int(rank), int(world)
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                        world_size=world)
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
 source = StaticMixtureWorkSource(
     [Dataset.from_path("short", short), Dataset.from_path("long", long)],
     MixtureSpec({"short": 0.5, "long": 0.5}), seed=5, on_exhausted="drain", unit_bytes=2048)
@@ -41,26 +39,28 @@ dist.destroy_process_group()
 """
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def run_workers(tmp_path: Path, source: str, world: int, *args: object) -> list[dict]:
+    """Runs the script ``source`` as ``world`` gloo ranks, each with the arguments ``rank
+    world store out *args``, joined over a file store of their own (no port to pick); their
+    JSON outputs, by rank."""
+    run = tmp_path / f"run{len(list(tmp_path.glob('run*')))}"
+    run.mkdir()
+    script = run / "worker.py"
+    script.write_text(source)
+    outs = [run / f"rank{r}.json" for r in range(world)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(world),
+                               str(run / "store"), str(outs[r]), *map(str, args)], env=env)
+             for r in range(world)]
+    for proc in procs:
+        assert proc.wait(timeout=240) == 0
+    return [json.loads(p.read_text()) for p in outs]
 
 
 @pytest.mark.multiprocess
 def test_ranks_stop_together_and_account_for_every_token(two_datasets, tokenizer_dir, tmp_path):
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    port = free_port()
-    outs = [tmp_path / f"rank{r}.json" for r in range(2)]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), "2", str(port),
-                               str(two_datasets["short"]), str(two_datasets["long"]),
-                               tokenizer_dir, str(outs[r])], env=env)
-             for r in range(2)]
-    for proc in procs:
-        assert proc.wait(timeout=240) == 0
-    results = [json.loads(p.read_text()) for p in outs]
+    results = run_workers(tmp_path, WORKER, 2, two_datasets["short"], two_datasets["long"],
+                          tokenizer_dir)
     assert results[0]["batches"] == results[1]["batches"] > 0
     for result in results:
         # Everything this rank's lanes read was handed out, dropped at a flush, or left over.
@@ -83,10 +83,9 @@ from zephon.io import Dataset
 from zephon.work import MixtureSpec, StaticMixtureWorkSource
 
 import time
-rank, world, port, short, long, tokenizer, out, prefetch, pause, budget = sys.argv[1:11]
+rank, world, store, out, short, long, tokenizer, prefetch, pause, budget = sys.argv[1:11]
 rank, world, pause, budget = int(rank), int(world), float(pause), int(budget)
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                        world_size=world)
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
 source = StaticMixtureWorkSource(
     [Dataset.from_path("short", short), Dataset.from_path("long", long)],
     MixtureSpec({"short": 0.5, "long": 0.5}), seed=5, on_exhausted="drain", unit_bytes=2048)
@@ -111,20 +110,8 @@ dist.destroy_process_group()
 
 
 def run_ranks(tmp_path, two_datasets, tokenizer_dir, world, prefetch, pause=0.0, budget=0):
-    script = tmp_path / "counting_worker.py"
-    script.write_text(COUNTING_WORKER)
-    port = free_port()
-    outs = [tmp_path / f"count{prefetch}_{pause}_{budget}_rank{r}.json" for r in range(world)]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(world), str(port),
-                               str(two_datasets["short"]), str(two_datasets["long"]),
-                               tokenizer_dir, str(outs[r]), str(prefetch), str(pause),
-                               str(budget)],
-                              env=env)
-             for r in range(world)]
-    for proc in procs:
-        assert proc.wait(timeout=240) == 0
-    return [json.loads(p.read_text()) for p in outs]
+    return run_workers(tmp_path, COUNTING_WORKER, world, two_datasets["short"],
+                       two_datasets["long"], tokenizer_dir, prefetch, pause, budget)
 
 
 ROUND_TOKENS = 2 * 33  # 8 lanes over 4 ranks, microbatches of one 33-token row
@@ -179,10 +166,9 @@ from zephon import Pipeline
 from zephon.io import Dataset
 from zephon.work import StaticMixtureWorkSource
 
-rank, world, port, path, out = sys.argv[1:6]
+rank, world, store, out, path = sys.argv[1:6]
 rank, world = int(rank), int(world)
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                        world_size=world)
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
 source = StaticMixtureWorkSource([Dataset.from_path("web", path)], shuffle_units=False)
 base = Pipeline(source).options(lanes=2, dp_rank=rank, dp_world_size=world)
 results = {}
@@ -208,17 +194,7 @@ def test_an_empty_run_is_an_error_on_every_rank(tmp_path):
 
     rows = ["skip me" if (i // 2) % 2 else f"text {i}" for i in range(12)]
     pq.write_table(pa.table({"text": rows}), tmp_path / "d.parquet")
-    script = tmp_path / "empty_worker.py"
-    script.write_text(EMPTY_WORKER)
-    port = free_port()
-    outs = [tmp_path / f"empty{r}.json" for r in range(2)]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), "2", str(port),
-                               str(tmp_path / "d.parquet"), str(outs[r])], env=env)
-             for r in range(2)]
-    for proc in procs:
-        assert proc.wait(timeout=240) == 0
-    results = [json.loads(p.read_text()) for p in outs]
+    results = run_workers(tmp_path, EMPTY_WORKER, 2, tmp_path / "d.parquet")
     for rank, result in enumerate(results):
         assert result["all_filtered"] == (
             f"DataError: no microbatch could be made on rank {rank} of 2 (lanes [{rank}]): 6 "
