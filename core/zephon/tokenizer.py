@@ -38,6 +38,13 @@ token or, with ``split_special_tokens``, as plain text, by the backend's own swi
 (``encode_special_tokens``), so every path (batch calls, long-text slices, offsets, worker
 processes) gives the same ids for the same text.
 
+A text over :data:`LONG_TEXT_CHARS` is encoded in slices of about :data:`SLICE_CHARS`, cut
+where :mod:`zephon.long_text` derives from the tokenizer's definition that the slices' ids equal
+the whole text's, and only after a self-check on probe texts agrees (a few ms, once per process
+and tokenizer): the Rust tokenizer holds 90-175 bytes a character while it encodes, so a 50 MB
+text encoded whole would hold several GiB. A text that cannot be cut (no rule, or a stretch
+without a safe cut) over ``max_unsliced_chars`` is refused (:class:`TextTooLong`).
+
 A text holding a surrogate code point (U+D800-U+DFFF: a lone half of a UTF-16 pair, which a
 JSON escape such as ``\\udc80`` makes) cannot be encoded by any tokenizer. The backend refuses
 the whole batch with a TypeError (a Python tokenizer: UnicodeEncodeError); only then are the
@@ -64,7 +71,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon import fast_engine
+from zephon import fast_engine, long_text
 from zephon.errors import ConfigError, DataError
 from zephon.pool_turns import POOL_TURNS, takes_turn
 
@@ -73,6 +80,23 @@ _LOCK = threading.Lock()
 ENGINES = ("auto", "hf", "fastokens")
 """The ``engine`` choices (see the module's docstring)."""
 _CACHE: dict[str, Any] = {}
+
+EARLY_VOCAB = 16_384
+"""With vocabularies up to this size, batch calls wait for fastokens to be ready once the
+first has returned (:class:`_Preparation`): it loads in about 35 ms at 8k tokens."""
+LONG_TEXT_CHARS = 1 << 18
+"""Texts longer than this are tokenized in slices (when the tokenizer allows it). The Rust
+tokenizer holds about 550 bytes a token while it encodes (offsets, strings): a 1 MB text
+tokenized whole peaks about 100 MiB above the process, a 256 KiB slice about 30 MiB."""
+SLICE_CHARS = 1 << 18
+"""Target characters per slice of a long text (see ``LONG_TEXT_CHARS``)."""
+MAX_UNSLICED_CHARS = 1 << 21
+"""The default ``max_unsliced_chars``: longer texts (or stretches of them) the tokenizer cannot
+cut are refused. Encoded whole, 2 Mi characters hold up to about 350 MiB."""
+UNSLICED_BYTES_PER_CHAR = 175
+"""The most a text encoded whole held per character, among the kinds of
+``benchmarks/long_document.py --whole`` (5 MB texts: 88 for SentencePiece BPE, 106-111 for
+WordLevel, 132 for Unigram, 142-147 for WordPiece and byte-level BPE; 1 MB texts up to 175)."""
 
 
 def looks_local(tokenizer_id: str) -> bool:
@@ -163,6 +187,30 @@ class UnencodableText(DataError):
                 f"character {self.at}, which is not Unicode text and no tokenizer encodes")
 
 
+class TextTooLong(DataError):
+    """A text (``index`` in the texts of the call) with ``length`` characters from ``start``
+    that the tokenizer cannot cut (``why``), over the ``limit`` of ``max_unsliced_chars``.
+    Operators turn it into an error naming the row."""
+
+    def __init__(self, index: int, start: int, length: int, limit: int, kind: str, why: str):
+        super().__init__(index, start, length, limit, kind, why)
+        self.index, self.start, self.length, self.limit = index, start, length, limit
+        self.kind, self.why = kind, why
+
+    def __str__(self) -> str:
+        return (f"text {self.index}: {self.advice('tokenize')}")
+
+    def advice(self, op: str) -> str:
+        """What the text holds, why it cannot be cut and what to set, for ``op``."""
+        where = "" if self.start == 0 else f" from character {self.start:,}"
+        return (f"{self.length:,} characters{where} that the tokenizer, a {self.kind}, cannot "
+                f"cut into slices ({self.why}); encoding them whole would hold about "
+                f"{self.length * UNSLICED_BYTES_PER_CHAR >> 20:,} MiB, over {op}'s "
+                f"max_unsliced_chars of {self.limit:,}. Raise {op}(max_unsliced_chars=...) "
+                f"(recipes: [{op}] max_unsliced_chars; None: no limit) or leave such "
+                "documents out with a filter")
+
+
 def surrogate_advice(code: int, op: str) -> str:
     """The end of an error message about the surrogate code point ``code`` met by ``op``:
     what it is and the map that cleans it."""
@@ -221,14 +269,20 @@ class TextEncoder:
     ``split_special_tokens``: special-token text in a text is encoded as plain text (True) or
     as the control token it spells (False, the tokenizer's own default). ``engine``: ``"hf"``,
     ``"fastokens"`` or ``"auto"`` (see the module's docstring); :attr:`engine` says which one
-    encodes."""
+    encodes. ``max_unsliced_chars``: the longest text, or stretch of one, encoded whole where
+    it cannot be cut into slices (None: no limit); longer ones raise :class:`TextTooLong`."""
 
-    def __init__(self, tokenizer: Any, split_special_tokens: bool = False, engine: str = "hf"):
+    def __init__(self, tokenizer: Any, split_special_tokens: bool = False, engine: str = "hf",
+                 max_unsliced_chars: int | None = MAX_UNSLICED_CHARS):
         if engine not in ENGINES:
             raise ConfigError(f"engine={engine!r} is not one of "
                               f"{', '.join(repr(e) for e in ENGINES)}")
+        if max_unsliced_chars is not None and max_unsliced_chars < LONG_TEXT_CHARS:
+            raise ConfigError(f"max_unsliced_chars must be at least {LONG_TEXT_CHARS:,} (or "
+                              f"None: no limit), got {max_unsliced_chars!r}")
         self.tokenizer = tokenizer
         self._split_special = bool(split_special_tokens)
+        self._unsliced_limit = max_unsliced_chars
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is None and type(tokenizer).__module__.startswith("tokenizers"):
             backend = tokenizer
@@ -239,7 +293,6 @@ class TextEncoder:
 
             serialized = backend.to_str()
             self._digest = hashlib.sha256(serialized.encode()).hexdigest()[:16]
-            self._sliceable = _splits_at_spaces(backend)
             # A tokenizer read for this encoder alone is changed in place; any other is copied,
             # as its owner may rely on its settings.
             self._backend = backend if isinstance(tokenizer, _SavedFastTokenizer) \
@@ -247,8 +300,11 @@ class TextEncoder:
             self._backend.no_truncation()
             self._backend.no_padding()
             self._backend.encode_special_tokens = self._split_special
+            self._cuts = _checked_cuts(self._backend, serialized, self._digest,
+                                       self._split_special)
         else:
-            self._sliceable = False
+            self._cuts = long_text.NoCuts(type(tokenizer).__name__, "it has no Rust backend "
+                                          "(tokenizer.json) to derive safe cuts from")
             vocab = sorted(tokenizer.get_vocab().items())
             self._digest = hashlib.sha256(repr(vocab).encode()).hexdigest()[:16]
             if self._split_special:
@@ -392,7 +448,13 @@ class TextEncoder:
             raise refusal(texts, exc) from None
 
     def _encode(self, texts: list[str]) -> list[np.ndarray]:
-        if not self._sliceable or all(len(t) <= LONG_TEXT_CHARS for t in texts):
+        if all(len(t) <= LONG_TEXT_CHARS for t in texts):
+            return self._encode_batch(texts)
+        if not self.sliceable:
+            limit = self._unsliced_limit
+            for index, text in enumerate(texts):
+                if limit is not None and len(text) > limit:
+                    raise self._too_long(index, 0, len(text))
             return self._encode_batch(texts)
         short = iter(self._encode_batch([t for t in texts if len(t) <= LONG_TEXT_CHARS]))
         return [np.concatenate(list(self.slices(t))) if len(t) > LONG_TEXT_CHARS
@@ -435,25 +497,42 @@ class TextEncoder:
     @property
     def sliceable(self) -> bool:
         """Whether long texts are tokenized in slices (see :meth:`slices`)."""
-        return self._sliceable
+        return isinstance(self._cuts, long_text.CutRule)
+
+    @property
+    def cuts(self) -> long_text.CutRule | long_text.NoCuts:
+        """Where long texts are cut (:mod:`zephon.long_text`), or why they are not."""
+        return self._cuts
 
     def slices(self, text: str) -> Iterator[np.ndarray]:
         """The ids of ``text``, one slice of about :data:`SLICE_CHARS` characters at a time.
 
-        Slices are cut before a space that follows and precedes a non-space character: a
-        byte-level BPE pre-tokenizer (GPT-2's rule) never merges across such a cut, so the
-        ids equal whole-text tokenization (tested) while the tokenizer's per-token
-        bookkeeping (about 550 bytes a token) is held for one slice at a time. A tokenizer
-        that is not :attr:`sliceable` gives the whole text as one slice. A refused text
-        raises :class:`UnencodableText` (index 0, the character counted in ``text``)."""
-        if not self._sliceable:
+        Slices are cut where the tokenizer's :mod:`~zephon.long_text` rule allows, so their
+        ids equal whole-text tokenization (tested for every kind of tokenizer) while the
+        tokenizer's per-token bookkeeping (about 550 bytes a token) is held for one slice at a
+        time. A tokenizer that is not :attr:`sliceable` gives the whole text as one slice. A
+        text (or, when sliceable, a stretch without a cut) longer than ``max_unsliced_chars``
+        raises :class:`TextTooLong`; a refused text raises :class:`UnencodableText` (index 0,
+        the character counted in ``text``)."""
+        cuts = self._cuts
+        limit = self._unsliced_limit
+        if not isinstance(cuts, long_text.CutRule):
+            if limit is not None and len(text) > limit:
+                raise self._too_long(0, 0, len(text))
             yield self._encode_slice(text, text)
             return
-        start = 0
-        while start < len(text):
-            end = _cut(text, start + SLICE_CHARS)
-            yield self._encode_slice(text[start:end], text)
-            start = end
+        try:
+            for _start, piece in cuts.pieces(text, SLICE_CHARS, limit):
+                yield self._encode_slice(piece, text)
+        except long_text.LongStretch as exc:
+            raise self._too_long(0, exc.start, exc.length) from None
+
+    def _too_long(self, index: int, start: int, length: int) -> TextTooLong:
+        cuts = self._cuts
+        why = cuts.reason if isinstance(cuts, long_text.NoCuts) else \
+            "it holds no space between letters or digits to cut at"
+        assert self._unsliced_limit is not None
+        return TextTooLong(index, start, length, self._unsliced_limit, cuts.kind, why)
 
     def _encode_slice(self, piece: str, text: str) -> np.ndarray:
         try:
@@ -550,40 +629,31 @@ def ids_array(ids: list[int]) -> np.ndarray:
     return np.frombuffer(array.array("I", ids), dtype=np.int32)
 
 
-EARLY_VOCAB = 16_384
-"""With vocabularies up to this size, batch calls wait for fastokens to be ready once the
-first has returned (:class:`_Preparation`): it loads in about 35 ms at 8k tokens."""
-LONG_TEXT_CHARS = 1 << 18
-"""Texts longer than this are tokenized in slices (when the tokenizer allows it). The Rust
-tokenizer holds about 550 bytes a token while it encodes (offsets, strings): a 1 MB text
-tokenized whole peaks about 100 MiB above the process, a 256 KiB slice about 30 MiB."""
-SLICE_CHARS = 1 << 18
-"""Target characters per slice of a long text (see ``LONG_TEXT_CHARS``)."""
+def _checked_cuts(backend: Any, serialized: str, digest: str, split_special: bool
+                  ) -> long_text.CutRule | long_text.NoCuts:
+    """The cut rule of a tokenizer's definition, kept only when its :func:`self-check
+    <zephon.long_text.self_check>` passes; once per process and tokenizer (a few ms)."""
+    key = (digest, split_special)
+    with _LOCK:
+        known = _CUTS.get(key)
+    if known is not None:
+        return known
+    cuts = long_text.cut_rule(serialized)
+    if isinstance(cuts, long_text.CutRule):
+        def encode(texts: list[str]) -> list[list[int]]:
+            return [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
+
+        differs = long_text.self_check(cuts, encode, list(cuts.added))
+        if differs is not None:
+            log.warning("zephon: tokenizer %s: long texts are not cut into slices: %s",
+                        digest, differs)
+            cuts = long_text.NoCuts(cuts.kind, differs)
+    with _LOCK:
+        _CUTS[key] = cuts
+    return cuts
 
 
-def _cut(text: str, target: int) -> int:
-    """The first safe cut at or after ``target`` (or the end of the text)."""
-    if target >= len(text):
-        return len(text)
-    at = target
-    while True:
-        at = text.find(" ", at)
-        if at < 0:
-            return len(text)
-        if at > 0 and not text[at - 1].isspace() and at + 1 < len(text) \
-                and not text[at + 1].isspace():
-            return at
-        at += 1
-
-
-def _splits_at_spaces(backend: Any) -> bool:
-    """Whether the tokenizer pre-tokenizes as byte-level BPE with GPT-2's rule and does not
-    normalize: then tokens never span a cut before ' x' after a non-space."""
-    from tokenizers import pre_tokenizers
-
-    pre = backend.pre_tokenizer
-    return (backend.normalizer is None and isinstance(pre, pre_tokenizers.ByteLevel)
-            and bool(pre.use_regex))
+_CUTS: dict[tuple[str, bool], long_text.CutRule | long_text.NoCuts] = {}
 
 
 def _check_splits(tokenizer: Any) -> None:
@@ -639,9 +709,10 @@ class _SavedFastTokenizer:
 
 
 def resolve_encoder(tokenizer_id: str | None, tokenizer: Any | None,
-                    split_special_tokens: bool = False, engine: str = "hf") -> TextEncoder:
+                    split_special_tokens: bool = False, engine: str = "hf",
+                    max_unsliced_chars: int | None = MAX_UNSLICED_CHARS) -> TextEncoder:
     """The encoder of exactly one of a tokenizer id (loaded, see :func:`load_tokenizer`) or
-    a tokenizer object; ``split_special_tokens`` and ``engine`` as in :class:`TextEncoder`."""
+    a tokenizer object; the options as in :class:`TextEncoder`."""
     if (tokenizer_id is None) == (tokenizer is None):
         raise ConfigError("give exactly one of tokenizer_id=... or tokenizer=...")
     if tokenizer is None:
@@ -649,4 +720,4 @@ def resolve_encoder(tokenizer_id: str | None, tokenizer: Any | None,
             cached = _CACHE.get(tokenizer_id)
         tokenizer = cached or _SavedFastTokenizer.try_load(tokenizer_id) or \
             load_tokenizer(tokenizer_id)
-    return TextEncoder(tokenizer, split_special_tokens, engine)
+    return TextEncoder(tokenizer, split_special_tokens, engine, max_unsliced_chars)

@@ -112,7 +112,7 @@ def test_long_texts_in_slices_give_the_whole_text_tokens(which, tokenizer_dir, t
 
     path = tokenizer_dir if which == "demo" else build_chat_assets(tmp_path, n=20)["tokenizer"]
     encoder = TextEncoder(load_tokenizer(path))
-    assert encoder._sliceable
+    assert encoder.sliceable
     rng = random.Random(3)
     words = " ".join(make_documents(30, seed=5)).split(" ")
     pieces = []
@@ -278,26 +278,6 @@ def test_a_saved_tokenizer_is_read_once_and_its_settings_never_cut_documents(tmp
     assert np.array_equal(travelled.encode([text])[0], whole)
     assert travelled.digest == copied.digest and travelled.special == copied.special
     assert len(pickle.dumps(own)) < 1.2 * len(saved.backend_tokenizer.to_str())
-
-
-def test_texts_are_sliced_only_under_gpt2_byte_level_pre_tokenization():
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
-
-    from zephon.tokenizer import _splits_at_spaces
-
-    def backend(pre, normalizer=None) -> Tokenizer:
-        tokenizer = Tokenizer(models.BPE())
-        tokenizer.pre_tokenizer = pre
-        if normalizer is not None:
-            tokenizer.normalizer = normalizer
-        return tokenizer
-
-    assert _splits_at_spaces(backend(pre_tokenizers.ByteLevel(add_prefix_space=False)))
-    assert not _splits_at_spaces(backend(pre_tokenizers.ByteLevel(use_regex=False)))
-    assert not _splits_at_spaces(backend(pre_tokenizers.ByteLevel(), normalizers.NFC()))
-    assert not _splits_at_spaces(backend(pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(), pre_tokenizers.ByteLevel()])))
-    assert not _splits_at_spaces(backend(pre_tokenizers.Whitespace()))
 
 
 CONTROL_TEXT = "A page on tokens: <|eos|> ends one, <|pad|> fills and <|bos|> opens the next."

@@ -29,10 +29,17 @@ A text holding a surrogate code point (from a JSON escape such as ``\\udc80``) i
 naming the row and the map that cleans it (:func:`zephon.tokenizer.replace_surrogates`); it is
 found only after the tokenizer refuses a batch, so clean text pays nothing for the check.
 
-With ``max_document_tokens``, a text longer than ``LONG_TEXT_CHARS`` (256 KiB) is tokenized in
-slices as its pieces are taken (:class:`~zephon.ops.base.LazyPieces`), so a 50 MB document
-holds one slice's tokens and one piece at a time instead of its 12M tokens; a resume inside it
-tokenizes the text again up to the resumed piece. Without the option such a document becomes
+A text longer than ``LONG_TEXT_CHARS`` (256 Ki characters) is tokenized in slices, cut where
+the tokenizer's definition shows the slices' ids equal the whole text's (:mod:`zephon.long_text`:
+byte-level and Metaspace BPE, SentencePiece BPE, WordLevel, WordPiece and Unigram all qualify).
+One that cannot be cut, or a stretch of one without a place to cut, is refused above
+``max_unsliced_chars`` (2 Mi characters) with an error naming the row and the tokenizer's kind,
+rather than encoded whole at 90-175 bytes a character.
+
+With ``max_document_tokens``, a long text is tokenized in slices as its pieces are taken
+(:class:`~zephon.ops.base.LazyPieces`), so a 50 MB document holds one slice's tokens and one
+piece at a time instead of its 12M tokens; a resume inside it tokenizes the text again up to
+the resumed piece. Without the option such a document becomes
 one document of all its tokens: the packer then makes every row of it at once, and those rows
 wait in the lane's state until they are handed out (about 8 bytes a token), which is logged.
 """
@@ -61,7 +68,9 @@ from zephon.records import Doc
 from zephon.tokenizer import (
     ENGINES,
     LONG_TEXT_CHARS,
+    MAX_UNSLICED_CHARS,
     TextEncoder,
+    TextTooLong,
     UnencodableText,
     resolve_encoder,
     surrogate_advice,
@@ -97,6 +106,12 @@ class TokenizeSpec(DocumentSpec):
     as the control token it spells (False: for data that embeds its markers on purpose)."""
     batch_size: int = dataclasses.field(default=256, metadata={"fingerprint": False})
     """Documents per backend call; affects speed only, never the tokens."""
+    max_unsliced_chars: int | None = dataclasses.field(default=MAX_UNSLICED_CHARS,
+                                                       metadata={"fingerprint": False})
+    """A text longer than this that the tokenizer cannot cut into slices (see
+    :mod:`zephon.long_text`: a tokenizer whose definition gives no safe cut, or a stretch with
+    no space between letters or digits) is an error naming its row, instead of being encoded
+    whole at 90-175 bytes a character. None: no limit. Never changes the tokens."""
     engine: str = dataclasses.field(default="auto", metadata={"fingerprint": False})
     """``"auto"``: fastokens where it is installed, loads the tokenizer and passes a
     self-check against ``tokenizers``, else ``tokenizers`` (one log line says why);
@@ -114,6 +129,13 @@ class TokenizeSpec(DocumentSpec):
                               f"got {self.max_document_tokens}")
         if self.batch_size <= 0:
             raise ConfigError(f"tokenize: batch_size must be positive, got {self.batch_size}")
+        if self.max_unsliced_chars is not None and (
+                isinstance(self.max_unsliced_chars, bool)
+                or not isinstance(self.max_unsliced_chars, int)
+                or self.max_unsliced_chars < LONG_TEXT_CHARS):
+            raise ConfigError(f"tokenize: max_unsliced_chars must be an integer of at least "
+                              f"{LONG_TEXT_CHARS:,} or None (no limit), got "
+                              f"{self.max_unsliced_chars!r}")
         if self.engine not in ENGINES:
             raise ConfigError(f"tokenize: engine must be one of "
                               f"{', '.join(repr(e) for e in ENGINES)}, got {self.engine!r}")
@@ -145,7 +167,8 @@ class DocumentTokenizer(DocumentOperator):
         self.columns = [spec.field]
         self.batch_size = spec.batch_size
         self.encoder: TextEncoder = resolve_encoder(spec.tokenizer_id, spec.tokenizer,
-                                                    spec.split_special_tokens, spec.engine)
+                                                    spec.split_special_tokens, spec.engine,
+                                                    spec.max_unsliced_chars)
         special = self.encoder.special
         self.bos = _special(spec.add_bos, special.bos, "add_bos", "BOS")
         if spec.add_bos is None and self.bos is not None and self.bos == special.eos:
@@ -186,6 +209,8 @@ class DocumentTokenizer(DocumentOperator):
             eager = iter(self.encode([texts[i] for i in now]))
         except UnencodableText as exc:
             raise self._unencodable(where[now[exc.index]], exc) from None
+        except TextTooLong as exc:
+            raise self._too_long(where[now[exc.index]], exc) from None
         for doc, text, made_lazily, label in zip(docs, texts, lazy, where, strict=True):
             if made_lazily:
                 out.append(LazyPieces(functools.partial(self._lazy_pieces, doc, text, label)))
@@ -209,15 +234,21 @@ class DocumentTokenizer(DocumentOperator):
 
     def _made_lazily(self, texts: list[str]) -> list[bool]:
         """Which texts are cut into pieces as the pieces are taken: those long enough to be
-        tokenized in slices, when pieces are asked for. A byte-level tokenizer gives every
-        non-empty text at least one token, so such a document is never empty."""
+        tokenized in slices, when pieces are asked for, unless all whitespace. Such a document
+        is taken to be non-empty: every tokenizer kind gives a text with a non-space character
+        at least one token (WordLevel and WordPiece their unknown token), except where a
+        normalizer deletes every such character (a text of control characters only, under
+        BertNormalizer), which then becomes a document of its BOS and EOS alone."""
         if self.spec.max_document_tokens is None or not self.encoder.sliceable:
             return [False] * len(texts)
-        return [len(t) > LONG_TEXT_CHARS for t in texts]
+        return [len(t) > LONG_TEXT_CHARS and not t.isspace() for t in texts]
 
     def _unencodable(self, label: str, exc: UnencodableText) -> DataError:
         return DataError(f"{label}: field {self.spec.field!r}, character {exc.at}, holds "
                          f"{surrogate_advice(exc.code, 'tokenize')}")
+
+    def _too_long(self, label: str, exc: TextTooLong) -> DataError:
+        return DataError(f"{label}: field {self.spec.field!r} holds {exc.advice('tokenize')}")
 
     def _lazy_pieces(self, doc: Doc, text: str, label: str) -> Iterator[Doc]:
         """The pieces of one long text, made slice by slice: at most one slice's tokens and
@@ -245,6 +276,8 @@ class DocumentTokenizer(DocumentOperator):
             yield from self.encoder.slices(text)
         except UnencodableText as exc:
             raise self._unencodable(label, exc) from None
+        except TextTooLong as exc:
+            raise self._too_long(label, exc) from None
 
     def encode(self, texts: list[str]) -> list[list[np.ndarray]]:
         """Each text -> its pieces (an empty list for an empty document)."""
