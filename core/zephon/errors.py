@@ -8,7 +8,13 @@ from __future__ import annotations
 
 
 class ZephonError(Exception):
-    """Base class of Zephon's own exceptions."""
+    """Base class of Zephon's own exceptions. Credentials in its text arguments (an endpoint's
+    password, a signed URL, a token) are replaced by ``***`` (:func:`zephon.redact.redact`)."""
+
+    def __init__(self, *args: object):
+        from zephon.redact import redact
+
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
 
 class ConfigError(ZephonError, ValueError):

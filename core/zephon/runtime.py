@@ -9,7 +9,6 @@ pipeline's own ``__iter__``, ``state_dict``, ``load_state_dict`` and ``report`` 
 from __future__ import annotations
 
 import copy
-import logging
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -45,11 +44,12 @@ from zephon.ops.pack import PackSpec
 from zephon.options import LoaderOptions
 from zephon.progress import progress
 from zephon.records import Doc
+from zephon.redact import get_logger
 from zephon.report import PipelineReport, build_report, sum_stats
 from zephon.work.estimation import DatasetEstimate, TokenEstimation, estimate_dataset
 from zephon.work.source import StaticMixtureWorkSource
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 def _divisors(n: int) -> list[int]:

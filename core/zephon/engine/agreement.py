@@ -28,13 +28,13 @@ the data-parallel ranks.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from zephon.distributed import world_gloo_group
 from zephon.errors import ConfigError
+from zephon.redact import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 OPEN = 1 << 62
 """``final`` of a rank whose data has not ended."""

@@ -44,7 +44,6 @@ an iterator is live raises, since two consumers would each get part of the strea
 from __future__ import annotations
 
 import atexit
-import logging
 import threading
 import time
 from collections import deque
@@ -58,8 +57,9 @@ from zephon.engine.lane import Lane, LanePlan
 from zephon.errors import DataError, ZephonError
 from zephon.io import cancel
 from zephon.records import record_counts
+from zephon.redact import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 _INTERRUPT_JOIN_S = 1.5
 MAX_ROUNDS_AHEAD = 64

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -39,9 +38,10 @@ from zephon.distributed import world_gloo_group
 from zephon.engine import state
 from zephon.engine.state import first_difference, short, to_portable
 from zephon.errors import ConfigError
+from zephon.redact import get_logger
 from zephon.work.source import StaticMixtureWorkSource
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 _WHAT = {
     "plan.": "the work units planned from the files",

@@ -35,7 +35,6 @@ import contextlib
 import glob
 import hashlib
 import json
-import logging
 import os
 import stat
 from collections.abc import Iterator
@@ -47,8 +46,9 @@ from zephon.errors import ConfigError, DataError
 from zephon.io.formats import FORMATS, PlanHints, UnitSpec, compression_of, detect_format
 from zephon.io.indexed import prefix_of
 from zephon.io.options import StoreOptions
+from zephon.redact import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,6 @@ pipeline report and logged.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -16,9 +15,10 @@ from zephon.batch import SampleBatch
 from zephon.errors import ConfigError
 from zephon.ops.base import BuildContext, Node, OperatorSpec, RowOperator
 from zephon.records import Record, record_counts
+from zephon.redact import get_logger
 from zephon.state_checks import need_counts, need_fields, need_int
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)

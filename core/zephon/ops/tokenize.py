@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -65,6 +64,7 @@ from zephon.ops.base import (
     Outcome,
 )
 from zephon.records import Doc
+from zephon.redact import get_logger
 from zephon.tokenizer import (
     ENGINES,
     LONG_TEXT_CHARS,
@@ -76,7 +76,7 @@ from zephon.tokenizer import (
     surrogate_advice,
 )
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)

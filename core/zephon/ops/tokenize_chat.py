@@ -42,7 +42,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -60,6 +59,7 @@ from zephon.ops.base import (
 )
 from zephon.ops.tokenize import split_pieces
 from zephon.records import Doc
+from zephon.redact import get_logger
 from zephon.tokenizer import (
     TextEncoder,
     UnencodableText,
@@ -68,7 +68,7 @@ from zephon.tokenizer import (
     surrogate_advice,
 )
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 ROLES = ("system", "user", "assistant", "tool")
 _MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")

@@ -43,7 +43,6 @@ import contextlib
 import errno
 import hashlib
 import json
-import logging
 import os
 import re
 import shutil
@@ -57,8 +56,9 @@ from zephon.errors import ConfigError, DataError
 from zephon.io import cancel
 from zephon.io.hub.locks import FileLock
 from zephon.io.options import CacheOptions
+from zephon.redact import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}

@@ -26,8 +26,9 @@ from zephon.errors import ZephonError
 from zephon.io import cancel
 from zephon.io.hub.retry import RetryPolicy, TransferError, explain, retry_call
 from zephon.progress import progress
+from zephon.redact import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 T = TypeVar("T")
 REPO_TYPE = "dataset"

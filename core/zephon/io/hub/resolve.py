@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import re
 import sys
@@ -54,8 +53,9 @@ from zephon.io.hub.layout import Layout, conversion_layout, original_layout
 from zephon.io.hub.locks import FileLock
 from zephon.io.hub.path import HubPath
 from zephon.io.hub.retry import LOGIN
+from zephon.redact import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 CONVERSION_REF = "refs/convert/parquet"
 LISTING_VERSION = 1

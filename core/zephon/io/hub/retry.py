@@ -21,7 +21,6 @@ whole listing.
 
 from __future__ import annotations
 
-import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,8 +37,9 @@ from huggingface_hub.errors import (
 
 from zephon.errors import ConfigError, DataError, ZephonError
 from zephon.io import cancel
+from zephon.redact import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 T = TypeVar("T")
