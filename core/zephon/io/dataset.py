@@ -32,7 +32,6 @@ matches split folders (``d/*``) reads each of them through its own ``state.json`
 from __future__ import annotations
 
 import contextlib
-import glob
 import hashlib
 import json
 import os
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from zephon.errors import ConfigError, DataError
+from zephon.io import local_glob
 from zephon.io.formats import FORMATS, PlanHints, UnitSpec, compression_of, detect_format
 from zephon.io.indexed import prefix_of
 from zephon.io.options import StoreOptions
@@ -308,7 +308,7 @@ def _expand_local(path: str) -> tuple[list[str], list[str], list[str]]:
     dict_folders: list[str] = []
     if any(ch in path for ch in "*?["):
         found = []
-        for match in sorted(glob.glob(path, recursive=True)):
+        for match in local_glob.expand(path):
             found.extend(_walk(match, skipped, dict_folders) if os.path.isdir(match)
                          else [match])
     elif os.path.isdir(path):
