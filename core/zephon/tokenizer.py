@@ -74,8 +74,9 @@ import numpy as np
 from zephon import fast_engine, long_text
 from zephon.errors import ConfigError, DataError
 from zephon.pool_turns import POOL_TURNS, takes_turn
+from zephon.redact import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 _LOCK = threading.Lock()
 ENGINES = ("auto", "hf", "fastokens")
 """The ``engine`` choices (see the module's docstring)."""
@@ -334,6 +335,14 @@ class TextEncoder:
         """Have fastokens made ready once the first batch call has returned
         (:class:`_Preparation`), later calls waiting for it when the vocabulary is small
         (:data:`EARLY_VOCAB`)."""
+        with _LOCK:
+            known = _FAST.get((self._digest, self._split_special))
+        if isinstance(known, fast_engine.Unusable):
+            self._fast_note = str(known)
+            return
+        if known is not None:
+            self._fast = known
+            return
         early = self._backend is not None and self._backend.get_vocab_size() <= EARLY_VOCAB
         self._preparing = _Preparation(self, serialized, check, announce, early)
 
@@ -343,12 +352,26 @@ class TextEncoder:
         if self._backend is None:
             raise fast_engine.Unusable(f"{type(self.tokenizer).__name__} has no Rust backend "
                                        "(tokenizer.json) for fastokens to read")
+        key = (self._digest, self._split_special)
+        with _LOCK:
+            known = _FAST.get(key)
+        if isinstance(known, fast_engine.Unusable):
+            raise known
+        if known is not None:
+            return known
         start = time.perf_counter()
-        fast = fast_engine.load(serialized if serialized is not None
-                                else self._backend.to_str())
-        loaded = time.perf_counter() - start
-        texts, seconds = fast_engine.self_check(fast, self._backend, self._split_special,
-                                                LONG_TEXT_CHARS)
+        try:
+            fast = fast_engine.load(serialized if serialized is not None
+                                    else self._backend.to_str())
+            loaded = time.perf_counter() - start
+            texts, seconds = fast_engine.self_check(fast, self._backend, self._split_special,
+                                                    LONG_TEXT_CHARS)
+        except fast_engine.Unusable as exc:
+            with _LOCK:
+                _FAST[key] = exc
+            raise
+        with _LOCK:
+            _FAST[key] = fast
         if announce:
             log.info("zephon: tokenizer %s encodes with fastokens %s (loaded in %.2f s; its ids "
                      "equal tokenizers' on %d self-check texts, checked in %.0f ms)",
@@ -654,6 +677,11 @@ def _checked_cuts(backend: Any, serialized: str, digest: str, split_special: boo
 
 
 _CUTS: dict[tuple[str, bool], long_text.CutRule | long_text.NoCuts] = {}
+_FAST: dict[tuple[str, bool], Any] = {}
+"""fastokens per tokenizer digest and ``split_special_tokens``, once self-checked in this
+process (or why it cannot be used): loaded once and shared by every encoder, as the
+``tokenizers`` backend is (:func:`_saved_fast_tokenizer`). A 128k-token vocabulary takes 0.63 s
+and 143 MiB to load."""
 
 
 def _check_splits(tokenizer: Any) -> None:
@@ -708,6 +736,32 @@ class _SavedFastTokenizer:
         return loaded if loaded.eos_token_id is not None else None
 
 
+def _saved_fast_tokenizer(tokenizer_id: str, split_special_tokens: bool
+                          ) -> _SavedFastTokenizer | None:
+    """The saved fast tokenizer of a directory (:class:`_SavedFastTokenizer`), read once per
+    process and ``split_special_tokens`` setting while its ``tokenizer.json`` is unchanged
+    (size and modification time): encoders change their backend's special-token switch in
+    place, so the two settings each have their own. A ``tokenizers.Tokenizer`` keeps about
+    1.5 MB after use: read again per pipeline, an evaluation loop that builds and drops
+    pipelines grew by that much each time."""
+    try:
+        stat = os.stat(os.path.join(os.path.expanduser(tokenizer_id), "tokenizer.json"))
+    except OSError:
+        return None
+    key = (tokenizer_id, bool(split_special_tokens), stat.st_size, stat.st_mtime_ns)
+    with _LOCK:
+        if key in _SAVED:
+            return _SAVED[key]
+    loaded = _SavedFastTokenizer.try_load(tokenizer_id)
+    with _LOCK:
+        for old in [k for k in _SAVED if k[:2] == key[:2]]:
+            del _SAVED[old]  # the file changed: forget its earlier reading
+        return _SAVED.setdefault(key, loaded)
+
+
+_SAVED: dict[tuple[str, bool, int, int], _SavedFastTokenizer | None] = {}
+
+
 def resolve_encoder(tokenizer_id: str | None, tokenizer: Any | None,
                     split_special_tokens: bool = False, engine: str = "hf",
                     max_unsliced_chars: int | None = MAX_UNSLICED_CHARS) -> TextEncoder:
@@ -718,6 +772,6 @@ def resolve_encoder(tokenizer_id: str | None, tokenizer: Any | None,
     if tokenizer is None:
         with _LOCK:
             cached = _CACHE.get(tokenizer_id)
-        tokenizer = cached or _SavedFastTokenizer.try_load(tokenizer_id) or \
+        tokenizer = cached or _saved_fast_tokenizer(tokenizer_id, split_special_tokens) or \
             load_tokenizer(tokenizer_id)
     return TextEncoder(tokenizer, split_special_tokens, engine, max_unsliced_chars)

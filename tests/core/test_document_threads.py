@@ -38,7 +38,8 @@ def pipeline(paths: dict, tokenizer_dir: str, prefetch: int, seen: list | None =
         return row
 
     return (Pipeline(source_for(paths)).options(lanes=3, prefetch=prefetch)
-            .map(note_thread).tokenize(tokenizer_id=tokenizer_dir, max_document_tokens=40)
+            .map(note_thread).tokenize(tokenizer_id=tokenizer_dir, max_document_tokens=40,
+                                        engine="hf")
             .pack_flat(65).shuffle(8).batch(2))
 
 
@@ -130,7 +131,7 @@ def test_only_datasets_with_a_gil_releasing_operator_use_the_threads(
 
         return (Pipeline(source_for({"text": tmp_path / "text", "ids": tmp_path / "ids"}))
                 .options(lanes=2, prefetch=prefetch).map(note_thread)
-                .tokenize(tokenizer_id=tokenizer_dir, datasets=("text",))
+                .tokenize(tokenizer_id=tokenizer_dir, datasets=("text",), engine="hf")
                 .pretokenized(eos_token_id=tokenizer.eos_token_id, datasets=("ids",))
                 .pack_flat(33).batch(2))
 
@@ -235,7 +236,8 @@ def test_an_error_on_the_thread_reaches_the_caller_naming_the_line(tmp_path,
     messages = []
     for prefetch in (0, 4):
         run = (Pipeline(source_for({"d": tmp_path / "d"})).options(prefetch=prefetch)
-               .tokenize(tokenizer_id=tokenizer_dir).pack_flat(65).batch(2, drop_last=False))
+               .tokenize(tokenizer_id=tokenizer_dir, engine="hf").pack_flat(65)
+               .batch(2, drop_last=False))
         with pytest.raises(DataError) as caught:
             list(run)
         messages.append(str(caught.value))

@@ -105,6 +105,12 @@ SHAPES = {"gpt2": lambda p: byte_level(p, llama3=False),
           "sentencepiece": sentencepiece_bpe}
 
 
+@pytest.fixture(autouse=True)
+def fresh_process_cache(monkeypatch):
+    """Each test sees fastokens as a fresh process does: not yet loaded for any tokenizer."""
+    monkeypatch.setattr(tokenizer_module, "_FAST", {})
+
+
 @pytest.fixture(scope="module")
 def shapes(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("shapes")
@@ -198,6 +204,7 @@ def test_auto_prepares_fastokens_once_the_first_call_has_returned(tokenizer_dir,
     assert preparing._started and preparing.first_call_returned
     assert [ids.tolist() for ids in encoder.encode(texts)] == expected
     assert encoder._fast is not None and encoder._preparing is None  # the call waited
+    monkeypatch.setattr(tokenizer_module, "_FAST", {})  # as in a worker process
     assert not pickle.loads(pickle.dumps(encoder))._preparing.check  # loaded only
     monkeypatch.setattr(tokenizer_module, "EARLY_VOCAB", 100)
     assert not TextEncoder(load_tokenizer(tokenizer_dir), engine="auto")._preparing.early
@@ -527,3 +534,18 @@ def test_batches_leave_the_document_threads_once_fastokens_encodes(tokenizer_dir
         counts[engine] = len(sent)
     assert counts["fastokens"] == 0
     assert 0 < counts["auto"] < counts["hf"], counts
+
+
+@needs_fastokens
+def test_fastokens_is_loaded_once_per_process_and_tokenizer(tokenizer_dir, monkeypatch):
+    """A second encoder of the same tokenizer and setting shares the checked engine at once
+    (no preparation, no load); another split_special_tokens setting is checked apart."""
+    loads = []
+    real = fast_engine.load
+    monkeypatch.setattr(fast_engine, "load", lambda text: loads.append(1) or real(text))
+    first = TextEncoder(load_tokenizer(tokenizer_dir), engine="fastokens")
+    second = TextEncoder(load_tokenizer(tokenizer_dir), engine="auto")
+    assert second._preparing is None and second._fast is first._fast and len(loads) == 1
+    other = TextEncoder(load_tokenizer(tokenizer_dir), split_special_tokens=True,
+                        engine="fastokens")
+    assert other._fast is not first._fast and len(loads) == 2

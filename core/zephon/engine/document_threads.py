@@ -52,9 +52,11 @@ threads.
 
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -97,9 +99,41 @@ def _serve(requests: queue.SimpleQueue) -> None:
         del request
 
 
-def _stop(requests: queue.SimpleQueue, threads: int) -> None:
-    for _ in range(threads):
+def _stop(requests: queue.SimpleQueue, threads: tuple[threading.Thread, ...]) -> None:
+    _LIVE.pop(id(requests), None)
+    for _ in threads:
         requests.put(_STOP)
+
+
+_LIVE: dict[int, tuple[queue.SimpleQueue, tuple[threading.Thread, ...]]] = {}
+"""The running threads of every :class:`DocumentThreads`, by their request queue."""
+_EXIT_JOIN_S = 10.0
+
+
+@atexit.register
+def _stop_at_exit() -> None:
+    """Stop every document thread before the interpreter tears down. A daemon thread still
+    inside the Rust tokenizer then (GIL released) would be ended as it takes the GIL back,
+    and that forced unwind through Rust frames aborts the process ("FATAL: exception not
+    rethrown", exit status 134). Batches no thread has started are cancelled; the ones
+    running finish (each is at most ``CHUNK_CHARS`` of text, well under a second), waited
+    for at most ``_EXIT_JOIN_S`` in all."""
+    live = list(_LIVE.values())
+    _LIVE.clear()
+    for requests, threads in live:
+        while True:
+            try:
+                pending = requests.get_nowait()
+            except queue.Empty:
+                break
+            if pending is not _STOP:
+                pending.cancel()
+        for _ in threads:
+            requests.put(_STOP)
+    deadline = time.monotonic() + _EXIT_JOIN_S
+    for _requests, threads in live:
+        for thread in threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 class _Batch(Future):
@@ -155,11 +189,13 @@ class DocumentThreads:
 
     def _start(self) -> None:
         requests: queue.SimpleQueue = queue.SimpleQueue()
-        for _ in range(self.threads):
-            threading.Thread(target=_serve, args=(requests,), name=THREAD_NAME,
-                             daemon=True).start()
+        threads = tuple(threading.Thread(target=_serve, args=(requests,), name=THREAD_NAME,
+                                         daemon=True) for _ in range(self.threads))
+        for thread in threads:
+            thread.start()
+        _LIVE[id(requests)] = (requests, threads)
         self._requests, self._pid = requests, os.getpid()
-        self._finalizer = weakref.finalize(self, _stop, requests, self.threads)
+        self._finalizer = weakref.finalize(self, _stop, requests, threads)
 
     @staticmethod
     def result(future: Future) -> Rows:

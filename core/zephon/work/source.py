@@ -22,8 +22,6 @@ Mixing is by documents unless ``token_estimation`` is given, then by tokens; see
 from __future__ import annotations
 
 import copy
-import functools
-import logging
 import math
 from collections.abc import Collection, Sequence
 from typing import Any
@@ -34,13 +32,18 @@ from zephon.errors import ConfigError
 from zephon.io.dataset import Dataset
 from zephon.io.formats import PlanHints, UnitSpec
 from zephon.io.options import StoreOptions
+from zephon.redact import get_logger
 from zephon.work.estimation import TokenEstimation
 from zephon.work.mixture import MixtureSpec
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 EXHAUSTION = ("stop", "drain")
 UNITS_PER_LANE = 4
+
+
+_KEPT_ORDERS = 64
+"""Unit orders a work source keeps (one per dataset and epoch in use)."""
 
 
 class StaticMixtureWorkSource:
@@ -132,6 +135,7 @@ class StaticMixtureWorkSource:
         self.shuffle_rows = shuffle_rows
         self.hints = PlanHints(unit_bytes=unit_bytes, arrow_unit_rows=arrow_unit_rows)
         self._plans: dict[int, list[list[tuple[int, UnitSpec]]]] = {}
+        self._orders: dict[tuple[int, int, int], np.ndarray] = {}
 
     def bound(self, io_options: StoreOptions) -> StaticMixtureWorkSource:
         """This work source with its datasets bound to ``io_options`` (see
@@ -189,11 +193,19 @@ class StaticMixtureWorkSource:
         step = math.gcd(lanes, n)
         return list(range(lane % step, n, step))
 
-    @functools.lru_cache(maxsize=64)  # noqa: B019 - one source lives as long as its pipeline
     def _unit_order(self, dataset: int, epoch: int, n: int) -> np.ndarray:
-        if not self.shuffle_units:
-            return np.arange(n)
-        return np.random.default_rng([self.seed, dataset, epoch, 0x11]).permutation(n)
+        """The order of a dataset's ``n`` units in ``epoch``; the last 64 are kept on the
+        source itself (a cache on the method would keep 64 sources alive after their
+        pipelines are dropped)."""
+        key = (dataset, epoch, n)
+        order = self._orders.get(key)
+        if order is None:
+            order = np.arange(n) if not self.shuffle_units else \
+                np.random.default_rng([self.seed, dataset, epoch, 0x11]).permutation(n)
+            if len(self._orders) >= _KEPT_ORDERS:
+                self._orders.pop(next(iter(self._orders)), None)
+            self._orders[key] = order
+        return order
 
     def row_order(self, dataset: int, epoch: int, unit: int, n: int) -> np.ndarray:
         if not self.shuffle_rows:

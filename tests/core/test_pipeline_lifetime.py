@@ -1,0 +1,106 @@
+"""What a pipeline leaves behind in a long-lived process: nothing it does not share."""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import weakref
+
+from tests.conftest import write_jsonl
+from zephon import Pipeline
+from zephon.demo.assets import make_documents
+from zephon.engine import document_threads
+from zephon.io import Dataset
+from zephon.ops.tokenize import DocumentTokenizer, TokenizeSpec
+from zephon.work import StaticMixtureWorkSource
+
+
+def test_dropping_a_pipeline_frees_its_work_source(tmp_path, tokenizer_dir):
+    path = write_jsonl(tmp_path / "docs.jsonl", [{"text": t} for t in make_documents(40)])
+    refs = []
+    for seed in range(3):
+        source = StaticMixtureWorkSource([Dataset.from_path("d", path)], seed=seed)
+        refs.append(weakref.ref(source))
+        pipeline = Pipeline(source).tokenize(tokenizer_id=tokenizer_dir).pack_flat(65).batch(2)
+        for _, _batch in zip(range(2), pipeline, strict=False):
+            pass
+        del source, pipeline, _batch
+    gc.collect()
+    assert [ref() for ref in refs] == [None, None, None]
+
+
+def test_pipelines_share_the_tokenizer_they_read(tokenizer_dir):
+    def backend(split: bool):
+        return DocumentTokenizer(TokenizeSpec(tokenizer_id=tokenizer_dir,
+                                              split_special_tokens=split)).encoder._backend
+
+    assert backend(True) is backend(True)
+    assert backend(False) is backend(False) and backend(False) is not backend(True)
+    assert backend(True).encode_special_tokens and not backend(False).encode_special_tokens
+
+
+MANY_PIPELINES = textwrap.dedent("""
+    import gc, json, sys
+    import psutil
+    from zephon import Pipeline
+    from zephon.io import Dataset
+    from zephon.work import StaticMixtureWorkSource
+
+    path, tokenizer, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    rss = []
+    for seed in range(count):
+        source = StaticMixtureWorkSource([Dataset.from_path("d", path)], seed=seed)
+        pipeline = Pipeline(source).tokenize(tokenizer_id=tokenizer).pack_flat(129).batch(4)
+        for _, batch in zip(range(3), pipeline):
+            pass
+        del source, pipeline, batch
+        gc.collect()
+        rss.append(psutil.Process().memory_info().rss)
+    print(json.dumps(rss))
+""")
+
+
+def test_building_and_dropping_300_pipelines_keeps_memory_flat(tmp_path, tokenizer_dir):
+    """An evaluation loop's pattern, in a fresh process: RSS may grow while the first
+    pipelines warm up (the tokenizer, fastokens, allocator arenas), then stays flat."""
+    path = write_jsonl(tmp_path / "docs.jsonl", [{"text": t} for t in make_documents(50)])
+    run = subprocess.run([sys.executable, "-c", MANY_PIPELINES, str(path), tokenizer_dir,
+                          "300"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rss = json.loads(run.stdout.strip().splitlines()[-1])
+    grown = (rss[-1] - rss[19]) / 2**20
+    assert grown < 30, f"RSS grew {grown:.1f} MiB over pipelines 20-300"
+
+
+def test_document_threads_are_stopped_before_the_interpreter_exits():
+    """At exit, batches no thread has started are cancelled and the running ones finish, so
+    no thread is inside the Rust tokenizer when the interpreter tears down."""
+
+    class Slow:
+        def __init__(self):
+            self.started = threading.Event()
+
+        def run(self):
+            self.started.set()
+            time.sleep(0.2)
+            return "done"
+
+    threads = document_threads.DocumentThreads({0: []}, threads=2)
+    threads._start()
+    requests, workers = document_threads._LIVE[id(threads._requests)]
+    running = [document_threads._Batch((), [], []) for _ in range(6)]
+    for batch in running:
+        slow = Slow()
+        batch.run = slow.run  # type: ignore[method-assign]
+        requests.put(batch)
+    time.sleep(0.05)
+    document_threads._stop_at_exit()
+    assert not any(w.is_alive() for w in workers)
+    assert id(requests) not in document_threads._LIVE
+    done = [b for b in running if b.done() and not b.cancelled()]
+    assert 1 <= len(done) <= 4 and any(b.cancelled() for b in running)
