@@ -26,7 +26,6 @@ import argparse
 import itertools
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -73,13 +72,13 @@ def capacity(paths: dict[str, str], batches: int, workers: int = 0, rank: int = 
 
 
 def _join(rank: int, world: int, port: int | None):
-    """Join the gloo group of ``world`` ranks; returns its barrier (a no-op for one rank)."""
+    """Join the gloo group of ``world`` ranks (through the store of the launching process,
+    :func:`_run_ranks`; ``port`` is unused); returns its barrier (a no-op for one rank)."""
     if world == 1:
         return lambda: None
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
     return dist.barrier
 
 
@@ -134,20 +133,16 @@ def ranks_capacity(paths: dict[str, str], batches: int, world: int, workers: int
 
 
 def _run_ranks(world: int, spec: dict) -> list[dict]:
-    port = _free_port()
+    from zephon.distributed import launcher_store
+
+    _store, rendezvous = launcher_store(world)  # held until the ranks exit
     procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.trainer_wait", "--child",
-                               json.dumps({**spec, "rank": r, "world": world, "port": port})],
+                               json.dumps({**spec, "rank": r, "world": world, "port": None})],
                               stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "OMP_NUM_THREADS": "1",
+                              env={**os.environ, **rendezvous, "OMP_NUM_THREADS": "1",
                                    "LOCAL_WORLD_SIZE": str(world)})  # as torchrun sets it
              for r in range(world)]
     return [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def main() -> None:

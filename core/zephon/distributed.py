@@ -20,3 +20,23 @@ def world_gloo_group() -> Any:
     if _WORLD_GLOO is None:
         _WORLD_GLOO = dist.new_group(backend="gloo")
     return _WORLD_GLOO
+
+
+def launcher_store(world_size: int) -> tuple[Any, dict[str, str]]:
+    """A rendezvous store for the ``world_size`` ranks a launcher starts on this machine, and
+    the environment variables that make them use it.
+
+    The launcher hosts the store on a port the kernel picks, as torchrun hosts its agent's:
+    ranks started with the variables (``MASTER_ADDR``, ``MASTER_PORT``,
+    ``TORCHELASTIC_USE_AGENT_STORE=True``) join it as clients when they call
+    ``init_process_group`` (``env://``). Picking a free port, releasing it and letting rank 0
+    bind it later races with every other process of the machine (EADDRINUSE when two launches
+    start together); this cannot. Keep the store alive until the ranks have exited."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, world_size=world_size, is_master=True,
+                     wait_for_workers=False, timeout=timedelta(minutes=10))
+    return store, {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port),
+                   "WORLD_SIZE": str(world_size), "TORCHELASTIC_USE_AGENT_STORE": "True"}

@@ -24,11 +24,17 @@ def fresh(monkeypatch, tmp_path):
     monkeypatch.setattr(tokenizer_module, "_CACHE", {})
 
 
+_HELD: list[socket.socket] = []
+
+
 def unreachable(monkeypatch) -> None:
-    """Point the client at a closed port on 127.0.0.1, as on a cluster without internet."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    """Point the client at a closed port on 127.0.0.1, as on a cluster without internet: a
+    port this process keeps bound without listening, so connections are refused and no other
+    process can take it meanwhile."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    _HELD.append(sock)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     monkeypatch.setenv("HF_ENDPOINT", url)
     monkeypatch.setattr(constants, "ENDPOINT", url)
     monkeypatch.setattr(tokenizer_module, "_CACHE", {})

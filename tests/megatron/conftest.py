@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,9 +24,7 @@ def megatron_cpu() -> Iterator[None]:
     owns_group = not dist.is_initialized()
     if owns_group:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
+        os.environ["MASTER_PORT"] = "0"  # this process hosts the store: the kernel picks
         dist.init_process_group("gloo", rank=0, world_size=1)
     parallel_state.initialize_model_parallel(1, 1)
     cpu_shims.install(1234)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import socket
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,11 +27,5 @@ def parse(argv: list[str]) -> argparse.Namespace:
     from zephon_megatron.arguments import build_standalone_parser
 
     return build_standalone_parser().parse_args(argv)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 

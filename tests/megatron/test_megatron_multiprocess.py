@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from megatron_helpers import free_port
+
+from zephon.distributed import launcher_store
 
 pytestmark = pytest.mark.multiprocess
 
@@ -82,8 +83,8 @@ def test_resume_at_one_process_continues_the_two_process_run(runs) -> None:
 
 def test_tensor_parallel_ranks_receive_the_readers_batch(tmp_path: Path) -> None:
     out = tmp_path / "report.json"
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-           "WORLD_SIZE": "2", "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    _store, rendezvous = launcher_store(2)  # held until the ranks exit
+    env = {**os.environ, **rendezvous, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     ranks = [subprocess.Popen([sys.executable, str(HERE / "tp_broadcast_worker.py"), str(out)],
                               env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in range(2)]

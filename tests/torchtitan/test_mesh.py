@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from zephon.demo.assets import make_documents
-from zephon_torchtitan.demo import free_port
+from zephon.distributed import launcher_store
 
 # One process of a 2 (data-parallel) x 2 (tensor-parallel) mesh. torchrun's variables are set
 # as for any rank; TorchTitan passes the batch mesh's rank, which TP peers share.
@@ -22,10 +22,9 @@ from zephon_torchtitan import cpu_shims
 cpu_shims.install()
 from zephon_torchtitan.dataloader import ZephonDataLoader
 
-rank, port, recipe, out = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
-os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="4")
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                        world_size=4)
+rank, recipe, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
+dist.init_process_group("gloo")  # env://: the launcher's store
 loader = ZephonDataLoader.Config(recipe=recipe).build(
     dp_world_size=2, dp_rank=rank // 2, tokenizer=None, seq_len=32, local_batch_size=2)
 digests = []
@@ -46,10 +45,10 @@ def test_tensor_parallel_peers_get_identical_batches_and_stop_together(docs_dir,
         f'[[datasets]]\nname = "docs"\npath = "{docs_dir(texts)}"\n'))
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    port = free_port()
+    _store, rendezvous = launcher_store(4)  # held until the ranks exit
     outs = [tmp_path / f"rank{r}.json" for r in range(4)]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(port), str(recipe),
+    env = {**os.environ, **rendezvous, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(recipe),
                                str(outs[r])], env=env) for r in range(4)]
     for proc in procs:
         assert proc.wait(timeout=240) == 0

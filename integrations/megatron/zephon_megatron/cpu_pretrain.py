@@ -24,13 +24,14 @@ import atexit
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from zephon.distributed import launcher_store
 
 CPU_FLAGS = ("--distributed-backend", "gloo", "--use-cpu-initialization",
              "--no-gradient-accumulation-fusion", "--no-persist-layer-norm",
@@ -79,22 +80,15 @@ def worker(flags: list[str], trace: str | None) -> int:
     return main([*flags, *CPU_FLAGS])
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def launch(nproc: int, flags: Sequence[str], *, trace: str | None = None,
            timeout: float = 600.0) -> int:
     """Run ``nproc`` ranks; rank 0 and the last rank (Megatron logs iterations there) print,
     the others' output is shown only on failure."""
-    port = str(_free_port())
+    _store, rendezvous = launcher_store(nproc)  # hosts the rendezvous until the ranks exit
     procs = []
     for rank in range(nproc):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank),
-               "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1",
+        env = {**os.environ, **rendezvous, "RANK": str(rank), "LOCAL_RANK": str(rank),
+               "LOCAL_WORLD_SIZE": str(nproc), "OMP_NUM_THREADS": "1",
                "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
         command = [sys.executable, "-m", "zephon_megatron.cpu_pretrain", "--worker",
                    *(["--trace", trace] if trace else []), "--", *flags]

@@ -31,13 +31,14 @@ import gc
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from zephon.distributed import launcher_store
 
 RECIPE = Path(__file__).resolve().parents[3] / "recipes" / "megatron" / "pretrain_packed.toml"
 DEFAULT_MEGATRON_FLAGS = [
@@ -285,17 +286,11 @@ def _save(args: argparse.Namespace, iteration: int, model: Any, optimizer: Any, 
 
 
 # -- launcher ----------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def launch(options: argparse.Namespace, own_argv: list[str], megatron_argv: list[str]) -> int:
     """Start ``--nproc`` ranks and wait; stop the rest as soon as one fails."""
     Path(options.workdir).mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-           "WORLD_SIZE": str(options.nproc), "OMP_NUM_THREADS": "1",
+    _store, rendezvous = launcher_store(options.nproc)  # hosts the rendezvous until the ranks exit
+    env = {**os.environ, **rendezvous, "OMP_NUM_THREADS": "1",
            "PYTHONWARNINGS": "ignore::UserWarning"}
     command = [sys.executable, "-m", "zephon_megatron.smoke", "--worker", *own_argv, "--",
                *megatron_argv]

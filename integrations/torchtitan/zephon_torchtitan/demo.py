@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -83,20 +82,16 @@ def parse_losses(output: str) -> dict[int, float]:
     return losses
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def launch_command(args: list[str], nproc: int = 1, module: str = "zephon_torchtitan.train",
                    torchrun: bool = False) -> list[str]:
     """The command line for ``python -m module args`` on ``nproc`` local processes (through
     torchrun when ``nproc > 1`` or ``torchrun``)."""
     if nproc == 1 and not torchrun:
         return [sys.executable, "-m", module, *args]
+    # --standalone: torchrun's agent hosts the rendezvous store on a port the kernel picks
+    # (a port picked free beforehand could be taken by another launch before it is bound).
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-            "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", module, *args]
+            "--standalone", "-m", module, *args]
 
 
 def run_training(args: list[str], *, nproc: int = 1, cwd: str | os.PathLike[str] | None = None,

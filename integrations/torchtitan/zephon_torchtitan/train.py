@@ -29,8 +29,8 @@ recipe's tokenizer directory. The launcher then hands TorchTitan's own entry poi
 line is parsed by TorchTitan's ConfigManager and the run, torchrun included, is TorchTitan's.
 
 Run without torchrun, it sets the single-process rendezvous variables (RANK=0, WORLD_SIZE=1,
-a free MASTER_PORT). ``--cpu`` forces the CPU shims (:mod:`zephon_torchtitan.cpu_shims`);
-nothing imports them on a machine with CUDA unless asked.
+MASTER_PORT=0: a port the kernel picks). ``--cpu`` forces the CPU shims
+(:mod:`zephon_torchtitan.cpu_shims`); nothing imports them on a machine with CUDA unless asked.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ import argparse
 import dataclasses
 import importlib
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -211,15 +210,13 @@ def _compatible(current: Any, value: Any) -> bool:
 
 def single_process_env() -> None:
     """Without torchrun, the rendezvous variables of a one-process run (RANK=0, WORLD_SIZE=1,
-    LOCAL_RANK=0, a free MASTER_PORT on 127.0.0.1); set ones are left alone."""
+    LOCAL_RANK=0, MASTER_PORT=0 on 127.0.0.1: the one process hosts the store on a port the
+    kernel picks, so two launches never race for one); set ones are left alone."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"),
                        ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
-                       ("MASTER_PORT", str(port))):
+                       ("MASTER_PORT", "0")):
         os.environ.setdefault(key, value)
 
 
