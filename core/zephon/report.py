@@ -1,8 +1,11 @@
 """What a pipeline delivered, dropped and left over, per dataset: nothing is lost silently.
 
 Reports are built from the ``"stats"`` entries of the nodes' snapshots in the lanes' consumed
-state, summed over the lanes a rank owns (:func:`sum_stats`), so a report always describes what
-the trainer consumed.
+state, summed over the lanes a rank owns (:func:`sum_stats`): the lanes as they were when the
+trainer took its last microbatch. They tell apart what the lanes had *read* by then (documents
+and tokens that entered the pipeline, including what still waits in open rows and the shuffle
+buffer) from what was *handed* to the trainer (the rows of the microbatches it took). Realized
+shares and padding are of what was handed: what the model saw.
 """
 
 from __future__ import annotations
@@ -20,17 +23,23 @@ class DatasetReport:
     target_share: float
     """Target share of tokens (token mixing) or documents (document mixing)."""
     documents: int = 0
+    """Documents read (entered the pipeline), read-ahead and buffers included."""
     tokens: int = 0
+    """Tokens of the documents read."""
     empty_documents: int = 0
     """Empty or null texts skipped (they produce no tokens)."""
     realized_share: float = 0.0
-    """Delivered share in the mixing unit (tokens or documents)."""
+    """Share of what was handed to the trainer, in the mixing unit (tokens or documents)."""
     skipped: dict[str, int] = field(default_factory=dict)
     """Rows (or pieces) that went no further, by reason (``empty``; for chat data also
     ``no_assistant``, ``unknown_role``, ``missing_field``, ``invalid``; ``filtered:<fn>`` for
     each filter)."""
     skipped_files: tuple[str, ...] = ()
     """Paths found under the dataset's path but not read, each with its reason."""
+    handed_documents: int = 0
+    """Documents whose first token was handed to the trainer."""
+    handed_tokens: int = 0
+    """Tokens handed to the trainer (documents' tokens; padding apart)."""
 
     @property
     def filtered(self) -> int:
@@ -47,6 +56,7 @@ class PipelineReport:
     datasets: list[DatasetReport]
     microbatches: int = 0
     padding_tokens: int = 0
+    """Padding tokens in the rows handed to the trainer."""
     dropped: dict[str, int] = field(default_factory=dict)
     """Rows, documents and tokens dropped by ``batch(drop_last=True)`` at a flush."""
     leftover: dict[str, int] = field(default_factory=dict)
@@ -54,10 +64,12 @@ class PipelineReport:
     finished: bool = False
 
     def __str__(self) -> str:
-        lines = [f"{'dataset':<24}{'documents':>12}{'tokens':>14}{'empty':>8}"
-                 f"{'target':>9}{'realized':>10}   (mixing by {self.mix_by})"]
+        lines = [f"{'':<24}{'handed to the trainer':>26}{'read (buffers included)':>26}",
+                 f"{'dataset':<24}{'documents':>12}{'tokens':>14}{'documents':>12}{'tokens':>14}"
+                 f"{'empty':>8}{'target':>9}{'realized':>10}   (mixing by {self.mix_by})"]
         for d in self.datasets:
-            lines.append(f"{d.name:<24}{d.documents:>12,}{d.tokens:>14,}{d.empty_documents:>8,}"
+            lines.append(f"{d.name:<24}{d.handed_documents:>12,}{d.handed_tokens:>14,}"
+                         f"{d.documents:>12,}{d.tokens:>14,}{d.empty_documents:>8,}"
                          f"{d.target_share:>9.3f}{d.realized_share:>10.3f}")
             others = {k: v for k, v in d.skipped.items() if k != "empty"}
             if others:
@@ -98,12 +110,16 @@ def build_report(stats: dict[str, Any], names: list[str], weights: Iterable[floa
     documents = {n: stats.get("documents", {}).get(n, 0) for n in names}
     tokens = {n: stats.get("tokens", {}).get(n, 0) for n in names}
     skipped = {n: dict(stats.get("skipped", {}).get(n, {})) for n in names}
-    unit = tokens if by_tokens else documents
+    handed = stats.get("handed", {})
+    handed_documents = {n: handed.get("documents", {}).get(n, 0) for n in names}
+    handed_tokens = {n: handed.get("tokens", {}).get(n, 0) for n in names}
+    unit = handed_tokens if by_tokens else handed_documents
     total = sum(unit.values()) or 1
     files = skipped_files or {}
     datasets = [DatasetReport(n, float(w), documents[n], tokens[n], skipped[n].get("empty", 0),
-                              unit[n] / total, skipped[n], files.get(n, ()))
+                              unit[n] / total, skipped[n], files.get(n, ()),
+                              handed_documents[n], handed_tokens[n])
                 for n, w in zip(names, weights, strict=True)]
     dropped = {"rows": 0, "documents": 0, "tokens": 0, **stats.get("dropped", {})}
     return PipelineReport("tokens" if by_tokens else "documents", datasets, microbatches,
-                          stats.get("padding_tokens", 0), dropped, dict(leftover), finished)
+                          handed.get("padding_tokens", 0), dropped, dict(leftover), finished)

@@ -268,8 +268,9 @@ class Loader:
     def report(self) -> PipelineReport:
         """Counts for this rank's lanes, as of the last consumed microbatch.
 
-        Documents and tokens count what the lanes had read by then (including what waits in
-        open rows or the shuffle buffer), so realized shares are shares of data read; rows
+        ``documents`` and ``tokens`` count what the lanes had read by then (including what
+        waits in open rows or the shuffle buffer), ``handed_documents`` and ``handed_tokens``
+        what the trainer received; realized shares and padding are of what it received. Rows
         dropped at a flush and microbatches left over at the end of data are counted apart."""
         stream = self.stream
         snapshots = [s for s in (stream.consumed[lane] for lane in stream.owned) if s]

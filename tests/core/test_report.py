@@ -44,3 +44,42 @@ def test_left_over_rows_without_a_tokenizer_count_their_documents(tmp_path):
     leftover = report.leftover
     assert leftover["rows"] > 0 and leftover["documents"] == leftover["rows"]
     assert handed + leftover["rows"] + report.dropped["rows"] == 10
+
+
+def test_the_report_tells_what_was_handed_from_what_was_read(two_datasets, tokenizer_dir):
+    """Shares, padding and handed counts are of the microbatches the trainer took; read counts
+    include what waits in open rows and the shuffle buffer."""
+    import itertools
+
+    def pipeline() -> Pipeline:
+        datasets = [Dataset.from_path(n, p) for n, p in two_datasets.items()]
+        source = StaticMixtureWorkSource(datasets, MixtureSpec(dict.fromkeys(two_datasets, 1.0)),
+                                         seed=3)
+        return (Pipeline(source).options(lanes=2, prefetch=2)
+                .tokenize(tokenizer_id=tokenizer_dir, max_document_tokens=40)
+                .pack_flat(65, "best_fit").shuffle(16).batch(2))
+
+    first = pipeline()
+    taken = list(itertools.islice(first, 7))
+    tokens: dict[str, int] = {}
+    documents: dict[str, int] = {}
+    for span in (s for b in taken for r in b.records for s in r.meta["documents"]):
+        tokens[span.dataset] = tokens.get(span.dataset, 0) + span.length
+        documents[span.dataset] = documents.get(span.dataset, 0) + (span.doc_start == 0)
+    report = first.report()
+    by_name = {d.name: d for d in report.datasets}
+    assert {n: d.handed_tokens for n, d in by_name.items()} == tokens
+    assert {n: d.handed_documents for n, d in by_name.items()} == documents
+    assert all(d.tokens > d.handed_tokens for d in report.datasets)  # buffers hold the rest
+    unit = tokens if report.mix_by == "tokens" else documents
+    total = sum(unit.values())
+    assert all(abs(d.realized_share - unit[d.name] / total) < 1e-12 for d in report.datasets)
+    assert report.padding_tokens == sum(r.meta["padding"] for b in taken for r in b.records)
+    assert "handed to the trainer" in str(report)
+
+    resumed = pipeline()
+    resumed.load_state_dict(first.state_dict())
+    more = list(itertools.islice(resumed, 3))
+    for span in (s for b in more for r in b.records for s in r.meta["documents"]):
+        tokens[span.dataset] += span.length
+    assert {d.name: d.handed_tokens for d in resumed.report().datasets} == tokens

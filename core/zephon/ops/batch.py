@@ -4,6 +4,12 @@ operator.
 At a flush (the end of a lane's data) a short batch is emitted only with ``drop_last=False``;
 otherwise its rows are dropped and counted (rows, documents starting in them, tokens) in the
 pipeline report and logged.
+
+Every batch made is also counted as handed to the trainer (rows, padding, and per dataset the
+documents starting in it and the tokens of its documents): the lane's state as of a consumed
+microbatch then holds exactly what the trainer received, which the report shows apart from
+what the lane had read (:mod:`zephon.report`). Counting costs one pass over the batch's
+document spans.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ class BatchNode(Node):
         self.lane = lane
         self.made = 0
         self.dropped = {"rows": 0, "documents": 0, "tokens": 0}
+        self.handed: dict[str, Any] = _no_handed()
 
     def next(self) -> SampleBatch | None:
         size = self.spec.microbatch_size
@@ -73,7 +80,25 @@ class BatchNode(Node):
             return None
         batch = SampleBatch(records, lane=self.lane, index=self.made)
         self.made += 1
+        self._count_handed(records)
         return batch
+
+    def _count_handed(self, records: list[Record]) -> None:
+        handed = self.handed
+        documents, tokens = handed["documents"], handed["tokens"]
+        handed["rows"] += len(records)
+        for record in records:
+            meta = record.meta
+            handed["padding_tokens"] += meta.get("padding", 0)
+            spans = meta.get("documents")
+            if spans is None:  # an unpacked row: one document of its dataset
+                name = meta.get("dataset", "")
+                documents[name] = documents.get(name, 0) + 1
+                continue
+            for span in spans:
+                tokens[span.dataset] = tokens.get(span.dataset, 0) + span.length
+                if span.doc_start == 0:
+                    documents[span.dataset] = documents.get(span.dataset, 0) + 1
 
     def _drop(self, records: list[Record]) -> None:
         if not records:
@@ -90,11 +115,28 @@ class BatchNode(Node):
                  tokens)
 
     def snapshot(self) -> dict[str, Any]:
-        return {"made": self.made, "stats": {"dropped": dict(self.dropped)}}
+        handed = self.handed
+        return {"made": self.made, "stats": {"dropped": dict(self.dropped), "handed": {
+            "rows": handed["rows"], "padding_tokens": handed["padding_tokens"],
+            "documents": dict(handed["documents"]), "tokens": dict(handed["tokens"])}}}
 
     def restore(self, state: dict[str, Any]) -> None:
+        """A state written before handed counts were kept restores with none: the report's
+        handed figures then count from the resume on."""
         state = need_fields(state, "", ("made", "stats"))
         made = need_int(state["made"], "made")
-        stats = need_fields(state["stats"], "stats", ("dropped",))
-        self.dropped = need_counts(stats["dropped"], "stats.dropped", tuple(self.dropped))
-        self.made = made
+        stats = need_fields(state["stats"], "stats", ("dropped",), optional=("handed",))
+        dropped = need_counts(stats["dropped"], "stats.dropped", tuple(self.dropped))
+        handed = _no_handed()
+        if "handed" in stats:
+            given = need_fields(stats["handed"], "stats.handed", tuple(handed))
+            handed["rows"] = need_int(given["rows"], "stats.handed.rows")
+            handed["padding_tokens"] = need_int(given["padding_tokens"],
+                                                "stats.handed.padding_tokens")
+            handed["documents"] = need_counts(given["documents"], "stats.handed.documents")
+            handed["tokens"] = need_counts(given["tokens"], "stats.handed.tokens")
+        self.dropped, self.handed, self.made = dropped, handed, made
+
+
+def _no_handed() -> dict[str, Any]:
+    return {"rows": 0, "padding_tokens": 0, "documents": {}, "tokens": {}}
