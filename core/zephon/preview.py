@@ -10,6 +10,9 @@ and ``cu_seqlens`` boundaries. Three renderings:
   (dashed) drawn; needs matplotlib (``pip install zephon[viz]``);
 - :func:`render_html`: the same as a self-contained page with the decoded tokens;
 - :func:`render_terminal`: ANSI colours and decoded tokens, for a terminal.
+
+Tokens are shown as the tokenizer decodes them (:func:`token_texts`), not as vocabulary
+pieces (``Ġthe``, ``▁the``, ``<0xE2>``), and every view names each document's dataset.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ class RowView:
     """Index of the document piece each token belongs to in this row; -1 for padding."""
     names: list[str]
     """The document ids of the pieces, in row order."""
+    datasets: list[str]
+    """The dataset of each piece, in row order."""
     positions: np.ndarray
     ignored: np.ndarray
     """True where the label of this position carries no loss."""
@@ -80,8 +85,9 @@ def first_batch(recipe_path: str | os.PathLike[str], rows: int = 4,
             document[span.row_start:min(span.row_start + span.length, len(inputs))] = i
         cu = [int(c) for c in out["cu_seqlens"][r].tolist() if c >= 0]
         views.append(RowView(record.meta.get("id", str(r)), inputs, decode(inputs), document,
-                             [s.doc_id for s in spans], out["positions"][r].numpy(),
-                             out["labels"][r].numpy() == ignore, cu[1:-1]))
+                             [s.doc_id for s in spans], [s.dataset for s in spans],
+                             out["positions"][r].numpy(), out["labels"][r].numpy() == ignore,
+                             cu[1:-1]))
     return views
 
 
@@ -91,7 +97,36 @@ def _decoder(tokenizer: str | None) -> Any:
     from zephon.tokenizer import load_tokenizer
 
     loaded = load_tokenizer(tokenizer)
-    return lambda ids: [str(t) for t in loaded.convert_ids_to_tokens([int(i) for i in ids])]
+    backend = getattr(loaded, "backend_tokenizer", None)
+    if backend is not None:
+        def decode(ids: list[int]) -> str:
+            return backend.decode(ids, skip_special_tokens=False)
+    else:
+        def decode(ids: list[int]) -> str:
+            return loaded.decode(ids, skip_special_tokens=False,
+                                 clean_up_tokenization_spaces=False)
+    return lambda ids: token_texts([int(i) for i in ids], decode)
+
+
+def token_texts(ids: list[int], decode: Any) -> list[str]:
+    """The text each token adds to the decoded row: ``decode(ids[j:i+1])`` past
+    ``decode(ids[j:i])``, with ``j`` the token before (so a decoder that drops a leading space
+    at the start of a text, as SentencePiece's does, keeps it here). A token that ends inside a
+    character (byte-level BPE and byte fallback split one across tokens) shows nothing, and
+    the token that completes the character shows all of it. Two decodes per token: a preview
+    row of 4,096 tokens takes a few milliseconds."""
+    out: list[str] = []
+    start = 0  # first token whose text is not shown yet
+    for i in range(len(ids)):
+        context = max(0, start - 1)
+        before = decode(ids[context:start]) if context < start else ""
+        text = decode(ids[context:i + 1])
+        if text.endswith("\ufffd") and i + 1 < len(ids) and i - start < 3:
+            out.append("")  # a character continues in the next token
+            continue
+        out.append(text[len(before):] if text.startswith(before) else decode(ids[start:i + 1]))
+        start = i + 1
+    return out
 
 
 def render_png(rows: list[RowView], path: str | os.PathLike[str], title: str = "") -> None:
@@ -123,6 +158,11 @@ def render_png(rows: list[RowView], path: str | os.PathLike[str], title: str = "
         axes.vlines(resets[resets > 0], y, y + 1, colors="white", linewidth=1.5)
         axes.vlines(row.boundaries, y, y + 1, colors="black", linewidth=0.8,
                     linestyles="dashed")
+        for start in np.flatnonzero(np.diff(row.document, prepend=-2) != 0):
+            doc = int(row.document[start])
+            if doc >= 0:
+                axes.text(start + 0.3, y + 0.35, row.datasets[doc], fontsize=6, color="white",
+                          clip_on=True)
         ignored = np.flatnonzero(row.ignored)
         axes.scatter(ignored + 0.5, np.full(ignored.size, y + 0.85), marker="x", s=6,
                      c="black", linewidths=0.6)
@@ -147,7 +187,10 @@ def render_html(rows: list[RowView], path: str | os.PathLike[str], title: str = 
              "<p>colour: document; striped: padding; wavy underline: label ignored; bar: "
              "position reset</p>"]
     for row in rows:
-        parts.append(f"<div class='row'><b>{html.escape(row.row_id)}</b><br>")
+        legend = ", ".join(f"<span style='background:{_PALETTE[i % 10]}'>{i}</span> "
+                           f"{html.escape(d)}" for i, d in enumerate(row.datasets))
+        parts.append(f"<div class='row'><b>{html.escape(row.row_id)}</b> documents: "
+                     f"{legend}<br>")
         for x, text in enumerate(row.text):
             doc = int(row.document[x])
             classes = ["pad" if doc < 0 else ""]
@@ -155,7 +198,8 @@ def render_html(rows: list[RowView], path: str | os.PathLike[str], title: str = 
             classes += ["reset"] if row.positions[x] == 0 and x > 0 else []
             style = "" if doc < 0 else f" style='background:{_PALETTE[doc % 10]}'"
             tip = (f"token {int(row.tokens[x])} position {int(row.positions[x])}"
-                   + (f" document {row.names[doc]}" if doc >= 0 else " padding"))
+                   + (f" document {row.names[doc]} of {row.datasets[doc]}" if doc >= 0
+                      else " padding"))
             parts.append(f"<span class='{' '.join(c for c in classes if c)}'{style} "
                          f"title='{html.escape(tip)}'>{html.escape(text)}</span>")
         parts.append("</div>")
@@ -165,10 +209,14 @@ def render_html(rows: list[RowView], path: str | os.PathLike[str], title: str = 
 def render_terminal(rows: list[RowView], limit: int = 96) -> str:
     """ANSI colours per document, decoded tokens; the first ``limit`` tokens of each row."""
     lines = ["colour: document; dim dots: padding; underlined: label ignored; |: position "
-             "reset"]
+             "reset; ↵ newline, → tab"]
     for row in rows:
+        legend = ", ".join(f"\x1b[48;5;{_ANSI[i % 10]}m\x1b[97m {i} \x1b[0m {dataset}"
+                           for i, dataset in enumerate(row.datasets))
+        lines.append(f"{row.row_id} documents: {legend}")
         pieces = []
         for x, text in enumerate(row.text[:limit]):
+            text = text.replace("\n", "↵").replace("\t", "→")
             doc = int(row.document[x])
             if doc < 0:
                 pieces.append("\x1b[2m·\x1b[0m")

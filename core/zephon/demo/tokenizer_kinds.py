@@ -96,11 +96,14 @@ def _word_level(split: bool) -> Any:
 def _metaspace_bpe(byte_fallback: bool) -> Any:
     """A BPE trained on Metaspace words (so no token spans a word start), with <0xNN> byte
     tokens when ``byte_fallback``."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=byte_fallback,
                                      fuse_unk=byte_fallback))
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Sequence([
+        decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+        decoders.Strip(" ", 1, 0)])
     tokenizer.train_from_iterator(corpus(), trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE, special_tokens=SPECIALS, show_progress=False))
     if not byte_fallback:
@@ -135,7 +138,7 @@ def _sentencepiece_bpe() -> Any:
 
 
 def _unigram() -> Any:
-    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
     pieces, charsmap = _sentencepiece_unigram()
     tokenizer = Tokenizer(models.Unigram(pieces, unk_id=0, byte_fallback=False))
@@ -145,6 +148,8 @@ def _unigram() -> Any:
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.WhitespaceSplit(),
         pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)])
+    tokenizer.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always",
+                                           split=True)
     return tokenizer
 
 
