@@ -128,20 +128,23 @@ def _stats(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     repeated = dict(zip(source.names(), source.repeated, strict=True))
     print(f"{args.recipe}: mixing by {recipe.mix_by}"
           + (f", budget {args.tokens:,} tokens" if args.tokens else ""))
-    print(f"{'dataset':<20}{'files':>6}{'documents':>14}{'tokens':>18}{'target':>8}"
+    print(f"{'dataset':<20}{'files':>6}{'documents':>15}{'tokens':>19}{'target':>8}"
           + (f"{'epochs':>9}" if args.tokens else ""))
     most = None
     for estimate in estimates:
         files = len(next(d for d in source.datasets if d.name == estimate.name).files())
         share = float(weights[estimate.name])
-        line = (f"{estimate.name:<20}{files:>6}{estimate.documents or 0:>14,}"
-                f"{int(estimate.tokens or 0):>18,}{share:>8.3f}")
+        line = (f"{estimate.name:<20}{files:>6}"
+                f"{_count(estimate.documents, estimate.documents_exact):>15}"
+                f"{_count(estimate.tokens, estimate.tokens_exact):>19}{share:>8.3f}")
         if args.tokens and estimate.tokens:
             epochs = args.tokens * share / estimate.tokens
             line += f"{epochs:>9.2f}"
             if most is None or epochs > most[1]:
                 most = (estimate.name, epochs)
         print(line)
+    print("~: estimated (tokens from a tokenized sample; JSON Lines documents from the bytes "
+          "read); figures without ~ are counted")
     if most is not None:
         name, epochs = most
         if epochs <= 1:
@@ -152,6 +155,17 @@ def _stats(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             print(f"{name!r} runs out first, after {100 / epochs:.0f}% of the budget; repeat it "
                   "([mixture] repeat) or lower the budget")
     return 0
+
+
+def _count(value: float | None, exact: bool) -> str:
+    """A count as ``zephon stats`` prints it: ``~`` before an estimate, rounded to 3
+    significant digits; ``?`` when unknown."""
+    if value is None:
+        return "?"
+    if exact:
+        return f"{int(value):,}"
+    digits = max(0, len(str(int(value))) - 3)
+    return f"~{int(round(value, -digits)):,}"
 
 
 def _cache(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -105,7 +105,9 @@ def test_one_pass_reads_every_document_once(tmp_path):
         for record in batch.records:
             seen[record.payload["input_ids"].tobytes()] += 1
     assert seen == Counter(np.asarray(d, np.int32).tobytes() for d in docs)
-    assert pipeline.estimate()[0].tokens == sum(len(d) for d in docs)
+    [estimate] = pipeline.estimate()
+    assert estimate.tokens == sum(len(d) for d in docs)
+    assert estimate.tokens_exact and estimate.documents_exact
     four_lanes = (Pipeline(StaticMixtureWorkSource([dataset], seed=4, arrow_unit_rows=16))
                   .options(lanes=4).pretokenized().batch(1, drop_last=False))
     handed = sum(len(b) for b in four_lanes)  # the last incomplete round is left over

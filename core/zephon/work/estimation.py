@@ -53,6 +53,11 @@ class DatasetEstimate:
     documents: int | None
     tokens_per_document: float
     tokens: float | None
+    documents_exact: bool = False
+    """Whether ``documents`` is a count, not an estimate: rows of Parquet and Arrow files
+    (from their metadata) and of Megatron indexes. JSON Lines counts are extrapolated."""
+    tokens_exact: bool = False
+    """Whether ``tokens`` is a count (Megatron indexes), not an estimate."""
 
 
 def estimate_dataset(source: Any, index: int, lanes: int, columns: list[str] | None,
@@ -71,10 +76,11 @@ def estimate_dataset(source: Any, index: int, lanes: int, columns: list[str] | N
     total_bytes = sum(f.size for f in dataset.files())
     if all(f.fmt == "megatron" for f in dataset.files()):
         return _indexed_counts(dataset, units)
+    exact = documents is not None
     if spec.primer == "bytes" or measure is None:
         tokens = total_bytes / 4
         per_doc = tokens / documents if documents else float("nan")
-        return DatasetEstimate(dataset.name, documents, per_doc, tokens)
+        return DatasetEstimate(dataset.name, documents, per_doc, tokens, exact)
     order = source._unit_order(index, 0, len(units))
     sampled = [units[int(i)] for i in order[:spec.calibration_shards_max]]
     per_unit = -(-spec.calibration_samples // len(sampled))
@@ -100,7 +106,7 @@ def estimate_dataset(source: Any, index: int, lanes: int, columns: list[str] | N
     if documents is None and sampled_bytes:
         documents = round(total_bytes * sampled_rows / sampled_bytes)
     tokens = per_doc * documents if documents is not None else None
-    return DatasetEstimate(dataset.name, documents, per_doc, tokens)
+    return DatasetEstimate(dataset.name, documents, per_doc, tokens, exact)
 
 
 def _indexed_counts(dataset: Any, units: list[Any]) -> DatasetEstimate:
@@ -116,4 +122,4 @@ def _indexed_counts(dataset: Any, units: list[Any]) -> DatasetEstimate:
                 documents += unit.stop - unit.start
                 tokens += int(lengths[unit.start:unit.stop].sum())
     return DatasetEstimate(dataset.name, documents, tokens / documents if documents else 0.0,
-                           float(tokens))
+                           float(tokens), True, True)
