@@ -60,6 +60,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     log = first.stdout + first.stderr
     assert first.returncode == 0, log[-6000:]
     assert "validation loss at iteration 2" in log and "iteration        6/       6" in log
+    assert log.count("zephon: end of run (") == 1  # after a normal finish of pretrain()
     # no --dataloader-save: the loader state is part of the checkpoint
     assert (ckpt / "iter_0000004" / "mp_rank_00" / "train_dataloader_dprank000.pt").is_file()
     return tmp_path
@@ -74,6 +75,7 @@ def test_pretrain_evaluates_saves_and_resumes_at_another_dp_size_exactly(
     log = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, log[-6000:]
     assert "iteration        5/       6" in log and "validation loss at iteration 6" in log
+    assert log.count("zephon: end of run (") == 1  # two ranks: rank 0 alone reports
 
     straight, after = digests(uninterrupted / "one"), digests(tmp_path / "two")
     assert sorted(straight) == list(range(24))  # 6 steps x 4 microbatches

@@ -44,7 +44,8 @@ def test_zephon_scalars_in_tensorboard(tmp_path: Path, recipes):
     code, output, _ = run_training(["--toml", str(tmp_path / "launch.toml")], cwd=tmp_path,
                                    timeout=300)
     assert code == 0, output[-4000:]
-    assert "zephon: step 3:" in output and "zephon: end of run" in output
+    assert "zephon: step 3:" in output and output.count("zephon: end of run (last step)") == 1
+    assert output.count("zephon: end of run") == 1
     [events_dir] = {p.parent for p in (tmp_path / "out").rglob("events.out.tfevents.*")}
     events = EventAccumulator(str(events_dir))
     events.Reload()
@@ -55,3 +56,36 @@ def test_zephon_scalars_in_tensorboard(tmp_path: Path, recipes):
             "zephon/loss_share", "zephon/dropped_documents"} <= tags
     shares = [events.Scalars(f"zephon/realized/{n}")[-1].value for n in ("demo", "notes")]
     assert abs(sum(shares) - 1) < 1e-6 and all(0 < s < 1 for s in shares)
+
+
+def test_a_run_stopped_with_ctrl_c_reports_once(tmp_path: Path, recipes):
+    """TorchTitan closes its trainer only on Exception: the report of a run interrupted by
+    Ctrl-C comes from the exit hook, once."""
+    import os
+    import signal
+    import subprocess
+
+    from zephon_torchtitan.demo import launch_command
+
+    recipes.write(tmp_path / "data.toml", datasets=recipes.demo())
+    (tmp_path / "launch.toml").write_text(LAUNCH.replace("steps = 3", "steps = 100000"))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    proc = subprocess.Popen(launch_command(["--toml", str(tmp_path / "launch.toml")]),
+                            cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "2"}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if "zephon: step 3:" in line:
+                proc.send_signal(signal.SIGINT)
+                break
+        lines += proc.stdout.readlines()
+        proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    output = "".join(lines)
+    assert "zephon: step 3:" in output, output[-3000:]
+    assert output.count("zephon: end of run") == 1, output[-3000:]
+    assert "zephon: end of run (stopped early)" in output

@@ -73,8 +73,9 @@ def resume(run_dir: Path, tmp: Path, nproc: int) -> tuple[dict[int, float], dict
 
 @pytest.mark.multiprocess
 def test_two_processes_train_and_loss_falls(two_process_run):
-    tmp, _, losses = two_process_run
+    tmp, output, losses = two_process_run
     assert falls(losses, 10), losses
+    assert output.count("zephon: end of run") == 1  # rank 0 only, once
     seen = traces(tmp / "trace")
     assert sorted(seen) == list(range(20))
     assert {seen[m]["dp_rank"] for m in seen} == {0, 1}

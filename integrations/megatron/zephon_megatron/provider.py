@@ -41,7 +41,6 @@ import argparse
 import atexit
 import os
 import time
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,7 +107,7 @@ class ZephonDataIterator:
         """Print the metrics line (data-parallel rank 0)."""
         self._summarized = False
         if role == "train" and announce:
-            _end_of_run.append(weakref.ref(self))
+            _end_of_run.append(self)
         self.options = dict(to_training)
         self.micro_batch_size = micro_batch_size
         self.role = role
@@ -156,9 +155,7 @@ class ZephonDataIterator:
         try:
             batch = self._next_batch()
         except StopIteration:
-            if self.role == "train" and self.announce:
-                print(f"zephon: end of data: {self.meter.summary()}\n"
-                      f"{self.pipeline.report()}", flush=True)
+            self.summarize("end of data")
             raise
         waited = time.perf_counter() - start
         self._since_start += 1
@@ -198,13 +195,14 @@ class ZephonDataIterator:
             print(metrics_line(iteration, metrics), flush=True)
 
 
-    def summarize(self) -> None:
-        """Print, once, what this training iterator handed out (data-parallel rank 0)."""
+    def summarize(self, why: str = "last step") -> None:
+        """Print, once, what this training iterator handed out, on global rank 0 only (the
+        first pipeline stage's reader of data-parallel rank 0: later stages read too)."""
         if (self.role == "train" and self.announce and not self._summarized
-                and self.meter.totals["microbatches"]):
+                and self.meter.totals["microbatches"] and _global_rank() == 0):
             self._summarized = True
-            print(f"zephon: end of run: {self.meter.summary()}\n{self.pipeline.report()}",
-                  flush=True)
+            print(f"zephon: end of run ({why}): {self.meter.summary()}\n"
+                  f"{self.pipeline.report()}", flush=True)
 
     def close(self) -> None:
         """Stop the prefetch thread; the consumed state stays as it is."""
@@ -254,16 +252,25 @@ class ZephonDataIterator:
                                      - int(self.meter.totals["microbatches"]) // per_step)
 
 
-_end_of_run: list[weakref.ref] = []
+_end_of_run: list[ZephonDataIterator] = []
+"""Training iterators that report at exit. Held strongly: Megatron drops its iterators before
+the interpreter exits, and a weak reference left the report unprinted after every normal
+finish."""
 
 
 @atexit.register
 def _summarize() -> None:
-    """At the end of the run, what the training iterator of data-parallel rank 0 handed out."""
-    for ref in _end_of_run:
-        iterator = ref()
-        if iterator is not None:
-            iterator.summarize()
+    """At exit (the last step, or a run stopped by Ctrl-C or an error), what the training
+    iterator handed out; printed at most once (see :meth:`ZephonDataIterator.summarize`)."""
+    for iterator in _end_of_run:
+        iterator.summarize("exit")
+
+
+def _global_rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else \
+        int(os.environ.get("RANK", "0"))
 
 
 # -- state files (the layout Megatron-LM's --dataloader-save writes) --------------------------

@@ -165,6 +165,7 @@ class ZephonDataLoader(BaseDataLoader):
         self._forward_keys = _forward_keys()
         self._trace = _open_trace(config.trace_dir)
         self._started = False  # iterated or restored: state_dict() is then for saving
+        self._summarized = False
         self._meter = LoaderMeter()
         from zephon_torchtitan.metrics import register
 
@@ -186,8 +187,10 @@ class ZephonDataLoader(BaseDataLoader):
                 yield item
                 start = time.perf_counter()
             if not self.config.infinite:
-                logger.info(f"zephon: end of data after {int(self._meter.totals['microbatches'])} "
-                            f"microbatches on this rank:\n{self.final_report()}")
+                if not self.summarize("end of data"):
+                    logger.info(f"zephon: end of data after "
+                                f"{int(self._meter.totals['microbatches'])} microbatches on "
+                                "this rank")
                 return
             logger.info("zephon: end of data; infinite=True, starting over")
             self._pipeline.reset()
@@ -229,6 +232,17 @@ class ZephonDataLoader(BaseDataLoader):
     def final_report(self) -> str:
         """This rank's totals and the pipeline report (per dataset, drops, leftovers)."""
         return f"{self.report()}\n{self._pipeline.report()}"
+
+    def summarize(self, why: str) -> bool:
+        """Log the end-of-run report (``why``: how the run ended) once per process and only on
+        global rank 0, whichever way the run ends: its last step (the metrics processor's
+        close), the end of the data, or an interruption (an exit hook). Returns whether it
+        was logged now."""
+        if self._summarized or not self._meter.totals["microbatches"] or _global_rank() != 0:
+            return False
+        self._summarized = True
+        logger.info(f"zephon: end of run ({why}):\n{self.final_report()}")
+        return True
 
     def stats(self) -> dict[str, float]:
         """Totals since construction: microbatches, tokens, padding and valid (loss-bearing)
@@ -409,6 +423,13 @@ def _forward_keys() -> frozenset[str]:
 
     params = inspect.signature(Decoder.forward).parameters
     return frozenset(name for name in params if name not in ("self", "tokens"))
+
+
+def _global_rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else \
+        int(os.environ.get("RANK", "0"))
 
 
 def _open_trace(trace_dir: str) -> Any:

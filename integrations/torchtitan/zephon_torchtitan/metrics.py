@@ -11,7 +11,10 @@ the training loader's metrics under a ``zephon/`` prefix (and one console line):
   shares so far (tokens or documents, as the recipe mixes);
 - ``zephon/dropped_documents``, ``zephon/filtered_documents``: so far.
 
-At the end of the run (and when the data ends) the loader's report is logged. The launcher and
+At the end of the run the loader's report is logged once, by global rank 0: at the last step
+(:meth:`ZephonMetricsProcessor.close`), when the data ends, or, for a run stopped early
+(Ctrl-C, an exception: TorchTitan closes its trainer only on ``Exception``), by an exit hook.
+The launcher and
 the config registry install it (``zephon_torchtitan.override.zephon_metrics``); the override
 route installs it with ``zephon_dataloader``. The training loader is the first Zephon loader a
 process builds (TorchTitan builds the training loader before the validator's).
@@ -19,6 +22,7 @@ process builds (TorchTitan builds the training loader before the validator's).
 
 from __future__ import annotations
 
+import atexit
 import weakref
 from dataclasses import dataclass, fields
 from typing import Any
@@ -41,6 +45,15 @@ def training_loader() -> Any:
     return _TRAINING[0]() if _TRAINING else None
 
 
+@atexit.register
+def _report_at_exit() -> None:
+    """The end-of-run report of a run that did not reach :meth:`ZephonMetricsProcessor.close`
+    (stopped by Ctrl-C or an error), if the training loader still exists."""
+    loader = training_loader()
+    if loader is not None:
+        loader.summarize("stopped early")
+
+
 class ZephonMetricsProcessor(MetricsProcessor):
     """TorchTitan's metrics processor with the Zephon loader's metrics added."""
 
@@ -61,7 +74,7 @@ class ZephonMetricsProcessor(MetricsProcessor):
     def close(self) -> None:
         loader = training_loader()
         if loader is not None:
-            logger.info(f"zephon: end of run:\n{loader.final_report()}")
+            loader.summarize("last step")
         super().close()
 
 
