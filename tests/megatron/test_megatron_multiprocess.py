@@ -153,3 +153,47 @@ def test_loader_metrics_reach_the_tensorboard_writer(tmp_path: Path) -> None:
     assert {"zephon/realized/demo", "zephon/target/demo", "zephon/padding_share",
             "zephon/tokens_per_s", "zephon/wait_ms"} <= tags
     assert [e.step for e in events.Scalars("zephon/realized/demo")] == [2, 4]
+
+
+@pytest.mark.multiprocess
+def test_logged_loader_figures_describe_the_job(tmp_path: Path) -> None:
+    """Two data-parallel ranks log the realized shares one rank logs for the same data, and
+    the console line (data-parallel rank 0) agrees with TensorBoard (the last rank)."""
+    import re
+
+    from megatron_helpers import PACKED, megatron_argv
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from zephon.demo.assets import make_documents
+
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.jsonl").write_text("".join(
+        json.dumps({"content": t}) + "\n" for t in make_documents(300, seed=5)))
+    recipe = tmp_path / "two.toml"
+    recipe.write_text(PACKED.read_text().replace(
+        '\n[mixture]\n', f'\n[[datasets]]\nname = "notes"\npath = "{tmp_path / "notes"}"\n'
+        'field = "content"\n\n[mixture]\n').replace('repeat = ["demo"]', "repeat = true"))
+    logged = {}
+    for nproc in (1, 2):
+        board = tmp_path / f"tb{nproc}"
+        result = smoke(tmp_path / f"run{nproc}", "--nproc", str(nproc), "--tag", f"w{nproc}",
+                       "--", *megatron_argv(recipe), "--zephon-lanes", "4", "--train-iters",
+                       "6", "--eval-interval", "6", "--log-interval", "2", "--tensorboard-dir",
+                       str(board))
+        assert result.returncode == 0, f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+        events = EventAccumulator(str(board))
+        events.Reload()
+        logged[nproc] = {name: [(e.step, e.value) for e in events.Scalars(f"zephon/{name}")]
+                         for name in ("realized/demo", "realized/notes", "padding_share",
+                                      "dropped_documents")}
+        console = {int(m.group(1)): float(m.group(2)) for m in re.finditer(
+            r"zephon: step (\d+):.*realized demo ([0-9.]+)", result.stdout)}
+        board_demo = dict(logged[nproc]["realized/demo"])
+        assert sorted(console) == sorted(board_demo) == [2, 4, 6]
+        assert all(abs(console[s] - board_demo[s]) < 6e-4 for s in console)
+    for name in ("realized/demo", "realized/notes", "padding_share"):
+        one, two = logged[1][name], logged[2][name]
+        assert [s for s, _ in one] == [s for s, _ in two]
+        assert all(abs(a - b) < 1e-6 for (_, a), (_, b) in zip(one, two, strict=True)), (
+            name, one, two)
+    assert 0 < logged[2]["realized/notes"][-1][1] < 1

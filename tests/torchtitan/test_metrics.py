@@ -89,3 +89,42 @@ def test_a_run_stopped_with_ctrl_c_reports_once(tmp_path: Path, recipes):
     assert "zephon: step 3:" in output, output[-3000:]
     assert output.count("zephon: end of run") == 1, output[-3000:]
     assert "zephon: end of run (stopped early)" in output
+
+
+def test_two_ranks_log_the_figures_of_the_job(tmp_path: Path, recipes):
+    """At two data-parallel ranks the realized shares logged are those one rank logs for the
+    same data, and both ranks' console lines agree with each other and with TensorBoard."""
+    import re
+
+    from zephon.demo.assets import make_documents
+
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.jsonl").write_text("".join(
+        json.dumps({"text": t}) + "\n" for t in make_documents(200, seed=8)))
+    datasets = recipes.demo() + '\n[[datasets]]\nname = "notes"\npath = "notes"\n'
+    data = recipes.write(tmp_path / "data.toml", datasets=datasets, lanes=4)
+    data.write_text(data.read_text().replace('by = "documents"', 'by = "documents"\n'
+                                             'repeat = true'))
+    (tmp_path / "launch.toml").write_text(LAUNCH.replace("steps = 3", "steps = 4").replace(
+        "seq_len = 64", "seq_len = 64\nglobal_batch_size = 8\nlocal_batch_size = 2"))
+    shares = {}
+    for nproc in (1, 2):
+        out = tmp_path / f"out{nproc}"
+        code, output, _ = run_training(["--toml", str(tmp_path / "launch.toml"),
+                                        "--dump_folder", str(out)], nproc=nproc, cwd=tmp_path,
+                                       timeout=300)
+        assert code == 0, output[-4000:]
+        lines = re.findall(r"zephon: step (\d+): .*realized demo ([0-9.]+), notes ([0-9.]+)",
+                           output)
+        by_step: dict[int, set] = {}
+        for step, demo, notes in lines:
+            by_step.setdefault(int(step), set()).add((demo, notes))
+        assert sorted(by_step) == [1, 2, 3, 4]
+        assert all(len(seen) == 1 for seen in by_step.values()), by_step  # ranks agree
+        [events_dir] = {p.parent for p in out.rglob("events.out.tfevents.*")}
+        events = EventAccumulator(str(events_dir))
+        events.Reload()
+        board = {e.step: e.value for e in events.Scalars("zephon/realized/demo")}
+        assert all(abs(board[s] - float(next(iter(by_step[s]))[0])) < 6e-4 for s in by_step)
+        shares[nproc] = board
+    assert all(abs(shares[1][s] - shares[2][s]) < 1e-6 for s in shares[1]), shares

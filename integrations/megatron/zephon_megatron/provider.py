@@ -96,9 +96,12 @@ class ZephonDataIterator:
     def __init__(self, pipeline: Any, to_training: dict[str, Any], *, micro_batch_size: int,
                  role: str = "train", source: str = "<recipe>",
                  restart_every: int | None = None, cycle: bool = False,
-                 log_every: tuple[int, int, int] | None = None, announce: bool = True):
+                 log_every: tuple[int, int, int] | None = None, announce: bool = True,
+                 metrics_group: Any = None):
         self.pipeline = pipeline
-        self.meter = LoaderMeter()
+        self.meter = LoaderMeter(metrics_group)
+        """Job figures over ``metrics_group``, the readers' data-parallel gloo group (see
+        :mod:`zephon.meter`)."""
         self.log_every = log_every
         """(microbatches per iteration on this reader, Megatron's --log-interval, global batch
         size in rows)."""
@@ -386,7 +389,19 @@ def build_iterator(recipe: Any, settings: ZephonSettings, topology: Topology, *,
     return ZephonDataIterator(pipeline, preset_options(settings, recipe),
                               micro_batch_size=settings.micro_batch_size, role=role,
                               source=recipe.source, restart_every=restart_every, cycle=cycle,
-                              log_every=log_every, announce=topology.dp_rank == 0)
+                              log_every=log_every, announce=topology.dp_rank == 0,
+                              metrics_group=_host_group(topology.dp_group))
+
+
+def _host_group(group: Any) -> Any:
+    """``group`` when it reduces host tensors (gloo), else None: the job's loader figures are
+    summed on the host, and a GPU group would synchronize the device (each reader then logs
+    its own)."""
+    if group is None:
+        return None
+    import torch.distributed as dist
+
+    return group if "gloo" in str(dist.get_backend(group)).lower() else None
 
 
 def restore_for_resume(iterator: ZephonDataIterator, settings: ZephonSettings,

@@ -206,7 +206,9 @@ def run_worker(options: argparse.Namespace, megatron_argv: list[str]) -> None:
     dp_size = parallel_state.get_data_parallel_world_size()
     reader = parallel_state.get_tensor_model_parallel_rank() == 0
     writer = None
-    if args.tensorboard_dir and rank == 0:  # Megatron-LM's writer stands in: rank 0's here
+    # Megatron-LM's writer stands in, on the last rank as Megatron-LM has it (the console
+    # line comes from data-parallel rank 0).
+    if args.tensorboard_dir and rank == world - 1:
         from torch.utils.tensorboard import SummaryWriter
 
         from zephon_megatron.metrics import set_writer

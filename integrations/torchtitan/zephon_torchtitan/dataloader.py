@@ -166,7 +166,7 @@ class ZephonDataLoader(BaseDataLoader):
         self._trace = _open_trace(config.trace_dir)
         self._started = False  # iterated or restored: state_dict() is then for saving
         self._summarized = False
-        self._meter = LoaderMeter()
+        self._meter = LoaderMeter(*_metrics_group(dp_world_size))
         from zephon_torchtitan.metrics import register
 
         register(self)
@@ -415,6 +415,18 @@ def _agreement_process_group(dp_world_size: int) -> Any:
     if dp_world_size == 1 or not (dist.is_available() and dist.is_initialized()):
         return None
     return world_gloo_group()
+
+
+def _metrics_group(dp_world_size: int) -> tuple[Any, int]:
+    """(group, replicas) for the job's loader figures (:mod:`zephon.meter`): the agreement's
+    gloo group over the whole world, where each data-parallel rank's lanes are read by
+    ``world / dp_world_size`` ranks (its tensor- and pipeline-parallel peers)."""
+    import torch.distributed as dist
+
+    group = _agreement_process_group(dp_world_size)
+    if group is None:
+        return None, 1
+    return group, max(1, dist.get_world_size() // dp_world_size)
 
 
 def _forward_keys() -> frozenset[str]:
