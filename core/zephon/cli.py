@@ -6,6 +6,10 @@
   microbatch as a picture (:mod:`zephon.preview`), in the terminal without ``--out``.
 - ``zephon stats RECIPE [--tokens 1T]``: files, documents and tokens per dataset, targets,
   and the epochs each dataset needs for a token budget: what runs out first.
+- ``zephon trace RECIPE --steps N[:M] --world-size W --global-batch-size G
+  [--microbatch-size B] [--seq-len S] [--from-state CHECKPOINT] [--json]``: each microbatch
+  of those steps, row by row: every document's dataset, file, row, tokens and a text excerpt
+  (:mod:`zephon.trace`), from a checkpoint's loader state without replaying earlier steps.
 - ``zephon cache ls|prune|verify --root DIR``: the shard cache's shards (what, size, last
   use, in use), pruning to a size (``--to 50G``; shards in use stay), re-hashing every shard.
 
@@ -30,6 +34,18 @@ def size(text: str) -> int:
     if not match:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 1T, 500B or 20M")
     return int(float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def _steps(text: str) -> tuple[int, int]:
+    first, _, last = text.partition(":")
+    try:
+        steps = int(first), int(last or first)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a step (12) or a range (11:12)"
+                                         ) from None
+    if steps[0] < 1 or steps[1] < steps[0]:
+        raise argparse.ArgumentTypeError(f"{text!r}: steps count from 1, first <= last")
+    return steps
 
 
 def _positive(text: str) -> int:
@@ -62,6 +78,27 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("recipe", help="data recipe TOML")
     stats.add_argument("--tokens", type=size, default=None,
                        help="token budget of the run (1T, 500B, 20M) for the epochs column")
+    trace = commands.add_parser(
+        "trace", help="the documents of every microbatch of given training steps",
+        description="What the trainer received at steps N to M: each microbatch's rows and "
+                    "their documents (dataset, file, row, tokens, a text excerpt).")
+    trace.add_argument("recipe", help="data recipe TOML of the run")
+    trace.add_argument("--steps", required=True, type=_steps,
+                       help="a step (12) or an inclusive range (11:12), counted from 1")
+    trace.add_argument("--world-size", type=_positive, default=1,
+                       help="data-parallel size of the run (says which rank got each)")
+    trace.add_argument("--global-batch-size", type=_positive, required=True,
+                       help="rows per optimizer step over all ranks")
+    trace.add_argument("--microbatch-size", type=_positive, default=None,
+                       help="rows per microbatch (default: the recipe's [batch])")
+    trace.add_argument("--seq-len", type=_positive, default=None,
+                       help="the run's context length (default: [pack] max_length - 1)")
+    trace.add_argument("--lanes", type=_positive, default=None,
+                       help="the run's lanes (default: the recipe's, or the state's)")
+    trace.add_argument("--from-state", default=None,
+                       help="a checkpoint (TorchTitan step folder, Megatron-LM checkpoint "
+                            "directory or iter_ folder, or a saved state_dict) to start from")
+    trace.add_argument("--json", action="store_true", help="one JSON object per microbatch")
     cache = commands.add_parser("cache", help="inspect or prune the shard cache")
     cache.add_argument("action", choices=["ls", "prune", "verify"])
     cache.add_argument("--root", default=os.environ.get("ZEPHON_CACHE_ROOT"),
@@ -168,6 +205,58 @@ def _count(value: float | None, exact: bool) -> str:
     return f"~{int(round(value, -digits)):,}"
 
 
+def _trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    import dataclasses
+    import json
+
+    from zephon.recipe import DataRecipe
+    from zephon.trace import read_loader_state, trace_steps
+
+    recipe = DataRecipe.from_toml(args.recipe)
+    state = read_loader_state(args.from_state) if args.from_state else None
+    microbatch = args.microbatch_size or recipe.batch.get("microbatch_size")
+    if not microbatch:
+        parser.error("--microbatch-size is needed: the recipe's [batch] sets none")
+    if args.global_batch_size % microbatch:
+        parser.error(f"--global-batch-size {args.global_batch_size} is not a multiple of the "
+                     f"microbatch size {microbatch}")
+    max_length = (recipe.pack or {}).get("max_length")
+    seq_len = args.seq_len or (max_length - 1 if max_length else None)
+    if seq_len is None:
+        parser.error("--seq-len is needed: the recipe's [pack] sets no max_length")
+    lanes = len(state) if state is not None else (args.lanes or recipe.lanes)
+    if not lanes:
+        parser.error("--lanes is needed: the recipe sets none (the run's log names them)")
+    pipeline = recipe.build(seq_len=seq_len, microbatch_size=microbatch, dp_rank=0,
+                            dp_world_size=1, lanes=lanes, prefetch=0)
+    decode = _text_decoder(recipe.tokenizer)
+    first, last = args.steps
+    for traced in trace_steps(pipeline, first, last, args.global_batch_size // microbatch,
+                              args.world_size, state, decode):
+        if args.json:
+            print(json.dumps(dataclasses.asdict(traced)))
+            continue
+        print(f"step {traced.step} microbatch {traced.global_microbatch} (lane {traced.lane}, "
+              f"dp rank {traced.dp_rank} of {args.world_size})")
+        for row, (record_id, documents) in enumerate(zip(traced.ids, traced.rows,
+                                                         strict=True)):
+            print(f"  row {row} {record_id}")
+            for d in documents:
+                part = "" if d.start == 0 else f" from token {d.start:,}"
+                print(f"    {d.dataset:<12} {d.file}:{d.row}  {d.tokens:,} tokens{part}  "
+                      f"{d.excerpt!r}")
+    return 0
+
+
+def _text_decoder(tokenizer: str | None):
+    if tokenizer is None:
+        return None
+    from zephon.tokenizer import load_tokenizer
+
+    loaded = load_tokenizer(tokenizer)
+    return lambda ids: loaded.decode(ids, skip_special_tokens=True)
+
+
 def _cache(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from zephon.io.hub.cache import cache_entries, prune_cache, verify_cache
 
@@ -195,7 +284,8 @@ def _cache(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 1 if bad else 0
 
 
-_COMMANDS = {"check": _check, "preview": _preview, "stats": _stats, "cache": _cache}
+_COMMANDS = {"check": _check, "preview": _preview, "stats": _stats, "trace": _trace,
+             "cache": _cache}
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from zephon.distributed import launcher_store
+from zephon_megatron.smoke import DEFAULT_MEGATRON_FLAGS
 
 pytestmark = pytest.mark.multiprocess
 
@@ -43,7 +44,8 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     results = {
         "one": smoke(one, "--nproc", "1", "--tag", "one", "--check-loss"),
         "full": smoke(two, "--nproc", "2", "--tag", "full", "--save-at", str(SAVE_AT),
-                      "--check-loss"),
+                      "--check-loss", "--", *DEFAULT_MEGATRON_FLAGS, "--zephon-trace-dir",
+                      str(two / "adapter-trace")),
     }
     results["resumed"] = smoke(two, "--nproc", "1", "--tag", "resumed", "--resume")
     for tag, result in results.items():
@@ -79,6 +81,33 @@ def test_resume_at_one_process_continues_the_two_process_run(runs) -> None:
     losses_full = load(runs["two"], "summary_full.json")["losses"][SAVE_AT:]
     losses_resumed = load(runs["two"], "summary_resumed.json")["losses"]
     assert losses_resumed == pytest.approx(losses_full, rel=1e-3)
+
+
+def test_zephon_trace_lists_what_the_ranks_trained_on(runs) -> None:
+    """--zephon-trace-dir records each training microbatch; ``zephon trace`` from the loader
+    state saved at step 6 of the two-rank run lists the same record ids for steps 7 and 8."""
+    from zephon_megatron.smoke import RECIPE
+
+    two = runs["two"]
+    recorded = {}
+    for path in (two / "adapter-trace").glob("rank*.jsonl"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            recorded[record["global_microbatch"]] = record
+    assert sorted(recorded) == list(range(STEPS * MICROBATCHES_PER_STEP))
+    run = subprocess.run(
+        [sys.executable, "-m", "zephon.cli", "trace", str(RECIPE), "--steps",
+         f"{SAVE_AT + 1}:{SAVE_AT + 2}", "--world-size", "2", "--global-batch-size", "8",
+         "--microbatch-size", "2", "--seq-len", "64", "--from-state",
+         str(two / "dataloader" / f"iter_{SAVE_AT:07d}"), "--json"],
+        capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    listed = [json.loads(line) for line in run.stdout.splitlines()]
+    first = SAVE_AT * MICROBATCHES_PER_STEP
+    assert [m["global_microbatch"] for m in listed] == list(range(first, first + 8))
+    for microbatch in listed:
+        trained = recorded[microbatch["global_microbatch"]]
+        assert (microbatch["ids"], microbatch["dp_rank"]) == (trained["ids"], trained["dp_rank"])
 
 
 def test_tensor_parallel_ranks_receive_the_readers_batch(tmp_path: Path) -> None:

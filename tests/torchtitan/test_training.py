@@ -129,3 +129,29 @@ def test_override_route_on_a_stock_config(tmp_path, small_tokenizer, recipes):
     assert sorted(losses) == [1, 2]
     assert "[Override] zephon_torchtitan.override.zephon_dataloader" in output
     assert "zephon: recipe" in output
+
+
+@pytest.mark.multiprocess
+def test_zephon_trace_lists_what_the_ranks_trained_on(two_process_run):
+    """``zephon trace`` from the step-5 checkpoint of the two-rank run, read by one process,
+    lists for steps 6 and 7 the record ids the loader's trace wrote while training."""
+    import subprocess
+    import sys
+
+    tmp, _, _ = two_process_run
+    data = SMOKE.parent / "data" / "pretrain_docmask.toml"
+    run = subprocess.run(
+        [sys.executable, "-m", "zephon.cli", "trace", str(data), "--steps", "6:7",
+         "--world-size", "2", "--global-batch-size", "8", "--microbatch-size", "4",
+         "--seq-len", "64", "--from-state", str(tmp / "out" / "checkpoint" / "step-5"),
+         "--json"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    listed = [json.loads(line) for line in run.stdout.splitlines()]
+    recorded = traces(tmp / "trace")
+    assert [m["global_microbatch"] for m in listed] == [10, 11, 12, 13]
+    for microbatch in listed:
+        trained = recorded[microbatch["global_microbatch"]]
+        assert microbatch["ids"] == trained["ids"]
+        assert microbatch["dp_rank"] == trained["dp_rank"]
+        assert all(d["file"].endswith(".parquet") and d["excerpt"]
+                   for row in microbatch["rows"] for d in row)

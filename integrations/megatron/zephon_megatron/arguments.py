@@ -136,6 +136,8 @@ class ZephonSettings:
     """``--zephon-test-recipe``: the test evaluation's data (None: no test)."""
     workers: int | None = None
     """``--num-workers`` when given: document-operator processes per reader."""
+    trace_dir: str | None = None
+    """``--zephon-trace-dir``: where each reader writes a line per training microbatch."""
 
 
 # -- parsers -----------------------------------------------------------------------------------
@@ -155,6 +157,10 @@ def add_zephon_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument("--zephon-lanes", type=int, default=None, metavar="L",
                        help="Lanes of the run (fixed across resumes; any data-parallel size "
                        "dividing L gives the same data). Must agree with the recipe's lanes.")
+    group.add_argument("--zephon-trace-dir", default=None, metavar="DIR",
+                       help="Write one JSON line per training microbatch to DIR/rank<r>.jsonl "
+                       "(global microbatch, lane, record ids, SHA-256 of the tensors): what "
+                       "`zephon trace` lists for a step.")
     group.add_argument("--zephon-prefetch", type=int, default=None, metavar="N",
                        help="0 runs the loader on the training thread; positive (the "
                        "default) reads ahead on a background thread, within the recipe's "
@@ -422,7 +428,8 @@ def settings_from_args(args: argparse.Namespace,
         data_path=tuple(data_path) if data_path else None, split=getattr(args, "split", None),
         seed=int(getattr(args, "seed", 1234)),
         log_interval=getattr(args, "log_interval", None), dataloader_load=dataloader_load,
-        test_recipe=test_recipe, workers=workers)
+        test_recipe=test_recipe, workers=workers,
+        trace_dir=getattr(args, "zephon_trace_dir", None))
 
 
 def _check_evaluation_flags(args: argparse.Namespace) -> None:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import json
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -50,6 +51,7 @@ import torch
 
 from zephon.errors import ConfigError, StateMismatchError
 from zephon.meter import LoaderMeter, metrics_line
+from zephon.trace import trace_line
 from zephon_megatron.arguments import (
     ZephonArgumentError,
     ZephonSettings,
@@ -97,7 +99,7 @@ class ZephonDataIterator:
                  role: str = "train", source: str = "<recipe>",
                  restart_every: int | None = None, cycle: bool = False,
                  log_every: tuple[int, int, int] | None = None, announce: bool = True,
-                 metrics_group: Any = None):
+                 metrics_group: Any = None, trace: Any = None):
         self.pipeline = pipeline
         self.meter = LoaderMeter(metrics_group)
         """Job figures over ``metrics_group``, the readers' data-parallel gloo group (see
@@ -111,6 +113,8 @@ class ZephonDataIterator:
         self._summarized = False
         if role == "train" and announce:
             _end_of_run.append(self)
+        self.trace = trace
+        """A text file taking a :func:`zephon.trace.trace_line` per microbatch, or None."""
         self.options = dict(to_training)
         self.micro_batch_size = micro_batch_size
         self.role = role
@@ -167,8 +171,18 @@ class ZephonDataIterator:
         tokens = int(out["tokens"].numel())
         padding = sum(int(r.meta.get("padding", 0)) for r in batch.records)
         self.meter.record(tokens, padding, int(out["loss_mask"].sum()), waited)
+        if self.trace is not None:
+            self._write_trace(batch, out)
         self._maybe_log()
         return out
+
+    def _write_trace(self, batch: Any, out: dict[str, Any]) -> None:
+        tensors = {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
+        dp_rank, dp_size = self.pipeline.loader_options.dp_rank, \
+            self.pipeline.loader_options.dp_world_size
+        self.trace.write(json.dumps(trace_line(batch, self.pipeline.lanes, dp_rank, dp_size,
+                                               tensors)) + "\n")
+        self.trace.flush()
 
     def check_window(self) -> None:
         """Read one evaluation window and start over: a recipe too small for it fails here,
@@ -390,7 +404,15 @@ def build_iterator(recipe: Any, settings: ZephonSettings, topology: Topology, *,
                               micro_batch_size=settings.micro_batch_size, role=role,
                               source=recipe.source, restart_every=restart_every, cycle=cycle,
                               log_every=log_every, announce=topology.dp_rank == 0,
-                              metrics_group=_host_group(topology.dp_group))
+                              metrics_group=_host_group(topology.dp_group),
+                              trace=_open_trace(settings.trace_dir) if role == "train" else None)
+
+
+def _open_trace(trace_dir: str | None) -> Any:
+    if not trace_dir:
+        return None
+    os.makedirs(trace_dir, exist_ok=True)
+    return open(os.path.join(trace_dir, f"rank{_global_rank()}.jsonl"), "a")
 
 
 def _host_group(group: Any) -> Any:

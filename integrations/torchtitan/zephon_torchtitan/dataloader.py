@@ -32,7 +32,6 @@ dataset, tokenizer, seed, packing or lane count is refused with a message naming
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import json
 import os
@@ -49,6 +48,7 @@ from zephon import ConfigError, StateMismatchError
 from zephon.meter import LoaderMeter
 from zephon.options import DEFAULT_LANES_PER_READER
 from zephon.recipe import DataRecipe
+from zephon.trace import trace_line
 
 # The seed's TorchTitan preset; a recipe may restate these values but not contradict them.
 PRESET = {"return_labels": True, "return_padding_mask": True, "return_num_valid_tokens": True,
@@ -254,20 +254,11 @@ class ZephonDataLoader(BaseDataLoader):
 
     def _write_trace(self, batch: Any, input_dict: dict[str, torch.Tensor],
                      labels: torch.Tensor, out: dict[str, torch.Tensor]) -> None:
-        tensors = {**input_dict, "labels": labels}
-        line = {
-            "global_microbatch": batch.index * self.lanes + batch.lane,
-            "lane": batch.lane,
-            "index": batch.index,
-            "dp_rank": self.dp_rank,
-            "dp_world_size": self.dp_world_size,
-            "ids": batch.ids,
-            "shape": list(input_dict["input"].shape),
-            "sha256": {k: hashlib.sha256(v.numpy().tobytes()).hexdigest()
-                       for k, v in tensors.items()},
-            "valid_tokens": int(out["num_valid_tokens"].sum()),
-            "padding_tokens": int(out["padding_mask"].sum()),
-        }
+        line = trace_line(batch, self.lanes, self.dp_rank, self.dp_world_size,
+                          {**input_dict, "labels": labels},
+                          shape=list(input_dict["input"].shape),
+                          valid_tokens=int(out["num_valid_tokens"].sum()),
+                          padding_tokens=int(out["padding_mask"].sum()))
         self._trace.write(json.dumps(line) + "\n")
         self._trace.flush()
 

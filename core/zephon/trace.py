@@ -1,0 +1,197 @@
+"""What was in step N: the documents of every microbatch a trainer received at given steps.
+
+Global microbatch ``g`` is round ``g // lanes`` of lane ``g % lanes``; every data-parallel
+rank takes its lanes' microbatches round by round, so with ``k`` microbatches per optimizer
+step (global batch size over microbatch size) step ``s`` (from 1) is made of the global
+microbatches ``[(s - 1) k, s k)`` at any data-parallel size that divides the lanes, and
+microbatch ``g`` went to data-parallel rank ``g % lanes % world_size``. A one-rank pipeline of
+the recipe yields the global microbatches in that order, so :func:`trace_steps` iterates one,
+from the start or from a checkpoint's loader state (:func:`read_loader_state`), which puts it
+at the checkpoint's microbatch without replaying the steps before: tracing one step 10,000
+steps into a run costs what the first step of a fresh run costs.
+
+Limits: the recipe, seq_len, microbatch size and lanes must be the run's (the loader state's
+fingerprint refuses another recipe); datasets must be readable from here.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zephon.errors import ConfigError, StateMismatchError
+
+_LANE_KEY = re.compile(r"(?:^|\.)(lane_\d+)$")
+
+
+@dataclass
+class TracedDocument:
+    """One document (or piece of one) in a traced row."""
+
+    dataset: str
+    file: str
+    row: str
+    tokens: int
+    start: int
+    """The piece's first token within its document (0: the document starts here)."""
+    excerpt: str
+
+
+@dataclass
+class TracedMicrobatch:
+    step: int
+    global_microbatch: int
+    lane: int
+    dp_rank: int
+    ids: list[str]
+    """The record ids, as the adapters' traces write them."""
+    rows: list[list[TracedDocument]]
+
+
+def trace_line(batch: Any, lanes: int, dp_rank: int, dp_world_size: int,
+               tensors: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """The JSON line adapters write per microbatch handed to the trainer (``trace_dir``):
+    global microbatch index, lane, index in the lane, the rank, the record ids (what
+    :func:`trace_steps` lists) and a SHA-256 of each tensor the trainer received."""
+    import hashlib
+
+    return {"global_microbatch": batch.index * lanes + batch.lane, "lane": batch.lane,
+            "index": batch.index, "dp_rank": dp_rank, "dp_world_size": dp_world_size,
+            "ids": batch.ids,
+            "sha256": {k: hashlib.sha256(v.numpy().tobytes()).hexdigest()
+                       for k, v in tensors.items()}, **extra}
+
+
+def read_loader_state(path: str | Path) -> dict[str, Any]:
+    """The lane entries (``{"lane_<l>": entry}``) of a checkpoint's loader state, found by
+    their keys in:
+
+    - a TorchTitan (torch.distributed.checkpoint) step directory (``.metadata`` and
+      ``*.distcp``): the ``dataloader.lane_<l>`` entries, read without the model;
+    - a Megatron-LM checkpoint directory or ``iter_<7 digits>`` folder: every
+      ``train_dataloader_dprank*.pt`` of the iteration (``latest_checkpointed_iteration.txt``
+      says which when the directory holds several);
+    - a file written with ``torch.save`` or ``pickle`` of a ``state_dict()``.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"--from-state {str(path)!r} does not exist")
+    if (path / ".metadata").is_file():
+        return _lanes(_distributed_checkpoint(path), str(path))
+    if path.is_dir():
+        files = _megatron_files(path)
+        merged: dict[str, Any] = {}
+        for file in files:
+            merged.update(_lanes(_load_file(file), str(file)))
+        return merged
+    return _lanes(_load_file(path), str(path))
+
+
+def _distributed_checkpoint(path: Path) -> dict[str, Any]:
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    keys = {k for k in FileSystemReader(str(path)).read_metadata().state_dict_metadata
+            if _LANE_KEY.search(k)}
+    if not keys:
+        raise StateMismatchError(f"{path}: the checkpoint holds no loader state (no "
+                                 "dataloader.lane_<l> entries)")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "assuming a single process"
+        return _load_state_dict_from_keys(keys=keys, checkpoint_id=str(path))
+
+
+def _megatron_files(path: Path) -> list[Path]:
+    if not path.name.startswith("iter_"):
+        latest = path / "latest_checkpointed_iteration.txt"
+        if latest.is_file():
+            path = path / f"iter_{int(latest.read_text().strip()):07d}"
+        else:
+            iterations = sorted(path.glob("iter_*"))
+            if len(iterations) != 1:
+                raise ConfigError(f"{path}: name one iter_<7 digits> folder of "
+                                  f"{[p.name for p in iterations][:6]}")
+            path = iterations[0]
+    files = sorted(path.glob("mp_rank_*/train_dataloader_dprank*.pt"))
+    if not files:
+        raise StateMismatchError(f"{path}: no mp_rank_*/train_dataloader_dprank*.pt loader "
+                                 "state files")
+    return files
+
+
+def _load_file(path: Path) -> Any:
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # not a torch file: a pickle
+        with open(path, "rb") as handle:
+            return pickle.load(handle)
+
+
+def _lanes(blob: Any, where: str) -> dict[str, Any]:
+    """Every ``lane_<l>`` entry anywhere in ``blob`` (bytes entries unpickled)."""
+    found: dict[str, Any] = {}
+
+    def walk(value: Any, key: str = "") -> None:
+        match = _LANE_KEY.search(key)
+        if match:
+            found[match.group(1)] = pickle.loads(value) if isinstance(value, (bytes, bytearray)) \
+                else value
+        elif isinstance(value, dict):
+            for name, child in value.items():
+                walk(child, f"{key}.{name}" if key else str(name))
+
+    walk(blob)
+    if not found:
+        raise StateMismatchError(f"{where}: no loader state (lane_<l> entries) found")
+    return found
+
+
+def trace_steps(pipeline: Any, first: int, last: int, per_step: int, world_size: int,
+                state: dict[str, Any] | None = None, decode: Any = None,
+                excerpt_chars: int = 60) -> Iterator[TracedMicrobatch]:
+    """The microbatches of steps ``first`` to ``last`` of a run with ``per_step``
+    microbatches per step at ``world_size`` data-parallel ranks. ``pipeline`` is the recipe's
+    one-rank pipeline; ``state`` a loader state to start from (its step must be before
+    ``first``); ``decode`` turns token ids into text for the excerpts."""
+    lanes = pipeline.lanes
+    if lanes % world_size:
+        raise ConfigError(f"--world-size {world_size} does not divide the {lanes} lanes")
+    start = 0
+    if state is not None:
+        pipeline.load_state_dict(state)
+        start = int(next(iter(state.values()))["consumed_global"])
+        if start > (first - 1) * per_step:
+            raise ConfigError(f"the loader state is at step {start // per_step} (global "
+                              f"microbatch {start}); trace steps after it")
+    names = {d.name: d for d in pipeline.work_source.datasets}
+    index = start
+    for batch in pipeline:
+        step = index // per_step + 1
+        if step > last:
+            return
+        if step >= first:
+            rows = [[_document(span, record, names, decode, excerpt_chars)
+                     for span in record.meta.get("documents", ())] for record in batch.records]
+            yield TracedMicrobatch(step, index, batch.lane, batch.lane % world_size,
+                                   batch.ids, rows)
+        index += 1
+
+
+def _document(span: Any, record: Any, datasets: dict[str, Any], decode: Any,
+              chars: int) -> TracedDocument:
+    _name, file_index, row = span.doc_id.rsplit(":", 2)
+    dataset = datasets.get(span.dataset)
+    file = dataset.display_name(dataset.files()[int(file_index)]) if dataset else file_index
+    ids = record.payload["input_ids"][span.row_start:span.row_start + span.length]
+    text = decode([int(i) for i in ids[:4 * chars]]) if decode is not None else ""
+    excerpt = " ".join(text.split())[:chars]
+    return TracedDocument(span.dataset, file, row, int(span.length), int(span.doc_start),
+                          excerpt)

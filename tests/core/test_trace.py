@@ -1,0 +1,89 @@
+"""zephon trace: the microbatches of given steps, as the ranks of a run received them, from a
+checkpoint's loader state in any of the forms adapters write."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from zephon import Pipeline
+from zephon.io import Dataset
+from zephon.trace import read_loader_state, trace_steps
+from zephon.work import MixtureSpec, StaticMixtureWorkSource
+
+LANES, PER_STEP = 4, 6  # six microbatches per step: three per rank at two ranks
+
+
+def pipeline(paths: dict, tokenizer_dir: str, dp_rank: int = 0, world: int = 1) -> Pipeline:
+    datasets = [Dataset.from_path(n, p) for n, p in paths.items()]
+    source = StaticMixtureWorkSource(datasets, MixtureSpec(dict.fromkeys(paths, 1.0)), seed=9,
+                                     unit_bytes=4096)
+    return (Pipeline(source).options(lanes=LANES, prefetch=0, dp_rank=dp_rank,
+                                     dp_world_size=world)
+            .tokenize(tokenizer_id=tokenizer_dir, max_document_tokens=50)
+            .pack_flat(33).shuffle(8).batch(2))
+
+
+def train_two_ranks(paths, tokenizer_dir, steps: int, save_after: int):
+    """Two ranks taking PER_STEP / 2 microbatches each per step: what each global microbatch
+    held and which rank got it, and both ranks' states after ``save_after`` steps."""
+    ranks = [pipeline(paths, tokenizer_dir, r, 2) for r in range(2)]
+    iterators = [iter(p) for p in ranks]
+    seen, saved = {}, None
+    for step in range(1, steps + 1):
+        for rank, iterator in enumerate(iterators):
+            for _ in range(PER_STEP // 2):
+                batch = next(iterator)
+                seen[batch.index * LANES + batch.lane] = (step, rank, batch.ids)
+        if step == save_after:
+            saved = {**ranks[0].state_dict(), **ranks[1].state_dict()}
+    return seen, saved
+
+
+def test_steps_traced_from_a_state_are_what_the_ranks_received(two_datasets, tokenizer_dir):
+    seen, state = train_two_ranks(two_datasets, tokenizer_dir, steps=6, save_after=4)
+    traced = list(trace_steps(pipeline(two_datasets, tokenizer_dir), 5, 6, PER_STEP, 2,
+                              state=state))
+    assert [t.global_microbatch for t in traced] == list(range(4 * PER_STEP, 6 * PER_STEP))
+    for t in traced:
+        assert (t.step, t.dp_rank, t.ids) == seen[t.global_microbatch]
+        assert all(d.dataset in two_datasets and d.tokens > 0 for row in t.rows for d in row)
+        assert sum(d.tokens for row in t.rows for d in row) == 2 * 33
+    replayed = list(trace_steps(pipeline(two_datasets, tokenizer_dir), 5, 6, PER_STEP, 2))
+    assert [t.ids for t in replayed] == [t.ids for t in traced]
+    with pytest.raises(Exception, match="loader state is at step 4"):
+        list(trace_steps(pipeline(two_datasets, tokenizer_dir), 3, 3, PER_STEP, 2, state))
+
+
+def test_loader_states_are_read_in_every_form_adapters_write(two_datasets, tokenizer_dir,
+                                                             tmp_path):
+    _, state = train_two_ranks(two_datasets, tokenizer_dir, steps=2, save_after=2)
+    # a pickled state_dict()
+    (tmp_path / "state.pkl").write_bytes(pickle.dumps(state))
+    assert read_loader_state(tmp_path / "state.pkl").keys() == state.keys()
+    # Megatron-LM: iter_<n>/mp_rank_00/train_dataloader_dprank<r>.pt holding the lanes
+    megatron = tmp_path / "megatron"
+    folder = megatron / "iter_0000002" / "mp_rank_00"
+    folder.mkdir(parents=True)
+    for rank in range(2):
+        lanes = {k: v for k, v in state.items() if int(k.split("_")[1]) % 2 == rank}
+        torch.save({"dataloader_state_dict": {"format": "zephon_megatron.loader",
+                                              "pipeline": lanes}},
+                   folder / f"train_dataloader_dprank{rank:03d}.pt")
+    (megatron / "latest_checkpointed_iteration.txt").write_text("2")
+    assert read_loader_state(megatron) == read_loader_state(megatron / "iter_0000002")
+    assert read_loader_state(megatron).keys() == state.keys()
+    # TorchTitan: a torch.distributed.checkpoint folder with dataloader.lane_<l> byte entries
+    import torch.distributed.checkpoint as dcp
+
+    titan = tmp_path / "step-2"
+    dcp.save({"dataloader": {k: pickle.dumps(v) for k, v in state.items()},
+              "model": {"w": torch.zeros(3)}}, checkpoint_id=str(titan), no_dist=True)
+    read = read_loader_state(titan)
+    assert read.keys() == state.keys()
+    assert pickle.dumps(read["lane_1"]) == pickle.dumps(state["lane_1"])
+    with pytest.raises(Exception, match="no loader state"):
+        (tmp_path / "other.pkl").write_bytes(pickle.dumps({"model": 1}))
+        read_loader_state(tmp_path / "other.pkl")
