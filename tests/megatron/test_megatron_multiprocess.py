@@ -226,3 +226,31 @@ def test_logged_loader_figures_describe_the_job(tmp_path: Path) -> None:
         assert all(abs(a - b) < 1e-6 for (_, a), (_, b) in zip(one, two, strict=True)), (
             name, one, two)
     assert 0 < logged[2]["realized/notes"][-1][1] < 1
+
+
+@pytest.mark.multiprocess
+def test_a_run_stopped_with_ctrl_c_reports_once(tmp_path: Path) -> None:
+    import signal
+
+    from megatron_helpers import PACKED, megatron_argv
+
+    command = [sys.executable, "-m", "zephon_megatron.smoke", "--workdir", str(tmp_path),
+               "--nproc", "1", "--timeout", "240", "--", *megatron_argv(PACKED),
+               "--train-iters", "100000", "--eval-interval", "100000", "--log-interval", "1"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if "zephon: step 3:" in line:
+                os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole group
+                break
+        lines += proc.stdout.readlines()
+        proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    output = "".join(lines)
+    assert "zephon: step 3:" in output, output[-3000:]
+    assert output.count("zephon: end of run") == 1, output[-3000:]
+    assert "zephon: end of run (at exit)" in output

@@ -282,3 +282,30 @@ def test_num_workers_changes_nothing_in_the_microbatches() -> None:
     with_workers = iterator(0, 1, "--num-workers", "2")
     assert with_workers.pipeline._options.workers == 2
     assert tokens(take(with_workers, 6)) == plain
+
+
+def test_the_end_of_run_report_is_printed_once_when_the_data_ends(tmp_path: Path, capsys):
+    """Out of data, the training iterator of rank 0 prints the report at once; the exit hook
+    then prints nothing more."""
+    import json
+
+    from zephon.demo.assets import make_documents
+    from zephon_megatron import provider
+
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.jsonl").write_text("".join(
+        json.dumps({"text": t}) + "\n" for t in make_documents(12, seed=2)))
+    recipe = tmp_path / "small.toml"
+    recipe.write_text(PACKED.read_text().replace('path = "demo:corpus"',
+                                                 f'path = "{tmp_path / "docs"}"')
+                      .replace('repeat = ["demo"]', "repeat = false"))
+    settings = settings_from_args(parse(megatron_argv(recipe, "--zephon-prefetch", "0",
+                                                      "--zephon-lanes", "1")))
+    reader = build_iterator(DataRecipe.from_toml(recipe), settings, Topology(0, 1))
+    with pytest.raises(StopIteration):
+        while True:
+            next(reader)
+    provider._summarize()
+    printed = capsys.readouterr().out
+    assert printed.count("zephon: end of run") == 1 and "(end of data)" in printed
+    assert "handed to the trainer" in printed

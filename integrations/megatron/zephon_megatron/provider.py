@@ -280,7 +280,7 @@ def _summarize() -> None:
     """At exit (the last step, or a run stopped by Ctrl-C or an error), what the training
     iterator handed out; printed at most once (see :meth:`ZephonDataIterator.summarize`)."""
     for iterator in _end_of_run:
-        iterator.summarize("exit")
+        iterator.summarize("at exit")
 
 
 def _global_rank() -> int:
