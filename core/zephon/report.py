@@ -62,9 +62,16 @@ class PipelineReport:
     leftover: dict[str, int] = field(default_factory=dict)
     """Microbatches, rows, documents and tokens of the final incomplete round."""
     finished: bool = False
+    lanes: tuple[int, ...] = ()
+    """The lanes counted (this rank's), of ``total_lanes``."""
+    total_lanes: int = 0
 
     def __str__(self) -> str:
-        lines = [f"{'':<24}{'handed to the trainer':>26}{'read (buffers included)':>26}",
+        lines = []
+        if self.lanes and len(self.lanes) < self.total_lanes:
+            shown = ", ".join(str(lane) for lane in self.lanes)
+            lines.append(f"this rank's lanes only: {shown} of {self.total_lanes}")
+        lines += [f"{'':<24}{'handed to the trainer':>26}{'read (buffers included)':>26}",
                  f"{'dataset':<24}{'documents':>12}{'tokens':>14}{'documents':>12}{'tokens':>14}"
                  f"{'empty':>8}{'target':>9}{'realized':>10}   (mixing by {self.mix_by})"]
         for d in self.datasets:

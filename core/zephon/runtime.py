@@ -276,11 +276,13 @@ class Loader:
         snapshots = [s for s in (stream.consumed[lane] for lane in stream.owned) if s]
         stats = sum_stats(_node_stats(s["nodes"]) for s in snapshots)
         source = self.source
-        return build_report(
+        report = build_report(
             stats, source.names() + source.unused,
             [*source.weights, *[0.0] * len(source.unused)], source.by_tokens,
             sum(s["microbatches"] for s in snapshots), stream.leftover, stream.finished,
             {ds.name: ds.skipped_files() for ds in source.datasets})
+        report.lanes, report.total_lanes = tuple(stream.owned), self.lanes
+        return report
 
 
 def microbatch_tokens(specs: Sequence[OperatorSpec]) -> int | None:

@@ -83,3 +83,18 @@ def test_the_report_tells_what_was_handed_from_what_was_read(two_datasets, token
     for span in (s for b in more for r in b.records for s in r.meta["documents"]):
         tokens[span.dataset] += span.length
     assert {d.name: d.handed_tokens for d in resumed.report().datasets} == tokens
+
+
+def test_a_ranks_report_says_it_covers_its_lanes_only(two_datasets, tokenizer_dir):
+    datasets = [Dataset.from_path(n, p) for n, p in two_datasets.items()]
+    source = StaticMixtureWorkSource(datasets, MixtureSpec(dict.fromkeys(two_datasets, 1.0)))
+    rank = (Pipeline(source).options(lanes=4, dp_rank=1, dp_world_size=2, prefetch=0)
+            .tokenize(tokenizer_id=tokenizer_dir).pack_flat(65).batch(2))
+    next(iter(rank))
+    report = rank.report()
+    assert (report.lanes, report.total_lanes) == ((1, 3), 4)
+    assert str(report).startswith("this rank's lanes only: 1, 3 of 4")
+    whole = (Pipeline(source).options(lanes=4, prefetch=0).tokenize(tokenizer_id=tokenizer_dir)
+             .pack_flat(65).batch(2))
+    next(iter(whole))
+    assert "lanes only" not in str(whole.report())
