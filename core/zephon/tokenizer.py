@@ -294,13 +294,19 @@ class TextEncoder:
 
             serialized = backend.to_str()
             self._digest = hashlib.sha256(serialized.encode()).hexdigest()[:16]
-            # A tokenizer read for this encoder alone is changed in place; any other is copied,
-            # as its owner may rely on its settings.
-            self._backend = backend if isinstance(tokenizer, _SavedFastTokenizer) \
-                else Tokenizer.from_str(serialized)
-            self._backend.no_truncation()
-            self._backend.no_padding()
-            self._backend.encode_special_tokens = self._split_special
+            # A tokenizer read for encoders alone is changed in place; any other is copied, as
+            # its owner may rely on its settings: once per process, digest and setting.
+            if isinstance(tokenizer, _SavedFastTokenizer):
+                self._backend = _configured(backend, self._split_special)
+            else:
+                key = (self._digest, self._split_special)
+                with _LOCK:
+                    copy = _COPIES.get(key)
+                if copy is None:
+                    copy = _configured(Tokenizer.from_str(serialized), self._split_special)
+                    with _LOCK:
+                        copy = _COPIES.setdefault(key, copy)
+                self._backend = copy
             self._cuts = _checked_cuts(self._backend, serialized, self._digest,
                                        self._split_special)
         else:
@@ -676,6 +682,17 @@ def _checked_cuts(backend: Any, serialized: str, digest: str, split_special: boo
     return cuts
 
 
+def _configured(backend: Any, split_special: bool) -> Any:
+    """``backend`` set to encode without truncation or padding (a saved setting must not cut
+    documents), with special-token text split or not."""
+    backend.no_truncation()
+    backend.no_padding()
+    backend.encode_special_tokens = split_special
+    return backend
+
+
+_COPIES: dict[tuple[str, bool], Any] = {}
+"""Configured copies of tokenizers that others own, by digest and ``split_special_tokens``."""
 _CUTS: dict[tuple[str, bool], long_text.CutRule | long_text.NoCuts] = {}
 _FAST: dict[tuple[str, bool], Any] = {}
 """fastokens per tokenizer digest and ``split_special_tokens``, once self-checked in this

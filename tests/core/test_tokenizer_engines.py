@@ -530,6 +530,7 @@ def test_batches_leave_the_document_threads_once_fastokens_encodes(tokenizer_dir
     counts = {}
     for engine in ("hf", "fastokens", "auto"):
         sent.clear()
+        monkeypatch.setattr(tokenizer_module, "_FAST", {})  # each as in a fresh process
         assert rows(pipeline(path, tokenizer_dir, engine)) == straight, engine
         counts[engine] = len(sent)
     assert counts["fastokens"] == 0
