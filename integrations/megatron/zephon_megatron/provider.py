@@ -42,6 +42,7 @@ import atexit
 import json
 import os
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,9 +111,10 @@ class ZephonDataIterator:
         self._first_iteration = 0
         self.announce = announce
         """Print the metrics line (data-parallel rank 0)."""
-        self._summarized = False
-        if role == "train" and announce:
-            _end_of_run.append(self)
+        self._report = _EndOfRunReport(self.meter, pipeline, role == "train" and announce)
+        if self._report.due:
+            _LIVE.add(self)
+            weakref.finalize(self, self._report.print, "end of training").atexit = False
         self.trace = trace
         """A text file taking a :func:`zephon.trace.trace_line` per microbatch, or None."""
         self.options = dict(to_training)
@@ -213,13 +215,9 @@ class ZephonDataIterator:
 
 
     def summarize(self, why: str = "last step") -> None:
-        """Print, once, what this training iterator handed out, on global rank 0 only (the
-        first pipeline stage's reader of data-parallel rank 0: later stages read too)."""
-        if (self.role == "train" and self.announce and not self._summarized
-                and self.meter.totals["microbatches"] and _global_rank() == 0):
-            self._summarized = True
-            print(f"zephon: end of run ({why}): {self.meter.summary()}\n"
-                  f"{self.pipeline.report()}", flush=True)
+        """Print, once, what this training iterator handed out (see
+        :class:`_EndOfRunReport`)."""
+        self._report.print(why)
 
     def close(self) -> None:
         """Stop the prefetch thread; the consumed state stays as it is."""
@@ -269,17 +267,34 @@ class ZephonDataIterator:
                                      - int(self.meter.totals["microbatches"]) // per_step)
 
 
-_end_of_run: list[ZephonDataIterator] = []
-"""Training iterators that report at exit. Held strongly: Megatron drops its iterators before
-the interpreter exits, and a weak reference left the report unprinted after every normal
-finish."""
+class _EndOfRunReport:
+    """The end-of-run report of a training iterator, printed at most once and only on global
+    rank 0 (the first pipeline stage's reader of data-parallel rank 0; later stages read too):
+    at the end of the data, when the iterator is dropped (Megatron drops its iterators when
+    ``pretrain()`` returns, before the interpreter exits), or at exit while it still exists (a
+    run stopped by Ctrl-C or an error). It holds the meter and the pipeline, not the iterator,
+    so that dropping the iterator frees them after the report."""
+
+    def __init__(self, meter: LoaderMeter, pipeline: Any, due: bool):
+        self.meter, self.pipeline, self.due = meter, pipeline, due
+
+    def print(self, why: str) -> None:
+        if not self.due or not self.meter.totals["microbatches"] or _global_rank() != 0:
+            return
+        self.due = False
+        print(f"zephon: end of run ({why}): {self.meter.summary()}\n"
+              f"{self.pipeline.report()}", flush=True)
+
+
+_LIVE: weakref.WeakSet[ZephonDataIterator] = weakref.WeakSet()
+"""Training iterators that have yet to report."""
 
 
 @atexit.register
 def _summarize() -> None:
-    """At exit (the last step, or a run stopped by Ctrl-C or an error), what the training
-    iterator handed out; printed at most once (see :meth:`ZephonDataIterator.summarize`)."""
-    for iterator in _end_of_run:
+    """At exit, the report of every training iterator still alive (see
+    :class:`_EndOfRunReport`)."""
+    for iterator in list(_LIVE):
         iterator.summarize("at exit")
 
 
