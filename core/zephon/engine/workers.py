@@ -37,6 +37,16 @@ workers here, and each worker from about 80 to 260 MiB.
 
 Results nobody takes (a run that stops mid-stream, a state load, a collected pipeline) are
 freed when the workers stop, at the latest at interpreter exit, before modules are torn down.
+
+Ended from outside. A worker watches its parent (:func:`_exit_with_parent`: a thread blocked on
+a pidfd of the parent, Linux 5.3+, else polling ``getppid`` every 0.2 s) and exits as soon as
+the parent is gone, killed by SIGKILL included; multiprocessing's resource tracker, whose pipe
+the parent and the workers hold, then sees it close and unlinks the shared memory and
+semaphores they registered, so nothing stays in ``/dev/shm``. (A parent-death signal,
+``PR_SET_PDEATHSIG``, would fire when the *thread* that started the workers ends, and the
+producer thread that starts them ends with every iterator.) SIGTERM, which Slurm and torchrun
+send, unwinds the main thread as SIGINT does (:func:`_unwind_on_sigterm`), so the pipeline
+closes and stops its workers itself; a handler the trainer installed is left alone.
 A worker that dies (the out-of-memory killer's SIGKILL, a crash in native code, a script that
 starts the loader outside its main guard) breaks the pool: the next batch raises
 :class:`~zephon.errors.WorkerError` naming its pid and how it ended. Operators a worker cannot
@@ -50,7 +60,9 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import select
 import signal
+import threading
 import time
 import weakref
 from collections.abc import Sequence
@@ -67,7 +79,10 @@ _OPS: dict[int, tuple[DocumentOperator, ...]] = {}
 _LOAD_ERRORS: list[str] = []
 
 
-def _start_worker(payload_name: str, payload_size: int, tokenizer_threads: int) -> None:
+def _start_worker(payload_name: str, payload_size: int, tokenizer_threads: int,
+                  parent: int | None = None) -> None:
+    if parent is not None:
+        _exit_with_parent(parent)
     # Before the first encode builds the tokenizer's thread pool; the caller's own setting wins.
     os.environ.setdefault("RAYON_NUM_THREADS", str(tokenizer_threads))
     try:
@@ -79,6 +94,58 @@ def _start_worker(payload_name: str, payload_size: int, tokenizer_threads: int) 
         _OPS.update(pickle.loads(payload))
     except Exception as exc:  # an initializer that raises leaves only "terminated abruptly"
         _LOAD_ERRORS.append(f"{type(exc).__name__}: {exc}")
+
+
+def _exit_with_parent(parent: int) -> None:
+    """End this process as soon as process ``parent`` is gone (see the module docstring)."""
+    if os.getppid() != parent:  # gone already, before this could watch it
+        os._exit(1)
+
+    def watch() -> None:
+        try:
+            handle = os.pidfd_open(parent)
+        except (AttributeError, OSError):
+            handle = None
+        if handle is not None:
+            select.select([handle], [], [])  # readable once the parent has exited
+        else:
+            while os.getppid() == parent:
+                time.sleep(0.2)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="zephon-parent-watch", daemon=True).start()
+
+
+_USERS: set[int] = set()
+"""The :class:`DocumentWorkers` (by id) for which SIGTERM unwinds."""
+
+
+def _unwind_on_sigterm(user: int) -> None:
+    """Make SIGTERM raise SystemExit(143) in the main thread, so that ``finally`` blocks and
+    the pipeline's close run and the workers stop, as on SIGINT, while ``user`` (a
+    :class:`DocumentWorkers`) exists. Only from the main thread (the only one that may set a
+    handler), and only in place of the default action: a trainer's own handler is kept."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    current = signal.getsignal(signal.SIGTERM)
+    if current is not _raise_exit:
+        if current is not signal.SIG_DFL:
+            return
+        signal.signal(signal.SIGTERM, _raise_exit)
+    _USERS.add(user)
+
+
+def _restore_sigterm(user: int) -> None:
+    """The default action again once the last user is gone (when that happens off the main
+    thread, the handler stays, still a clean exit)."""
+    _USERS.discard(user)
+    if not _USERS and threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) is _raise_exit:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _raise_exit(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _shared_copy(data: bytes) -> shared_memory.SharedMemory:
@@ -187,6 +254,8 @@ class DocumentWorkers:
         self._pool: ProcessPoolExecutor | None = None
         self._unread: set[Future] = set()
         self._finalizer: weakref.finalize | None = None
+        _unwind_on_sigterm(id(self))
+        weakref.finalize(self, _restore_sigterm, id(self))
 
     @staticmethod
     def _pickle(ops_by_dataset: dict[int, Sequence[DocumentOperator]]) -> bytes:
@@ -221,7 +290,8 @@ class DocumentWorkers:
             self._pool = ProcessPoolExecutor(
                 max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
                 initializer=_start_worker,
-                initargs=(payload.name, len(self._payload), _tokenizer_threads(self.workers)))
+                initargs=(payload.name, len(self._payload), _tokenizer_threads(self.workers),
+                          os.getpid()))
             self._finalizer = weakref.finalize(self, _stop, self._pool, self._unread, payload)
         try:
             future = self._pool.submit(_transform, dataset, docs, labels)
