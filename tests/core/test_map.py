@@ -126,3 +126,27 @@ def test_map_errors_name_the_row_and_function(tmp_path, texts, tokenizer_dir):
         next(iter(dropped_field))
     with pytest.raises(ConfigError, match="fn must be a function"):
         Pipeline(source(tmp_path / "d.jsonl")).map(42)
+
+
+def _fails_on_seven(doc: dict) -> dict:
+    if doc["n"] == 7:
+        raise KeyError("title")
+    return doc
+
+
+def _keeps_below_seven(doc: dict) -> bool:
+    return doc["n"] < 7 or doc["missing"]
+
+
+@pytest.mark.parametrize("op", ["map", "filter"])
+def test_an_error_in_a_user_function_names_the_row(tmp_path, op):
+    path = write_jsonl(tmp_path / "rows.jsonl", [{"n": i} for i in range(12)])
+    pipeline = Pipeline(source(path, shuffle_rows=False)).options(prefetch=0)
+    pipeline = pipeline.map(_fails_on_seven) if op == "map" else \
+        pipeline.filter(_keeps_below_seven)
+    with pytest.raises(DataError) as caught:
+        list(pipeline.batch(1, drop_last=False))
+    message = str(caught.value)
+    assert "rows.jsonl:8" in message and f"{op} function" in message
+    assert ("_fails_on_seven" if op == "map" else "_keeps_below_seven") in message
+    assert isinstance(caught.value.__cause__, KeyError)

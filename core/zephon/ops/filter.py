@@ -38,4 +38,5 @@ class FilterOperator(FunctionOperator):
         self._dropped = Dropped(f"{FILTERED_PREFIX}{self.name}")
 
     def apply(self, docs: Sequence[Doc], where: Sequence[str]) -> list[Outcome]:
-        return [[doc] if self.fn(doc_view(doc)) else self._dropped for doc in docs]
+        return [[doc] if self.call(doc_view(doc), label) else self._dropped
+                for doc, label in zip(docs, where, strict=True)]

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon.errors import ConfigError, DataError
+from zephon.errors import ConfigError, DataError, ZephonError
 from zephon.ops.base import DocumentOperator, DocumentSpec
 from zephon.records import Doc
 
@@ -51,6 +51,18 @@ class FunctionOperator(DocumentOperator):
 
     def fingerprint(self) -> dict[str, Any]:
         return {**super().fingerprint(), "fn": self.name}
+
+    def call(self, document: dict[str, Any], label: str) -> Any:
+        """The function on one document; what it raises becomes a DataError naming the row
+        (``label``: dataset file and row) and the function, the original kept as the cause.
+        Zephon's own errors (a ConfigError of a nested pipeline) pass through."""
+        try:
+            return self.fn(document)
+        except ZephonError:
+            raise
+        except Exception as exc:
+            raise DataError(f"{label}: {self.spec.op_name} function {self.name} raised "
+                            f"{type(exc).__name__}: {exc}") from exc
 
 
 def resolve_function(ref: Callable[..., Any] | str, op: str) -> tuple[Callable[..., Any], str]:

@@ -34,5 +34,5 @@ class MapSpec(FunctionSpec):
 
 class MapOperator(FunctionOperator):
     def apply(self, docs: Sequence[Doc], where: Sequence[str]) -> list[Outcome]:
-        return [[doc_from_view(doc, self.fn(doc_view(doc)), self.name, label)]
+        return [[doc_from_view(doc, self.call(doc_view(doc), label), self.name, label)]
                 for doc, label in zip(docs, where, strict=True)]
