@@ -276,3 +276,24 @@ def test_fifos_and_broken_links_are_errors_naming_them(tmp_path):
     (tmp_path / "self.jsonl").symlink_to(tmp_path / "self.jsonl")
     with pytest.raises(DataError, match=r"self\.jsonl: symbolic link that cannot be followed"):
         Dataset.from_path("s", tmp_path / "self.jsonl").files()
+
+
+def test_a_relative_path_survives_a_change_of_directory(tmp_path, monkeypatch):
+    from tests.conftest import write_jsonl
+    from zephon.io import Dataset
+
+    write_jsonl(tmp_path / "data" / "a.jsonl", [{"text": "one"}])
+    monkeypatch.chdir(tmp_path)
+    dataset = Dataset.from_path("d", "data")
+    monkeypatch.chdir("/")
+    assert [os.path.basename(f.path) for f in dataset.files()] == ["a.jsonl"]
+
+
+def test_a_file_whose_name_holds_glob_characters_is_read_as_named(tmp_path):
+    from tests.conftest import write_jsonl
+    from zephon.io import Dataset
+
+    path = write_jsonl(tmp_path / "glob[1].jsonl", [{"text": "one"}])
+    write_jsonl(tmp_path / "glob1.jsonl", [{"text": "other"}])
+    assert [os.path.basename(f.path) for f in Dataset.from_path("d", path).files()] == [
+        "glob[1].jsonl"]

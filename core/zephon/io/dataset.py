@@ -108,7 +108,9 @@ class Dataset:
         if unknown:
             raise ConfigError(f"Dataset.from_path: unknown option(s) {unknown} for a local "
                               "dataset (known: documents)")
-        return cls(name, text, fmt, **kwargs)
+        # Absolute now: the files are listed later, perhaps after the process changed its
+        # working directory (the fingerprint counts paths relative to the dataset's root).
+        return cls(name, os.path.abspath(os.path.expanduser(text)), fmt, **kwargs)
 
     def __repr__(self) -> str:
         return f"Dataset({self.name!r}, {self.path!r})"
@@ -221,7 +223,7 @@ def _tail_digest(path: str, size: int = 4096) -> str:
 def _root_of(path: str) -> str:
     """The directory a dataset path is relative to: the directory itself, a file's parent, or
     the part of a glob before its first wildcard."""
-    if any(ch in path for ch in "*?["):
+    if any(ch in path for ch in "*?[") and not os.path.lexists(path):
         prefix = path[:min(path.index(ch) for ch in "*?[" if ch in path)]
         return os.path.dirname(prefix) or "."
     return path if os.path.isdir(path) else os.path.dirname(path) or "."
@@ -306,7 +308,7 @@ def _expand_local(path: str) -> tuple[list[str], list[str], list[str]]:
     DatasetDict folders walked into)."""
     skipped: list[str] = []
     dict_folders: list[str] = []
-    if any(ch in path for ch in "*?["):
+    if any(ch in path for ch in "*?[") and not os.path.lexists(path):
         found = []
         for match in local_glob.expand(path):
             found.extend(_walk(match, skipped, dict_folders) if os.path.isdir(match)
