@@ -297,3 +297,48 @@ def test_a_file_whose_name_holds_glob_characters_is_read_as_named(tmp_path):
     write_jsonl(tmp_path / "glob1.jsonl", [{"text": "other"}])
     assert [os.path.basename(f.path) for f in Dataset.from_path("d", path).files()] == [
         "glob[1].jsonl"]
+
+
+def test_json_errors_say_how_the_file_is_read(tmp_path):
+    import json as json_module
+
+    from zephon.errors import DataError
+    from zephon.io import Dataset
+
+    pretty = tmp_path / "pretty" / "rows.json"
+    pretty.parent.mkdir()
+    pretty.write_text(json_module.dumps([{"text": "a"}, {"text": "b"}], indent=2))
+    deep = tmp_path / "deep" / "rows.jsonl"
+    deep.parent.mkdir()
+    deep.write_text('{"text": "ok"}\n' + '{"a": ' * 100_000 + "1" + "}" * 100_000 + "\n")
+
+    def read(folder):
+        from zephon import Pipeline
+        from zephon.work import StaticMixtureWorkSource
+
+        return list(Pipeline(StaticMixtureWorkSource([Dataset.from_path("d", folder)]))
+                    .options(prefetch=0).batch(1, drop_last=False))
+
+    with pytest.raises(DataError, match=r"rows\.json:\d+: malformed JSON line .*read as JSON "
+                                        r"Lines.*pretty-printed"):
+        read(pretty.parent)
+    with pytest.raises(DataError, match=r"rows\.jsonl:2: the JSON on this line nests deeper"):
+        read(deep.parent)
+
+
+def test_a_column_named_twice_is_named_in_the_error(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from zephon import Pipeline
+    from zephon.errors import DataError
+    from zephon.io import Dataset
+    from zephon.work import StaticMixtureWorkSource
+
+    table = pa.Table.from_arrays([pa.array(["a", "b"]), pa.array(["c", "d"])],
+                                 names=["text", "text"])
+    pq.write_table(table, tmp_path / "dup.parquet")
+    pipeline = Pipeline(StaticMixtureWorkSource([Dataset.from_path("d", tmp_path)]))
+    with pytest.raises(DataError, match=r"dup\.parquet: column\(s\) \['text'\] appear more "
+                                        r"than once"):
+        list(pipeline.options(prefetch=0).batch(1, drop_last=False))

@@ -24,6 +24,7 @@ import inspect
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -381,6 +382,11 @@ def _table_columns(table: pa.Table, columns: list[str] | None,
     names = table.column_names
     if columns is not None:
         _check_columns(names, columns, display)
+    twice = sorted({name for name in (columns or names) if names.count(name) > 1})
+    if twice:
+        raise DataError(f"{display}: column(s) {twice} appear more than once in the file's "
+                        f"schema ({names}); a row cannot say which one holds the data. "
+                        "Rewrite the file with unique column names, or leave it out")
     return {name: _column_values(table.column(name)) for name in (columns or names)}
 
 
@@ -489,6 +495,18 @@ def _line_number(path: str, offset: int) -> int:
         return fh.read(offset).count(b"\n") + 1
 
 
+def _json_hint(path: str, raw: bytes | str) -> str:
+    """For a ``.json`` file whose line is not a JSON document: it is read as JSON Lines."""
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+    if not path.endswith((".json", ".json.gz", ".json.zst")):
+        return ""
+    stripped = text.strip()
+    pretty = stripped in ("]", "}", "},", "],") or stripped.endswith((",", "{", "["))
+    shape = " (it looks like a pretty-printed JSON document or array)" if pretty else ""
+    return (f"; .json files are read as JSON Lines, one object per line{shape}: rewrite it "
+            "with one object per line (for example jq -c '.[]' FILE > FILE.jsonl)")
+
+
 def _read_jsonl(path: str, compression: str | None, unit: UnitSpec, columns: list[str] | None,
                 display: str) -> tuple[dict[str, list[Any]], list[int]]:
     rows: list[dict[str, Any]] = []
@@ -500,7 +518,13 @@ def _read_jsonl(path: str, compression: str | None, unit: UnitSpec, columns: lis
             value = json.loads(raw)
         except ValueError as exc:
             line = number if number is not None else _line_number(path, offset)
-            raise DataError(f"{display}:{line}: malformed JSON line ({exc})") from None
+            hint = _json_hint(path, raw)
+            raise DataError(f"{display}:{line}: malformed JSON line ({exc}){hint}") from None
+        except RecursionError:
+            line = number if number is not None else _line_number(path, offset)
+            raise DataError(f"{display}:{line}: the JSON on this line nests deeper than Python "
+                            f"can parse (limit {sys.getrecursionlimit()} levels); flatten it or "
+                            "leave the file out") from None
         if not isinstance(value, dict):
             line = number if number is not None else _line_number(path, offset)
             raise DataError(f"{display}:{line}: expected a JSON object, got "
