@@ -728,7 +728,13 @@ class _SavedFastTokenizer:
     def __init__(self, directory: str):
         from tokenizers import Tokenizer
 
-        self.backend_tokenizer = Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
+        path = os.path.join(directory, "tokenizer.json")
+        try:
+            self.backend_tokenizer = Tokenizer.from_file(path)
+        except Exception as exc:  # tokenizers raises a bare Exception for a damaged file
+            raise ConfigError(f"tokenizer {path} cannot be read ({exc}): the file is damaged "
+                              "or truncated; copy it again from where the tokenizer came from"
+                              ) from None
         config = json.loads(Path(directory, "tokenizer_config.json").read_text())
         for kind in ("bos", "eos", "pad"):
             value = config.get(f"{kind}_token")

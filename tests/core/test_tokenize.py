@@ -499,3 +499,14 @@ def test_special_token_text_stays_text_in_threads_and_worker_processes(tokenizer
         assert all(not control_ids(tokenizer_dir) & set(d[1:-1]) for d in docs)
         assert sorted(hf.decode(d[1:-1]) for d in docs) == sorted(texts)
     assert all(control_ids(tokenizer_dir) <= set(d[1:-1]) for d in documents(False, workers=1))
+
+
+def test_a_truncated_tokenizer_json_is_named(tokenizer_dir, tmp_path):
+    import shutil
+
+    damaged = tmp_path / "tok"
+    shutil.copytree(tokenizer_dir, damaged)
+    text = (damaged / "tokenizer.json").read_text()
+    (damaged / "tokenizer.json").write_text(text[:len(text) // 2])
+    with pytest.raises(ConfigError, match=r"tok/tokenizer\.json cannot be read .*truncated"):
+        DocumentTokenizer(TokenizeSpec(tokenizer_id=str(damaged)))
