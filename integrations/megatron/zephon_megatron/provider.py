@@ -523,7 +523,8 @@ def _check_vocab(recipe: Any, args: argparse.Namespace) -> None:
         if limit is not None and limit > padded:
             raise ZephonArgumentError(
                 f"{recipe.source}: [tokenize] vocab_size = {limit} is larger than the model's "
-                f"vocabulary ({padded})")
+                f"vocabulary ({padded}); size the model for it with --vocab-size {limit} (or "
+                "lower the recipe's vocab_size to the ids the data holds)")
         recipe.tokenize.setdefault("vocab_size", padded)
         return
     from zephon.tokenizer import load_tokenizer

@@ -306,7 +306,8 @@ class ZephonDataLoader(BaseDataLoader):
         except StateMismatchError as exc:
             raise StateMismatchError(f"cannot resume the Zephon dataloader ({self.recipe.source}"
                                      f", {self.lanes} lanes, dp size {self.dp_world_size}): "
-                                     f"{exc}") from None
+                                     f"{exc} To keep the model and start the data over, pass "
+                                     "--checkpoint.exclude_from_loading dataloader.") from None
         logger.info(f"zephon: resumed {len(entries)} lane state(s) at dp rank {self.dp_rank} "
                     f"of {self.dp_world_size}")
 
