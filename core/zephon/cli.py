@@ -10,8 +10,11 @@
   [--microbatch-size B] [--seq-len S] [--from-state CHECKPOINT] [--json]``: each microbatch
   of those steps, row by row: every document's dataset, file, row, tokens and a text excerpt
   (:mod:`zephon.trace`), from a checkpoint's loader state without replaying earlier steps.
-- ``zephon cache ls|prune|verify --root DIR``: the shard cache's shards (what, size, last
+- ``zephon cache ls|prune|verify [--root DIR]``: the shard cache's shards (what, size, last
   use, in use), pruning to a size (``--to 50G``; shards in use stay), re-hashing every shard.
+  The root defaults to ``$ZEPHON_CACHE_ROOT``, else the per-user default of ``CacheOptions``;
+  ``ls`` and ``verify`` write nothing (``verify`` removes a bad shard when it can), so they
+  work on a read-only cache.
 
 Exit status: 0 when all is well, 1 when the command found problems, 2 for usage errors.
 """
@@ -102,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     cache = commands.add_parser("cache", help="inspect or prune the shard cache")
     cache.add_argument("action", choices=["ls", "prune", "verify"])
     cache.add_argument("--root", default=os.environ.get("ZEPHON_CACHE_ROOT"),
-                       help="cache root (default: $ZEPHON_CACHE_ROOT)")
+                       help="cache root (default: $ZEPHON_CACHE_ROOT, else "
+                            "~/.cache/zephon/shard-cache or $XDG_CACHE_HOME/zephon/shard-cache)")
     cache.add_argument("--to", type=size, default=None, help="prune: bytes to keep (50G)")
     return parser
 
@@ -259,9 +263,10 @@ def _text_decoder(tokenizer: str | None):
 
 def _cache(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from zephon.io.hub.cache import cache_entries, prune_cache, verify_cache
+    from zephon.io.options import default_cache_root
 
     if not args.root:
-        parser.error("cache needs --root DIR (or ZEPHON_CACHE_ROOT)")
+        args.root = str(default_cache_root())
     if args.action == "ls":
         entries = cache_entries(args.root)
         for entry in entries:

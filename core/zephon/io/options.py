@@ -2,10 +2,27 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from zephon.errors import ConfigError
+
+CACHE_DIR_NAME = "zephon/shard-cache"
+
+
+def default_cache_root() -> Path:
+    """``$XDG_CACHE_HOME/zephon/shard-cache`` when ``XDG_CACHE_HOME`` is an absolute path, else
+    ``~/.cache/zephon/shard-cache``: a folder of the user's own, never a shared one."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if os.path.isabs(xdg):
+        return Path(xdg) / CACHE_DIR_NAME
+    try:
+        home = Path.home()
+    except (KeyError, RuntimeError):
+        raise ConfigError("the default shard cache root needs a home directory (HOME), or "
+                          "XDG_CACHE_HOME; none is set: set CacheOptions.root") from None
+    return home / ".cache" / CACHE_DIR_NAME
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,13 +31,18 @@ class CacheOptions:
 
     Whole shards are downloaded into ``root`` before they are read. The cache evicts least
     recently used shards to stay within ``limit_bytes`` and never evicts a shard that a reader
-    holds open. Put it on fast local disk; all ranks of a node share it safely.
+    holds open. Put it on fast local disk; all ranks of a node share it safely (they run as one
+    user: the cache is private to its user, see :mod:`zephon.io.hub.cachefs`).
     """
 
     enabled: bool = False
     """Hub datasets refuse to load unless this is True."""
     root: str | Path | None = None
-    """Cache directory. Required when enabled."""
+    """Cache directory. None: ``$XDG_CACHE_HOME/zephon/shard-cache``, else
+    ``~/.cache/zephon/shard-cache`` (:func:`default_cache_root`). Zephon creates it with mode
+    0700 and refuses one that belongs to another user or that group or others may write. Where
+    home folders are on a network file system or under a small quota, point it at local disk of
+    your own (for example ``/local/scratch/$USER/zephon``): locks need a local file system."""
     limit_bytes: int | None = None
     """Upper bound on the bytes of cached shards (None: unbounded)."""
     space_wait_s: float = 600.0
@@ -28,8 +50,6 @@ class CacheOptions:
     being read, before it fails with an error that asks for a larger ``limit_bytes``."""
 
     def __post_init__(self) -> None:
-        if self.enabled and self.root is None:
-            raise ConfigError("CacheOptions(enabled=True) needs root=<directory on local disk>")
         if self.limit_bytes is not None and self.limit_bytes <= 0:
             raise ConfigError(f"CacheOptions.limit_bytes must be positive, got {self.limit_bytes}")
         if self.space_wait_s < 0:

@@ -30,6 +30,14 @@ Opening a file:
 5. Reserve the bytes, download into ``partial/``, fsync, check size and content hash, rename
    into ``shards/`` (atomic), record ``.ok``, drop the reservation.
 
+Safety (:mod:`zephon.io.hub.cachefs`): the root and its folders are private to their user
+(created with mode 0700; one owned by another user, or writable by group or others, is refused),
+nothing inside the root is opened through a symbolic link, fresh files are created exclusively,
+and a full, read-only or refused disk gives an error that names the path and what to do.
+Eviction and listing skip whatever in ``shards/`` is not a regular file (logged once).
+Read-only commands (:func:`cache_entries`, :func:`verify_cache`) create and write nothing, so
+they work on a read-only cache.
+
 Limits: a killed download leaves only a ``partial/`` file and a reservation; both are removed by
 the next accounting once the dead process's lock is gone, and nothing in ``partial/`` is ever
 read. The limit counts shard bytes, not the small state files. Corruption that rewrites a file
@@ -40,30 +48,38 @@ unchanged (silent disk bit rot) is not.
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import os
 import re
 import shutil
+import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from zephon.errors import ConfigError, DataError
+from zephon.errors import ConfigError, DataError, ZephonError
 from zephon.io import cancel
-from zephon.io.hub.locks import FileLock
-from zephon.io.options import CacheOptions
+from zephon.io.hub.cachefs import (
+    open_fresh,
+    open_read,
+    private_dir,
+    read_bytes,
+    replace_file,
+    reported,
+    write_fresh,
+)
+from zephon.io.hub.locks import FileLock, is_locked
+from zephon.io.options import CacheOptions, default_cache_root
 from zephon.redact import get_logger
 
 log = get_logger(__name__)
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-_NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
-_READ_ONLY = {errno.EROFS, errno.EACCES, errno.EPERM}
 _SPACE_POLL_S = 0.05
+_SKIPPED: set[str] = set()
 
 
 class ContentCheck:
@@ -98,7 +114,7 @@ class ContentCheck:
     @classmethod
     def of_file(cls, path: Path, version: str, size: int) -> bool:
         check = cls(version, size)
-        with open(path, "rb") as fh:
+        with os.fdopen(open_read(path), "rb") as fh:
             while chunk := fh.read(1 << 22):
                 check.update(chunk)
         return check.ok()
@@ -141,25 +157,32 @@ Fetch = Callable[[BinaryIO], None]
 
 
 class ShardCache:
-    """A size-limited, node-shared cache of whole files; see the module docstring."""
+    """A size-limited, node-shared cache of whole files; see the module docstring.
 
-    def __init__(self, options: CacheOptions):
-        if not options.enabled or options.root is None:
-            raise ConfigError("ShardCache needs CacheOptions(enabled=True, root=...)")
-        self.root = Path(options.root).expanduser()
+    ``read_only``: open an existing cache without creating or writing anything (for listing
+    and checking it); such an object must not :meth:`open` shards."""
+
+    def __init__(self, options: CacheOptions, *, read_only: bool = False):
+        if not options.enabled:
+            raise ConfigError("ShardCache needs CacheOptions(enabled=True)")
+        self.root = (Path(options.root).expanduser() if options.root is not None
+                     else default_cache_root())
         self.limit = options.limit_bytes
         self.space_wait_s = options.space_wait_s
         self.stats = CacheStats()
-        try:
-            for sub in ("shards", "partial", "state"):
-                (self.root / sub).mkdir(parents=True, exist_ok=True)
-            probe = self.root / "state" / f".probe-{os.getpid()}"
-            probe.write_bytes(b"")
-            probe.unlink()
-        except OSError as exc:
-            raise ConfigError(
-                f"shard cache root {self.root} cannot be written ({exc.strerror}); set "
-                "CacheOptions.root to a writable directory on local disk") from None
+        if read_only:
+            if not (self.root / "shards").is_dir():
+                raise ConfigError(f"{self.root} is not a Zephon shard cache (no shards/ "
+                                  "directory)")
+            return
+        with reported("shard cache root", self.root):
+            self.root.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.root, "shard cache root", allow_link=True)
+        for sub in ("shards", "partial", "state"):
+            private_dir(self.root / sub, "shard cache folder")
+        probe = self.root / "state" / f".probe-{os.getpid()}"
+        write_fresh(probe, b"", "shard cache root")
+        probe.unlink()
 
     # -- paths ----------------------------------------------------------------------------
     def shard_path(self, key: str) -> Path:
@@ -185,7 +208,7 @@ class ShardCache:
         pin = FileLock(self._state(key, "pin"), shared=True)
         pin.acquire()
         try:
-            os.utime(pin.path)
+            pin.touch()
             path = self.shard_path(key)
             if self._trusted(path, item):
                 self.stats.hits += 1
@@ -198,44 +221,47 @@ class ShardCache:
 
     def _trusted(self, path: Path, item: CachedFile) -> bool:
         try:
-            record = json.loads(self._state(item.key, "ok").read_text())
-            st = path.stat()
+            record = json.loads(read_bytes(self._state(item.key, "ok")))
+            st = os.lstat(path)
         except (OSError, ValueError):
             return False
-        return record == _signature(st, item)
+        return stat.S_ISREG(st.st_mode) and record == _signature(st, item)
 
     def _ensure(self, path: Path, item: CachedFile, fetch: Fetch) -> None:
         if self._trusted(path, item):
             self.stats.hits += 1
             return
-        if path.exists():
-            if path.stat().st_size == item.size and ContentCheck.of_file(path, item.version,
-                                                                         item.size):
+        try:
+            st: os.stat_result | None = os.lstat(path)
+        except FileNotFoundError:
+            st = None
+        if st is not None:
+            if (stat.S_ISREG(st.st_mode) and st.st_size == item.size
+                    and ContentCheck.of_file(path, item.version, item.size)):
                 self._record(path, item)
                 self.stats.hits += 1
                 return
-            log.warning("shard cache: %s at %s does not match its listed size/hash; "
-                        "discarding it and downloading it again", item.display, path)
+            log.warning("shard cache: %s at %s is not a regular file matching its listed "
+                        "size/hash; discarding it and downloading it again", item.display, path)
             self.stats.discarded += 1
-            path.unlink(missing_ok=True)
+            with reported("cached shard", path):
+                path.unlink(missing_ok=True)
         self._state(item.key, "ok").unlink(missing_ok=True)
         self._reserve(item)
         partial = self.root / "partial" / item.key
         try:
             start = time.monotonic()
-            try:
-                with open(partial, "wb") as out:
+            with reported(f"partial download of {item.display} at", partial,
+                          lambda: self._space_advice(item)):
+                with os.fdopen(open_fresh(partial), "wb") as out:
                     fetch(out)
                     out.flush()
                     os.fsync(out.fileno())
-            except OSError as exc:
-                if exc.errno not in _NO_SPACE and exc.errno not in _READ_ONLY:
-                    raise
-                raise self._write_failure(item, exc) from None
-            if partial.stat().st_size != item.size:
-                raise DataError(f"{item.display}: download wrote {partial.stat().st_size} "
-                                f"bytes, the listing says {item.size}")
-            os.replace(partial, path)
+                written = os.lstat(partial).st_size
+                if written != item.size:
+                    raise DataError(f"{item.display}: download wrote {written} bytes, the "
+                                    f"listing says {item.size}")
+                os.replace(partial, path)
             self._record(path, item)
             self.stats.downloads += 1
             self.stats.downloaded_bytes += item.size
@@ -244,29 +270,25 @@ class ShardCache:
             partial.unlink(missing_ok=True)
             self._state(item.key, "reserve").unlink(missing_ok=True)
 
-    def _write_failure(self, item: CachedFile, exc: OSError) -> DataError:
-        if exc.errno in _READ_ONLY:
-            return DataError(f"shard cache root {self.root} cannot be written "
-                             f"({exc.strerror}) while downloading {item.display}; set "
-                             "CacheOptions.root to a writable directory on local disk")
+    def _space_advice(self, item: CachedFile) -> str:
+        """What to do when ``item`` does not fit on the disk (for :func:`reported`)."""
         try:
             free = shutil.disk_usage(self.root).free
         except OSError:
             free = 0
-        limit = (f"limit_bytes={self.limit} is more than the disk holds: lower it below "
-                 f"{self.used_bytes() + free} bytes" if self.limit is not None else
-                 "no limit_bytes is set: set one below what the disk holds")
-        return DataError(
-            f"shard cache root {self.root}: the disk is full ({exc.strerror}) while downloading "
-            f"{item.display} ({item.size} bytes; {free} bytes free, {self.used_bytes()} bytes "
-            f"of shards cached). {limit}, or free at least {max(item.size - free, 0)} bytes "
-            "on that disk.")
+        used = self.used_bytes()
+        limit = (f"CacheOptions.limit_bytes={self.limit} is more than the disk holds: lower it "
+                 f"below {used + free} bytes" if self.limit is not None else
+                 "No CacheOptions.limit_bytes is set: set one below what the disk holds")
+        return (f"{item.display} needs {item.size} bytes; {free} bytes are free and {used} bytes "
+                f"of shards are cached in shard cache root {self.root}. {limit}, free at least "
+                f"{max(item.size - free, 0)} bytes on that disk, or choose another "
+                "CacheOptions.root.")
 
     def _record(self, path: Path, item: CachedFile) -> None:
         target = self._state(item.key, "ok")
-        tmp = target.with_name(target.name + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(_signature(path.stat(), item)))
-        os.replace(tmp, target)
+        replace_file(target, json.dumps(_signature(os.lstat(path), item)).encode(),
+                     "shard cache record")
 
     # -- space ----------------------------------------------------------------------------
     def _reserve(self, item: CachedFile) -> None:
@@ -274,7 +296,8 @@ class ShardCache:
         while True:
             with FileLock(self.root / "cache.lock"):
                 if self._make_room(item):
-                    self._state(item.key, "reserve").write_text(str(item.size))
+                    write_fresh(self._state(item.key, "reserve"), str(item.size).encode(),
+                                "shard cache reservation")
                     return
             if time.monotonic() >= deadline:
                 raise DataError(
@@ -300,19 +323,26 @@ class ShardCache:
         return used + item.size <= self.limit
 
     def _complete(self) -> list[tuple[str, int, float]]:
-        """(key, size, last use) of every complete shard."""
+        """(key, size, last use) of every complete shard; whatever is not a regular file is
+        skipped (and logged once per process)."""
         out = []
         with os.scandir(self.root / "shards") as entries:
             for entry in entries:
                 try:
-                    size = entry.stat().st_size
+                    st = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
+                if not stat.S_ISREG(st.st_mode):
+                    if entry.path not in _SKIPPED:
+                        _SKIPPED.add(entry.path)
+                        log.warning("shard cache: %s is not a regular file; it is not a shard "
+                                    "and is left alone (remove it to silence this)", entry.path)
+                    continue
                 try:
-                    used = self._state(entry.name, "pin").stat().st_mtime
+                    used = os.lstat(self._state(entry.name, "pin")).st_mtime
                 except FileNotFoundError:
-                    used = entry.stat().st_mtime
-                out.append((entry.name, size, used))
+                    used = st.st_mtime
+                out.append((entry.name, st.st_size, used))
         return out
 
     def _live_reservations(self, exclude: str) -> int:
@@ -335,7 +365,7 @@ class ShardCache:
                     lock.release()
                 continue
             try:
-                total += int(self._state(key, "reserve").read_text() or 0)
+                total += int(read_bytes(self._state(key, "reserve")) or 0)
             except (OSError, ValueError):
                 continue
         return total
@@ -379,18 +409,15 @@ class CacheEntry:
 
 
 def cache_entries(root: str | os.PathLike[str]) -> list[CacheEntry]:
-    """The complete shards under ``root``, least recently used first."""
-    cache = _existing(root)
+    """The complete shards under ``root``, least recently used first; writes nothing."""
+    cache = _existing(root, write=False)
     out = []
     for key, size, used in sorted(cache._complete(), key=lambda e: e[2]):
         try:
-            record = json.loads(cache._state(key, "ok").read_text())
+            record = json.loads(read_bytes(cache._state(key, "ok")))
         except (OSError, ValueError):
             record = {}
-        pin = FileLock(cache._state(key, "pin"))
-        in_use = not pin.acquire(blocking=False)
-        if not in_use:
-            pin.release()
+        in_use = is_locked(cache._state(key, "pin"))
         out.append(CacheEntry(key, size, used, record.get("display", key), in_use))
     return out
 
@@ -398,7 +425,7 @@ def cache_entries(root: str | os.PathLike[str]) -> list[CacheEntry]:
 def prune_cache(root: str | os.PathLike[str], max_bytes: int) -> tuple[list[str], int]:
     """Evict least recently used shards until at most ``max_bytes`` remain, never a shard in
     use; (evicted keys, bytes left)."""
-    cache = _existing(root)
+    cache = _existing(root, write=True)
     evicted = []
     with FileLock(cache.root / "cache.lock"):
         complete = sorted(cache._complete(), key=lambda e: e[2])
@@ -414,28 +441,36 @@ def prune_cache(root: str | os.PathLike[str], max_bytes: int) -> tuple[list[str]
 
 def verify_cache(root: str | os.PathLike[str]) -> list[tuple[CacheEntry, str | None]]:
     """Every complete shard re-hashed against its recorded version: (entry, problem or
-    None). A shard whose bytes do not match is removed (the next reader downloads it again)."""
-    cache = _existing(root)
+    None). A shard whose bytes do not match is removed (the next reader downloads it again)
+    when the cache is a writable one of this user's; otherwise the problem says why it stays.
+    Only that removal writes."""
+    cache = _existing(root, write=False)
     results = []
     for entry in cache_entries(root):
         path = cache.shard_path(entry.key)
         try:
-            record = json.loads(cache._state(entry.key, "ok").read_text())
+            record = json.loads(read_bytes(cache._state(entry.key, "ok")))
         except (OSError, ValueError):
             results.append((entry, "no verification record (downloaded by an older version)"))
             continue
-        if path.stat().st_size != record.get("size") or not ContentCheck.of_file(
+        if os.lstat(path).st_size != record.get("size") or not ContentCheck.of_file(
                 path, record["version"], record["size"]):
             problem = "its bytes do not match the listed size and hash"
-            if not entry.in_use and cache._evict(entry.key):
-                problem += "; removed"
+            if not entry.in_use:
+                try:
+                    if _existing(root, write=True)._evict(entry.key):
+                        problem += "; removed"
+                except ZephonError as exc:
+                    problem += f"; not removed: {exc}"
             results.append((entry, problem))
             continue
         results.append((entry, None))
     return results
 
 
-def _existing(root: str | os.PathLike[str]) -> ShardCache:
+def _existing(root: str | os.PathLike[str], write: bool) -> ShardCache:
+    """The cache at ``root``, which must exist; ``write``: checked and writable (see
+    :class:`ShardCache`), else read-only."""
     if not (Path(root) / "shards").is_dir():
         raise ConfigError(f"{root} is not a Zephon shard cache (no shards/ directory)")
-    return ShardCache(CacheOptions(enabled=True, root=str(root)))
+    return ShardCache(CacheOptions(enabled=True, root=str(root)), read_only=not write)

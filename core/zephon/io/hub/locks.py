@@ -5,7 +5,9 @@ when its process dies, so a killed process never leaves a lock behind. A lock fi
 deleted by whoever holds it exclusively: a waiter that then obtains the lock on the deleted file
 notices (its inode no longer matches the path) and locks the new file instead. ``flock`` is
 reliable on local file systems; network file systems may not honour it, so the cache root must
-be on local disk.
+be on local disk. Lock files are opened with ``O_NOFOLLOW`` and created with mode 0600: a lock
+file that is a symbolic link is refused (:class:`~zephon.errors.ConfigError`), never followed,
+and a failed create is reported as :func:`zephon.io.hub.cachefs.reported` says.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import fcntl
 import os
 from pathlib import Path
 from types import TracebackType
+
+from zephon.io.hub.cachefs import FILE_MODE, open_read, reported
 
 
 class FileLock:
@@ -36,7 +40,9 @@ class FileLock:
         if not blocking:
             mode |= fcntl.LOCK_NB
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            with reported("lock file", self.path):
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             FILE_MODE)
             try:
                 fcntl.flock(fd, mode)
             except BlockingIOError:
@@ -46,13 +52,20 @@ class FileLock:
                 os.close(fd)
                 raise
             try:
-                current = os.stat(self.path).st_ino
+                current = os.lstat(self.path).st_ino
             except FileNotFoundError:
                 current = None
             if current == os.fstat(fd).st_ino:
                 self._fd = fd
                 return True
             os.close(fd)
+
+    def touch(self) -> None:
+        """Set the lock file's modification time to now (through the open file, not the
+        path)."""
+        if self._fd is None:
+            raise RuntimeError(f"lock {self.path} is not held")
+        os.utime(self._fd)
 
     def release(self) -> None:
         if self._fd is not None:
@@ -73,3 +86,20 @@ class FileLock:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.release()
+
+
+def is_locked(path: str | os.PathLike[str]) -> bool:
+    """Whether some process holds a lock on ``path`` (shared or exclusive), found without
+    creating or writing anything, so it works on a read-only cache. A missing file, or a link
+    (never followed), is not locked."""
+    try:
+        fd = open_read(Path(path))
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False

@@ -7,7 +7,9 @@
 2. The node's listing cache, ``<cache root>/listings/<digest>.json`` keyed by endpoint,
    repository, commit, source, config, split and format override, answers the rest when
    present; otherwise one process of the node computes it under a file lock while the others
-   wait and then read it.
+   wait and then read it. Its folder is private like the shard cache's, no listing is read or
+   written through a link, and a full or read-only disk gives an error that names the file
+   (:mod:`zephon.io.hub.cachefs`).
 3. ``list_repo_tree`` at the commit (one request per 1,000 files) and the rules of
    :mod:`zephon.io.hub.layout` give the split's files.
 4. Source. ``original`` reads the uploaded files, ``parquet`` the Hub's Parquet conversion.
@@ -33,7 +35,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import sys
 from collections.abc import Callable
@@ -48,6 +49,7 @@ from huggingface_hub.errors import RevisionNotFoundError
 
 from zephon.errors import ConfigError, DataError, ZephonError
 from zephon.io.formats import compression_of, detect_format
+from zephon.io.hub.cachefs import private_dir, read_bytes, replace_file
 from zephon.io.hub.client import HubClient
 from zephon.io.hub.layout import Layout, conversion_layout, original_layout
 from zephon.io.hub.locks import FileLock
@@ -248,7 +250,7 @@ def _listing_path(root: Path, key: dict[str, Any]) -> Path:
 
 def _read_listing(root: Path, key: dict[str, Any]) -> dict[str, Any] | None:
     try:
-        stored = json.loads(_listing_path(root, key).read_text())
+        stored = json.loads(read_bytes(_listing_path(root, key)))
     except (OSError, ValueError):
         return None
     return stored["value"] if stored.get("key") == key else None
@@ -262,15 +264,14 @@ def _cached_listing(root: Path | None, key: dict[str, Any],
     if known is not None:
         return known
     path = _listing_path(root, key)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent, "Hub listing cache folder")
     with FileLock(path.with_suffix(".lock")):
         known = _read_listing(root, key)
         if known is not None:
             return known
         value = compute()
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"key": key, "value": value}))
-        os.replace(tmp, path)
+        replace_file(path, json.dumps({"key": key, "value": value}).encode(),
+                     "Hub listing cache file")
         return value
 
 

@@ -1,0 +1,351 @@
+"""The shard cache on a shared machine: roots of another user or open to everyone are refused,
+links inside the root are never followed, a full disk and a read-only cache give errors that
+name the path, and eviction skips what is not a shard."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import logging
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.hub.hubdata import docs, fast_options, jsonl_bytes, sharded
+from tests.hub.test_resolve import load
+from zephon import cli
+from zephon.errors import ConfigError, DataError
+from zephon.io import CacheOptions
+from zephon.io.hub.cache import CachedFile, ShardCache, cache_entries, prune_cache, verify_cache
+from zephon.io.hub.locks import FileLock
+from zephon.io.options import default_cache_root
+
+
+def item(name: str, content: bytes) -> CachedFile:
+    return CachedFile(name, len(content), "sha256:" + hashlib.sha256(content).hexdigest(),
+                      f"hf://org/data@abc/{name}")
+
+
+def put(cache: ShardCache, entry: CachedFile, content: bytes) -> None:
+    with cache.open(entry, lambda out: out.write(content)) as path:
+        assert Path(path).read_bytes() == content
+
+
+def victim(tmp_path: Path, name: str = "victim.txt") -> Path:
+    """A file outside the cache that a planted link points at."""
+    path = tmp_path / name
+    path.write_bytes(b"precious " + name.encode())
+    return path
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+@contextlib.contextmanager
+def mounted(target: Path, *args: str) -> Iterator[Path]:
+    """``mount ARGS TARGET`` for the block (unmounted in the end); skip where not allowed."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting needs root and mount(8), which this environment does not give")
+    target.mkdir(exist_ok=True)
+    done = subprocess.run(["mount", *args, str(target)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"mount is not allowed here: {done.stderr.strip()}")
+    try:
+        yield target
+    finally:
+        if subprocess.run(["umount", str(target)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(target)], check=True)
+
+
+@contextlib.contextmanager
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A private 1 MiB tmpfs."""
+    with mounted(tmp_path / "disk", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs") as disk:
+        yield disk
+
+
+@contextlib.contextmanager
+def read_only_view(source: Path, target: Path) -> Iterator[Path]:
+    """``source`` seen read-only at ``target`` (a read-only bind mount: root ignores modes)."""
+    with mounted(target, "--bind", str(source)):
+        remount = subprocess.run(["mount", "-o", "remount,bind,ro", str(target)],
+                                 capture_output=True, text=True)
+        if remount.returncode != 0:
+            pytest.skip(f"a read-only bind mount is not allowed here: {remount.stderr.strip()}")
+        yield target
+
+
+def fill(disk: Path) -> None:
+    """Write until ``disk`` is full."""
+    with open(disk / "filler", "wb", buffering=0) as out, contextlib.suppress(OSError):
+        while True:
+            out.write(b"\0" * 4096)
+    assert shutil.disk_usage(disk).free < 8192
+
+
+def nobody() -> int:
+    try:
+        return pwd.getpwnam("nobody").pw_uid
+    except KeyError:
+        return 65534
+
+
+# -- roots of others ---------------------------------------------------------------------------
+def test_a_root_made_first_by_another_user_is_refused_and_its_links_stay_untouched(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("giving a folder to another user (chown) needs root")
+    content = b"shard bytes" * 100
+    entry = item("train.parquet", content)
+    root = tmp_path / "zephon-cache"
+    targets = {}
+    for sub in ("shards", "partial", "state"):
+        (root / sub).mkdir(parents=True)
+    for link in (f"partial/{entry.key}", f"state/{entry.key}.ok", f"state/{entry.key}.reserve",
+                 f"state/{entry.key}.lock", f"state/{entry.key}.pin", "cache.lock"):
+        targets[link] = victim(tmp_path, link.replace("/", "_"))
+        (root / link).symlink_to(targets[link])
+    for folder in (root, *(root / sub for sub in ("shards", "partial", "state"))):
+        os.chown(folder, nobody(), nobody())
+        os.chmod(folder, 0o777)
+    with pytest.raises(ConfigError) as info:
+        ShardCache(CacheOptions(enabled=True, root=str(root)))
+    message = str(info.value)
+    assert f"shard cache root {root} belongs to" in message and "not to you" in message
+    assert "of your own" in message and str(default_cache_root()) in message
+    with pytest.raises(ConfigError, match="belongs to"):
+        prune_cache(root, 0)
+    for link, target in targets.items():
+        assert target.read_bytes() == b"precious " + link.replace("/", "_").encode(), link
+        assert (root / link).is_symlink()
+
+
+@pytest.mark.parametrize("sub, folder_mode, who", [
+    ("", 0o777, "group and others"), ("", 0o775, "group"), ("state", 0o757, "others"),
+    ("partial", 0o1777, "group and others")])
+def test_a_root_or_folder_that_others_can_write_is_refused(tmp_path, sub, folder_mode, who):
+    root = tmp_path / "c"
+    ShardCache(CacheOptions(enabled=True, root=str(root)))
+    os.chmod(root / sub, folder_mode)
+    with pytest.raises(ConfigError) as info:
+        ShardCache(CacheOptions(enabled=True, root=str(root)))
+    assert f"{root / sub if sub else root} can be written by {who}" in str(info.value)
+    assert f"chmod 700 {root / sub if sub else root}" in str(info.value)
+
+
+def test_a_linked_subfolder_is_refused(tmp_path):
+    root = tmp_path / "c"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    root.mkdir(mode=0o700)
+    (root / "state").symlink_to(elsewhere)
+    with pytest.raises(ConfigError, match=rf"{root / 'state'} is a symbolic link"):
+        ShardCache(CacheOptions(enabled=True, root=str(root)))
+    assert not any(elsewhere.iterdir())
+
+
+def test_a_root_of_ones_own_may_be_a_link(tmp_path):
+    disk = tmp_path / "scratch"
+    disk.mkdir(mode=0o700)
+    (tmp_path / "c").symlink_to(disk)
+    cache = ShardCache(CacheOptions(enabled=True, root=str(tmp_path / "c")))
+    put(cache, item("a", b"a" * 10), b"a" * 10)
+    assert len(list((disk / "shards").iterdir())) == 1
+
+
+def test_roots_and_files_are_created_private_whatever_the_umask(tmp_path):
+    old = os.umask(0)
+    try:
+        cache = ShardCache(CacheOptions(enabled=True, root=str(tmp_path / "new" / "c")))
+        put(cache, item("a", b"a" * 10), b"a" * 10)
+    finally:
+        os.umask(old)
+    root = tmp_path / "new" / "c"
+    for folder in (root, root / "shards", root / "partial", root / "state"):
+        assert mode(folder) == 0o700, folder
+    files = [p for p in (root / "state").iterdir()] + [root / "cache.lock"]
+    assert files and all(mode(p) == 0o600 for p in files), {p.name: oct(mode(p)) for p in files}
+
+
+def test_the_default_root_is_per_user(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_root() == tmp_path / "xdg" / "zephon" / "shard-cache"
+    cache = ShardCache(CacheOptions(enabled=True))
+    assert cache.root == tmp_path / "xdg" / "zephon" / "shard-cache"
+    assert mode(cache.root) == 0o700
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/ignored")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_cache_root() == tmp_path / "home" / ".cache" / "zephon" / "shard-cache"
+
+
+# -- links inside a private root ---------------------------------------------------------------
+def test_links_planted_in_a_private_root_are_replaced_not_followed(tmp_path):
+    root = tmp_path / "c"
+    cache = ShardCache(CacheOptions(enabled=True, root=str(root), limit_bytes=10_000))
+    content = os.urandom(3000)
+    entry = item("train.parquet", content)
+    planted = {f"partial/{entry.key}": victim(tmp_path, "partial"),
+               f"state/{entry.key}.ok": victim(tmp_path, "ok"),
+               f"state/{entry.key}.reserve": victim(tmp_path, "reserve")}
+    # a link in shards/ to a file with the right bytes is still not a shard
+    good = tmp_path / "lookalike"
+    good.write_bytes(content)
+    planted[f"shards/{entry.key}"] = good
+    for link, target in planted.items():
+        (root / link).symlink_to(target)
+    with cache.open(entry, lambda out: out.write(content)) as path:
+        assert not os.path.islink(path) and Path(path).read_bytes() == content
+    assert cache.stats.downloads == 1 and cache.stats.discarded == 1
+    for name in ("partial", "ok", "reserve"):
+        assert (tmp_path / name).read_bytes() == b"precious " + name.encode()
+    assert good.read_bytes() == content
+    assert not (root / "partial" / entry.key).exists()
+    record = root / "state" / f"{entry.key}.ok"
+    assert not record.is_symlink() and json.loads(record.read_text())["size"] == 3000
+    put(cache, entry, content)
+    assert cache.stats.hits == 1
+
+
+@pytest.mark.parametrize("kind", ["lock", "pin"])
+def test_a_lock_file_that_is_a_link_is_refused(tmp_path, kind):
+    root = tmp_path / "c"
+    cache = ShardCache(CacheOptions(enabled=True, root=str(root)))
+    entry = item("x.parquet", b"x" * 100)
+    target = victim(tmp_path)
+    link = root / "state" / f"{entry.key}.{kind}"
+    link.symlink_to(target)
+    os.utime(target, (1, 1))
+    with pytest.raises(ConfigError) as info, cache.open(entry, lambda out: out.write(b"x" * 100)):
+        pass
+    assert f"lock file {link} is a symbolic link" in str(info.value)
+    assert target.read_bytes() == b"precious victim.txt" and target.stat().st_mtime == 1
+    with pytest.raises(ConfigError, match="symbolic link"):
+        FileLock(link).acquire()
+
+
+# -- a full disk -------------------------------------------------------------------------------
+def test_a_full_disk_names_the_shard_and_the_root(tmp_path, hub):
+    rows = [{"text": os.urandom(3000).hex()} for _ in range(300)]  # about 1.8 MB
+    hub.create("org/big", {"train.jsonl": jsonl_bytes(rows)})
+    with small_disk(tmp_path) as disk:
+        dataset = load("hf://org/big/train", fast_options(disk / "c"))
+        with pytest.raises(DataError) as info, dataset.local_file(dataset.files()[0]):
+            pass
+        message = str(info.value)
+        assert f"partial download of hf://org/big@{dataset.commit}/train.jsonl at {disk}/c" \
+            in message and "the disk is full" in message
+        assert f"shard cache root {disk / 'c'}" in message and "limit_bytes=1073741824" in message
+        assert not any((disk / "c" / "partial").iterdir())
+        assert not list((disk / "c" / "state").glob("*.reserve"))
+
+
+def test_a_full_disk_fails_the_reservation_with_our_error(tmp_path):
+    with small_disk(tmp_path) as disk:
+        cache = ShardCache(CacheOptions(enabled=True, root=str(disk / "c")))
+        fill(disk)
+        entry = item("a.parquet", b"a" * 100)
+        with pytest.raises(DataError) as info, cache.open(entry, lambda out: out.write(b"a")):
+            pass
+        reserve = disk / "c" / "state" / f"{entry.key}.reserve"
+        assert f"shard cache reservation {reserve}: the disk is full" in str(info.value)
+        assert "limit_bytes" in str(info.value) and not reserve.exists()
+
+
+def test_a_full_disk_fails_the_listing_cache_with_our_error(tmp_path, hub):
+    hub.create("org/small", sharded(docs(20, seed=61), 1, "train.parquet"))
+    with small_disk(tmp_path) as disk:
+        dataset = load("hf://org/small/train", fast_options(disk / "c"))
+        fill(disk)
+        with pytest.raises(DataError) as info:
+            dataset.files()
+        message = str(info.value)
+        assert f"Hub listing cache file {disk / 'c' / 'listings'}/" in message
+        assert "the disk is full" in message and "CacheOptions.root" in message
+        assert not list((disk / "c" / "listings").glob("*.tmp"))
+
+
+# -- what is not a shard -----------------------------------------------------------------------
+def test_eviction_skips_folders_and_links_in_shards(tmp_path, caplog):
+    root = tmp_path / "c"
+    cache = ShardCache(CacheOptions(enabled=True, root=str(root), limit_bytes=2500))
+    (root / "shards" / "a-folder").mkdir()
+    (root / "shards" / "a-folder" / "inside").write_bytes(b"kept")
+    target = victim(tmp_path)
+    (root / "shards" / "a-link").symlink_to(target)
+    with caplog.at_level(logging.WARNING, logger="zephon.io.hub.cache"):
+        for n in range(5):
+            put(cache, item(f"f{n}", bytes([n]) * 1000), bytes([n]) * 1000)
+    assert cache.stats.evictions == 3
+    assert (root / "shards" / "a-folder" / "inside").read_bytes() == b"kept"
+    assert (root / "shards" / "a-link").is_symlink() and target.exists()
+    skipped = [r.getMessage() for r in caplog.records if "not a regular file" in r.getMessage()]
+    assert len(skipped) == 2 and any("a-folder" in m for m in skipped)
+    assert len(cache_entries(root)) == 2
+    evicted, left = prune_cache(root, 0)
+    assert len(evicted) == 2 and left == 0 and (root / "shards" / "a-folder").is_dir()
+
+
+# -- a read-only cache -------------------------------------------------------------------------
+def _filled(tmp_path: Path) -> tuple[Path, list[CachedFile]]:
+    root = tmp_path / "c"
+    cache = ShardCache(CacheOptions(enabled=True, root=str(root)))
+    entries = []
+    for n in range(3):
+        body = bytes([n]) * 2000
+        entries.append(item(f"part-{n}.parquet", body))
+        put(cache, entries[-1], body)
+    return root, entries
+
+
+def test_ls_and_verify_work_on_a_read_only_mount(tmp_path, capsys):
+    root, entries = _filled(tmp_path)
+    shard = root / "shards" / entries[1].key
+    shard.write_bytes(b"\xff" + shard.read_bytes()[1:])  # same size, other bytes
+    writable = ShardCache(CacheOptions(enabled=True, root=str(root)))
+    with read_only_view(root, tmp_path / "ro") as ro, \
+            writable.open(entries[0], None):  # held open through the writable path
+        assert cli.main(["cache", "ls", "--root", str(ro)]) == 0
+        out = capsys.readouterr().out
+        assert "3 shard(s), 6,000 bytes" in out and "part-2.parquet" in out
+        assert [line for line in out.splitlines() if "in use" in line] == [
+            line for line in out.splitlines() if "part-0.parquet" in line]
+        assert cli.main(["cache", "verify", "--root", str(ro)]) == 1
+        err = capsys.readouterr().err
+        assert "part-1.parquet: its bytes do not match" in err and "not removed" in err
+        assert "Read-only file system" in err
+        assert shard.exists()
+        with pytest.raises(ConfigError, match=rf"{ro}.* cannot be written \(Read-only file "):
+            ShardCache(CacheOptions(enabled=True, root=str(ro)))
+        assert not list((root / "state").glob("*.tmp"))
+
+
+def test_ls_and_verify_write_nothing(tmp_path, monkeypatch, capsys):
+    """Without mounts: every call that could write fails as on a read-only file system."""
+    root, _ = _filled(tmp_path)
+    real_open = os.open
+    writes = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+
+    def read_only_open(path, flags, *args, **kwargs):
+        if flags & writes:
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(os, "open", read_only_open)
+    for name in ("mkdir", "unlink", "replace", "rename", "utime", "rmdir"):
+        monkeypatch.setattr(os, name, refuse)
+    assert cli.main(["cache", "ls", "--root", str(root)]) == 0
+    assert "3 shard(s), 6,000 bytes" in capsys.readouterr().out
+    assert cli.main(["cache", "verify", "--root", str(root)]) == 0
+    assert "verified 3 shard(s), 0 bad" in capsys.readouterr().out
+    assert [problem for _, problem in verify_cache(root)] == [None] * 3
