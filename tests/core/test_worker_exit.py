@@ -3,6 +3,8 @@ and nothing in /dev/shm behind; SIGTERM unwinds like Ctrl-C; a trainer's handler
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import signal
 import subprocess
@@ -19,7 +21,9 @@ from zephon.demo.assets import make_documents
 
 # Every process of the run (the parent, and the spawned workers, which import this as their
 # main module) writes the names of the shared memory blocks and semaphores it creates to the
-# log, so the test checks those, not whatever other jobs put in /dev/shm meanwhile.
+# log, so the test checks those, not whatever other jobs put in /dev/shm meanwhile. The run
+# iterates a pipeline with two workers beside one on document threads (workers=0), so both
+# kinds are alive when the signal comes.
 SCRIPT = textwrap.dedent("""
     import os, sys, time
     from multiprocessing import shared_memory, synchronize
@@ -48,86 +52,147 @@ SCRIPT = textwrap.dedent("""
     synchronize.SemLock._make_name = staticmethod(sem_name)
 
     if __name__ == "__main__":
-        import signal
+        import signal, threading
         from zephon import Pipeline
         from zephon.io import Dataset
         from zephon.work import MixtureSpec, StaticMixtureWorkSource
 
+        def pipeline(workers):
+            source = StaticMixtureWorkSource([Dataset.from_path("d", sys.argv[1])],
+                                             MixtureSpec({"d": 1.0}), repeat=["d"])
+            return (Pipeline(source).options(workers=workers, prefetch=2)
+                    .tokenize(tokenizer_id=sys.argv[2]).pack_flat(65).batch(2))
+
         if sys.argv[3] == "own-handler":
             signal.signal(signal.SIGTERM, lambda *_: print("own handler", flush=True))
-        source = StaticMixtureWorkSource([Dataset.from_path("d", sys.argv[1])],
-                                         MixtureSpec({"d": 1.0}), repeat=["d"])
-        pipeline = (Pipeline(source).options(workers=2, prefetch=2)
-                    .tokenize(tokenizer_id=sys.argv[2]).pack_flat(65).batch(2))
         try:
-            for i, _ in enumerate(pipeline):
+            for i, _ in enumerate(zip(pipeline(2), pipeline(0))):
                 if i == 2:
-                    print("ready", flush=True)
+                    names = sorted({t.name for t in threading.enumerate()})
+                    print("ready", *names, flush=True)
                 time.sleep(0.05)
         finally:
             print("closed", flush=True)
 """)
 
 
-def start(tmp_path: Path, tokenizer_dir: str, mode: str = "default"):
-    data = write_jsonl(tmp_path / "docs.jsonl", [{"text": t} for t in make_documents(60)])
-    script = tmp_path / "run.py"
-    script.write_text(SCRIPT)
-    log = tmp_path / "shm.log"
-    proc = subprocess.Popen([sys.executable, str(script), str(data), tokenizer_dir, mode],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "SHM_LOG": str(log)})
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if line.strip() == "ready":
-            break
+class Run:
+    """The child process, its descendants when it is ready, and what it wrote."""
+
+    def __init__(self, tmp_path: Path, tokenizer_dir: str, mode: str):
+        data = write_jsonl(tmp_path / "docs.jsonl",
+                           [{"text": t} for t in make_documents(60)])
+        script = tmp_path / "run.py"
+        script.write_text(SCRIPT)
+        self.log, self.out = tmp_path / "shm.log", tmp_path / "out.txt"
+        # Output goes to a file, not a pipe: workers that outlive the child would hold a
+        # pipe open and leave the test blocked reading it.
+        with open(self.out, "w") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(script), str(data), tokenizer_dir, mode], stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, "SHM_LOG": str(self.log)})
+        self.descendants: list[psutil.Process] = []
+        deadline = time.monotonic() + 120
+        while not self.output().startswith("ready") and "\nready" not in self.output():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.end()
+                pytest.fail(f"the run never got ready:\n{self.output()[-3000:]}")
+            time.sleep(0.05)
+        self.descendants = psutil.Process(self.proc.pid).children(recursive=True)
+        # Two workers and the resource tracker.
+        assert len(self.descendants) >= 3, self.descendants
+        assert "zephon-documents" in self.output(), self.output()[-3000:]
+
+    def output(self) -> str:
+        return self.out.read_text()
+
+    def left_in_shm(self) -> list[str]:
+        names = set(self.log.read_text().split()) if self.log.exists() else set()
+        assert names, "the run created no shared memory: the test would prove nothing"
+        return sorted(n for n in names if (Path("/dev/shm") / n).exists())
+
+    def alive_after(self, seconds: float) -> list[psutil.Process]:
+        """The descendants still running once ``seconds`` have passed (or none earlier)."""
+        deadline = time.monotonic() + seconds
+        while True:
+            alive = [p for p in self.descendants if _running(p)]
+            if not alive or time.monotonic() > deadline:
+                return alive
+            time.sleep(0.1)
+
+    def end(self) -> None:
+        """Kill whatever of the run is left, so that a failing test leaks nothing: the
+        resource tracker last, as it unlinks what it holds once the others are gone, then
+        whatever the run created that is still in /dev/shm."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
+        tracker = [p for p in self.descendants if _running(p)
+                   and "resource_tracker" in " ".join(p.cmdline())]
+        _kill([p for p in self.descendants if p not in tracker])
+        psutil.wait_procs(tracker, timeout=5)
+        _kill(tracker)
+        for name in self.log.read_text().split() if self.log.exists() else ():
+            (Path("/dev/shm") / name).unlink(missing_ok=True)
+
+
+def _kill(processes: list[psutil.Process]) -> None:
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.fixture
+def run(tmp_path, tokenizer_dir):
+    runs: list[Run] = []
+
+    def start(mode: str = "default") -> Run:
+        runs.append(Run(tmp_path, tokenizer_dir, mode))
+        return runs[-1]
+
+    yield start
+    for started in runs:
+        started.end()
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL", "SIGTERM to the process group"])
+def test_nothing_outlives_a_process_ended_by_a_signal(run, how):
+    child = run()
+    sent = time.monotonic()
+    if how.endswith("group"):  # what Slurm's scancel and a terminal's Ctrl-C do
+        os.killpg(child.proc.pid, signal.SIGTERM)
     else:
-        pytest.fail("".join(lines)[-3000:])
-    descendants = psutil.Process(proc.pid).children(recursive=True)
-    assert len(descendants) >= 3, descendants  # two workers and the resource tracker
-    return proc, descendants, log, lines
+        child.proc.send_signal(getattr(signal, how))
+    code = child.proc.wait(timeout=30)
+    assert child.alive_after(5) == []
+    assert time.monotonic() - sent < 20
+    assert child.left_in_shm() == []
+    rest = child.output().split("ready", 1)[1]
+    if how == "SIGKILL":
+        assert code == -signal.SIGKILL
+    else:  # unwound as on Ctrl-C: the finally block ran
+        assert code == 128 + signal.SIGTERM and "closed" in rest, rest[-3000:]
 
 
-def gone_within(descendants, seconds: float) -> list:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        alive = [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        if not alive:
-            return []
-        time.sleep(0.1)
-    return alive
-
-
-def left_in_shm(log: Path) -> list[str]:
-    names = set(log.read_text().split()) if log.exists() else set()
-    assert names, "the run created no shared memory: the test would prove nothing"
-    return sorted(n for n in names if (Path("/dev/shm") / n).exists())
-
-
-@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
-def test_nothing_outlives_a_process_ended_by_a_signal(tmp_path, tokenizer_dir, how):
-    proc, descendants, log, _ = start(tmp_path, tokenizer_dir)
-    proc.send_signal(how)
-    rest = proc.communicate(timeout=30)[0]
-    assert gone_within(descendants, 5) == []
-    assert left_in_shm(log) == []
-    if how == signal.SIGTERM:  # unwound as on Ctrl-C: the finally block ran
-        assert proc.returncode == 128 + signal.SIGTERM and "closed" in rest, rest[-3000:]
-    else:
-        assert proc.returncode == -signal.SIGKILL
-
-
-def test_a_trainers_own_sigterm_handler_is_kept(tmp_path, tokenizer_dir):
-    proc, descendants, log, _ = start(tmp_path, tokenizer_dir, "own-handler")
-    proc.send_signal(signal.SIGTERM)
+def test_a_trainers_own_sigterm_handler_is_kept(run):
+    child = run("own-handler")
+    child.proc.send_signal(signal.SIGTERM)
     time.sleep(0.5)
-    assert proc.poll() is None  # the trainer's handler only printed
-    proc.send_signal(signal.SIGINT)
-    rest = proc.communicate(timeout=30)[0]
-    assert "own handler" in rest and "closed" in rest
-    assert gone_within(descendants, 5) == []
-    assert left_in_shm(log) == []
+    assert child.proc.poll() is None  # the trainer's handler only printed
+    child.proc.send_signal(signal.SIGINT)
+    child.proc.wait(timeout=30)
+    rest = child.output().split("ready", 1)[1]
+    assert "own handler" in rest and "closed" in rest, rest[-3000:]
+    assert child.alive_after(5) == []
+    assert child.left_in_shm() == []
 
 
 def test_the_default_action_returns_once_the_workers_are_gone(tokenizer_dir, tmp_path):
@@ -143,7 +208,5 @@ def test_the_default_action_returns_once_the_workers_are_gone(tokenizer_dir, tmp
     next(iter(pipeline))
     assert signal.getsignal(signal.SIGTERM) is not before
     del pipeline
-    import gc
-
     gc.collect()
     assert signal.getsignal(signal.SIGTERM) is before

@@ -42,9 +42,12 @@ Ended from outside. A worker watches its parent (:func:`_exit_with_parent`: a th
 a pidfd of the parent, Linux 5.3+, else polling ``getppid`` every 0.2 s) and exits as soon as
 the parent is gone, killed by SIGKILL included; multiprocessing's resource tracker, whose pipe
 the parent and the workers hold, then sees it close and unlinks the shared memory and
-semaphores they registered, so nothing stays in ``/dev/shm``. (A parent-death signal,
-``PR_SET_PDEATHSIG``, would fire when the *thread* that started the workers ends, and the
-producer thread that starts them ends with every iterator.) SIGTERM, which Slurm and torchrun
+semaphores they registered, so nothing stays in ``/dev/shm`` (a process the trainer forks
+after the workers start holds that pipe too, and delays this until it exits). A parent-death
+signal, ``PR_SET_PDEATHSIG``, would fire when the *thread* that started the workers ends, and
+the producer thread that starts them ends with every iterator; a pipe whose end of file the
+workers watch closes only when no process holds its other end, which any process the trainer
+forks meanwhile would; a pidfd needs nothing inherited. SIGTERM, which Slurm and torchrun
 send, unwinds the main thread as SIGINT does (:func:`_unwind_on_sigterm`), so the pipeline
 closes and stops its workers itself; a handler the trainer installed is left alone.
 A worker that dies (the out-of-memory killer's SIGKILL, a crash in native code, a script that
@@ -97,7 +100,15 @@ def _start_worker(payload_name: str, payload_size: int, tokenizer_threads: int,
 
 
 def _exit_with_parent(parent: int) -> None:
-    """End this process as soon as process ``parent`` is gone (see the module docstring)."""
+    """End this process as soon as process ``parent`` is gone (see the module docstring).
+
+    A daemon thread waits on a pidfd of the parent (Linux 5.3+; readable once it has exited,
+    so the exit takes well under a second), else polls ``getppid`` every 0.2 s, which changes
+    when the parent dies and this process is handed to init or a subreaper (Linux, macOS).
+    ``getppid`` is checked again once the pidfd is open, so a parent that died before it
+    (its pid then possibly reused) is not missed. The thread needs the GIL to exit, so a
+    worker inside native code that holds the GIL exits when that call returns. On Windows
+    ``getppid`` keeps the dead parent's pid and the worker is not ended."""
     if os.getppid() != parent:  # gone already, before this could watch it
         os._exit(1)
 
@@ -107,7 +118,8 @@ def _exit_with_parent(parent: int) -> None:
         except (AttributeError, OSError):
             handle = None
         if handle is not None:
-            select.select([handle], [], [])  # readable once the parent has exited
+            if os.getppid() == parent:
+                select.select([handle], [], [])  # readable once the parent has exited
         else:
             while os.getppid() == parent:
                 time.sleep(0.2)
