@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -52,3 +55,31 @@ def two_datasets(tmp_path) -> dict[str, Path]:
         write_jsonl(root / "long" / f"part-{i}.jsonl",
                     [{"text": t, "n": j} for j, t in enumerate(long[i * 30:(i + 1) * 30])])
     return {"short": root / "short", "long": root / "long"}
+
+
+@contextlib.contextmanager
+def sigint_default_in_children() -> Iterator[None]:
+    """Processes started inside get SIGINT's default action, so that their Python raises
+    KeyboardInterrupt on it, even when this process was started with SIGINT ignored (a
+    background job of a non-interactive shell is: an ignored signal stays ignored across exec,
+    and Python then installs no KeyboardInterrupt handler). Main thread only."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def killed_after(process, seconds: float, kill=None) -> Iterator[None]:
+    """Kill ``process`` (a Popen; ``kill()`` when given) if the block runs longer than
+    ``seconds``: a test that reads a child's output line by line fails instead of hanging when
+    the child does not stop."""
+    import threading
+
+    timer = threading.Timer(seconds, kill or process.kill)
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()

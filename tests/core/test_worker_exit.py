@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import write_jsonl
+from tests.conftest import sigint_default_in_children, write_jsonl
 from zephon.demo.assets import make_documents
 
 # Every process of the run (the parent, and the spawned workers, which import this as their
@@ -87,7 +87,7 @@ class Run:
         self.log, self.out = tmp_path / "shm.log", tmp_path / "out.txt"
         # Output goes to a file, not a pipe: workers that outlive the child would hold a
         # pipe open and leave the test blocked reading it.
-        with open(self.out, "w") as out:
+        with open(self.out, "w") as out, sigint_default_in_children():
             self.proc = subprocess.Popen(
                 [sys.executable, str(script), str(data), tokenizer_dir, mode], stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -237,19 +238,28 @@ def test_a_run_stopped_with_ctrl_c_reports_once(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "zephon_megatron.smoke", "--workdir", str(tmp_path),
                "--nproc", "1", "--timeout", "240", "--", *megatron_argv(PACKED),
                "--train-iters", "100000", "--eval-interval", "100000", "--log-interval", "1"]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    from tests.conftest import killed_after, sigint_default_in_children
+
+    with sigint_default_in_children():
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+
+    def kill_group() -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
     lines = []
     try:
-        for line in proc.stdout:
-            lines.append(line)
-            if "zephon: step 3:" in line:
-                os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole group
-                break
-        lines += proc.stdout.readlines()
-        proc.wait(timeout=120)
+        with killed_after(proc, 300, kill_group):
+            for line in proc.stdout:
+                lines.append(line)
+                if "zephon: step 3:" in line:
+                    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole group
+                    break
+            lines += proc.stdout.readlines()
+            proc.wait(timeout=120)
     finally:
-        proc.kill()
+        kill_group()
     output = "".join(lines)
     assert "zephon: step 3:" in output, output[-3000:]
     assert output.count("zephon: end of run") == 1, output[-3000:]

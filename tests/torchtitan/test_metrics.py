@@ -71,11 +71,14 @@ def test_a_run_stopped_with_ctrl_c_reports_once(tmp_path: Path, recipes):
     (tmp_path / "launch.toml").write_text(LAUNCH.replace("steps = 3", "steps = 100000"))
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    proc = subprocess.Popen(launch_command(["--toml", str(tmp_path / "launch.toml")]),
-                            cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "2"}, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    from tests.conftest import killed_after, sigint_default_in_children
+
+    with sigint_default_in_children():
+        proc = subprocess.Popen(launch_command(["--toml", str(tmp_path / "launch.toml")]),
+                                cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "2"}, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     lines = []
-    try:
+    with killed_after(proc, 300):
         for line in proc.stdout:
             lines.append(line)
             if "zephon: step 3:" in line:
@@ -83,8 +86,6 @@ def test_a_run_stopped_with_ctrl_c_reports_once(tmp_path: Path, recipes):
                 break
         lines += proc.stdout.readlines()
         proc.wait(timeout=120)
-    finally:
-        proc.kill()
     output = "".join(lines)
     assert "zephon: step 3:" in output, output[-3000:]
     assert output.count("zephon: end of run") == 1, output[-3000:]
