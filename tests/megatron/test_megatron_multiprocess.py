@@ -147,9 +147,9 @@ def test_a_data_path_blend_trains(tmp_path: Path) -> None:
     assert "loss" in result.stdout
 
 
-@pytest.mark.multiprocess
-def test_two_sources_with_different_fields_train(tmp_path: Path) -> None:
-    from megatron_helpers import PACKED, megatron_argv
+def two_source_recipe(tmp_path: Path) -> Path:
+    """The packed recipe plus a repeated "notes" dataset whose text is in ``content``."""
+    from megatron_helpers import PACKED
 
     from zephon.demo.assets import make_documents
 
@@ -160,6 +160,14 @@ def test_two_sources_with_different_fields_train(tmp_path: Path) -> None:
     recipe.write_text(PACKED.read_text().replace(
         '\n[mixture]\n', f'\n[[datasets]]\nname = "notes"\npath = "{tmp_path / "notes"}"\n'
         'field = "content"\n\n[mixture]\n').replace('repeat = ["demo"]', "repeat = true"))
+    return recipe
+
+
+@pytest.mark.multiprocess
+def test_two_sources_with_different_fields_train(tmp_path: Path) -> None:
+    from megatron_helpers import megatron_argv
+
+    recipe = two_source_recipe(tmp_path)
     result = smoke(tmp_path / "run", "--nproc", "1", "--tag", "two", "--check-loss", "--",
                    *megatron_argv(recipe), "--train-iters", "12", "--eval-interval", "12")
     assert result.returncode == 0, f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
@@ -191,18 +199,10 @@ def test_logged_loader_figures_describe_the_job(tmp_path: Path) -> None:
     the console line (data-parallel rank 0) agrees with TensorBoard (the last rank)."""
     import re
 
-    from megatron_helpers import PACKED, megatron_argv
+    from megatron_helpers import megatron_argv
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from zephon.demo.assets import make_documents
-
-    (tmp_path / "notes").mkdir()
-    (tmp_path / "notes" / "a.jsonl").write_text("".join(
-        json.dumps({"content": t}) + "\n" for t in make_documents(300, seed=5)))
-    recipe = tmp_path / "two.toml"
-    recipe.write_text(PACKED.read_text().replace(
-        '\n[mixture]\n', f'\n[[datasets]]\nname = "notes"\npath = "{tmp_path / "notes"}"\n'
-        'field = "content"\n\n[mixture]\n').replace('repeat = ["demo"]', "repeat = true"))
+    recipe = two_source_recipe(tmp_path)
     logged = {}
     for nproc in (1, 2):
         board = tmp_path / f"tb{nproc}"
