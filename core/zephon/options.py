@@ -15,6 +15,13 @@ lanes: 8 packers and shuffle buffers per rank (a constant memory per rank), and 
 later resume 8x larger or at any divisor of its lanes."""
 
 
+_BOUNDS = {"lanes": (1, 1 << 20), "dp_world_size": (1, 1 << 24), "prefetch": (0, 1 << 10),
+           "dp_rank": (0, 1 << 24), "workers": (0, 1 << 10), "read_ahead_tokens": (1, 1 << 48)}
+"""Least and most of each integer option. The upper bounds are far above any real run (a
+million lanes, 1,024 worker processes) and stop a typo from allocating per-lane state or
+spawning processes without end."""
+
+
 @dataclass(frozen=True)
 class LoaderOptions:
     """Lanes, this process's place among the data-parallel ranks, read-ahead and storage."""
@@ -58,14 +65,16 @@ class LoaderOptions:
     def __post_init__(self) -> None:
         if not isinstance(self.io_options, StoreOptions):
             raise ConfigError("options: io_options must be a StoreOptions")
-        for name, least in (("lanes", 1), ("dp_world_size", 1), ("prefetch", 0),
-                            ("dp_rank", 0), ("workers", 0), ("read_ahead_tokens", 1)):
+        for name, (least, most) in _BOUNDS.items():
             value = getattr(self, name)
             if value is None and name == "lanes":
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ConfigError(f"options: {name} must be an integer >= {least}, "
                                   f"got {value!r}")
+            if value > most:
+                raise ConfigError(f"options: {name} = {value} is more than {most}, the most "
+                                  "this option allows")
         if self.dp_rank >= self.dp_world_size:
             raise ConfigError(f"options: dp_rank={self.dp_rank} must be < dp_world_size="
                               f"{self.dp_world_size}")

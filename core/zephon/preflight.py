@@ -31,7 +31,12 @@ import pyarrow.parquet as pq
 
 from zephon.errors import ConfigError, DataError, ZephonError
 from zephon.ops.base import applies_to
+from zephon.ops.pack import MAX_ROW_TOKENS
 from zephon.recipe import DataRecipe, RecipeProblems
+
+MAX_BATCH_TOKENS = 1 << 31
+"""The most tokens in one microbatch (8 GiB of int32 ids): far above what one accelerator
+trains on, and low enough that a typo fails in the check rather than in an allocation."""
 
 _EXPECTED = {"tokenize": "text", "tokenize_chat": "a conversation (a list of messages)",
              "pretokenized": "a list of integer token ids"}
@@ -66,7 +71,24 @@ def check_recipe(recipe: str | os.PathLike[str] | DataRecipe, *, world_size: int
     if microbatch_size is not None and size not in (None, microbatch_size):
         problems.append(f"{src}: [batch] microbatch_size = {size} conflicts with the "
                         f"framework's {microbatch_size}")
+    problems += _size_problems(src, pack.get("max_length") or (seq_len + 1 if seq_len else None),
+                               size or microbatch_size)
     problems += _check_hub(recipe)
+    return problems
+
+
+def _size_problems(src: str, row_tokens: int | None, rows: int | None) -> list[str]:
+    """Rows longer than zephon packs, or microbatches larger than it batches, from the
+    framework's values (the recipe's own are checked when it is read)."""
+    problems = []
+    if row_tokens is not None and row_tokens > MAX_ROW_TOKENS:
+        problems.append(f"{src}: rows of {row_tokens} tokens (the sequence length + 1) are "
+                        f"longer than {MAX_ROW_TOKENS}, the longest row zephon packs")
+    if rows is not None and row_tokens is not None and rows * row_tokens > MAX_BATCH_TOKENS:
+        problems.append(f"{src}: a microbatch of {rows} rows x {row_tokens} tokens is "
+                        f"{rows * row_tokens} tokens, more than {MAX_BATCH_TOKENS} "
+                        f"({MAX_BATCH_TOKENS * 4 >> 30} GiB of int32 ids); lower the "
+                        "microbatch size")
     return problems
 
 

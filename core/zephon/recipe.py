@@ -80,11 +80,11 @@ from zephon.ops.shuffle import ShuffleSpec
 from zephon.ops.tokenize import TokenizeSpec
 from zephon.ops.tokenize_chat import TokenizeChatSpec
 from zephon.options import LoaderOptions
-from zephon.schema import Key, dataclass_keys, parameter_keys, read_table
+from zephon.schema import Key, dataclass_keys, parameter_keys, read_table_parts
 from zephon.tokenizer import looks_local
 from zephon.training import TrainingOptions
 from zephon.work.estimation import TokenEstimation
-from zephon.work.source import EXHAUSTION, StaticMixtureWorkSource
+from zephon.work.source import StaticMixtureWorkSource
 
 _MIX_SOURCE_KEYS = ("repeat", "on_exhausted")
 _WORK_SOURCE_KEYS = ("shuffle_units", "shuffle_rows", "unit_bytes", "arrow_unit_rows")
@@ -212,13 +212,12 @@ class DataRecipe:
         elsewhere (a framework's own data flags); the recipe must then name none."""
         schema = recipe_schema()
         found = _Collector()
-        top = found.attempt(lambda: read_table(
-            {k: v for k, v in data.items() if k not in _SECTIONS}, schema[""], source), {})
+        top = found.read({k: v for k, v in data.items() if k not in _SECTIONS}, schema[""],
+                         source, None)
         sections = {}
         for name in ("mixture", "pack", "shuffle", "batch", "to_training", "cache", "work"):
             if data.get(name) is not None:
-                sections[name] = found.attempt(
-                    lambda name=name: read_table(data[name], schema[name], source, name), {})
+                sections[name] = found.read(data[name], schema[name], source, name)
         raw_sets = data.get("datasets") or []
         if datasets is not None and raw_sets:
             found.add(f"{source}: [[datasets]] conflicts with the datasets given by the "
@@ -226,18 +225,24 @@ class DataRecipe:
         if datasets is None and (not isinstance(raw_sets, list) or not raw_sets):
             found.add(f"{source}: the recipe names no [[datasets]]")
         base = Path(base_dir) if base_dir is not None else Path.cwd()
-        entries = [e for e in (found.attempt(lambda raw=raw: _dataset_entry(raw, source, base))
+        entries = [e for e in (found.attempt(lambda raw=raw: _dataset_entry(raw, source, base,
+                                                                            found))
                                for raw in (raw_sets if isinstance(raw_sets, list) else []))
                    if e is not None]
+        if len(entries) < (len(raw_sets) if isinstance(raw_sets, list) else 0):
+            found.flawed.add("datasets")
         entries += datasets or []
-        tokenize = found.attempt(lambda: _read_tokenize(data.get("tokenize") or {}, source), {})
+        tokenize = found.attempt(lambda: _read_tokenize(data.get("tokenize") or {}, source,
+                                                        found))
+        if tokenize is None:
+            found.flawed.add("tokenize")
+            tokenize = {}
         if "tokenizer" in tokenize:
             tokenize["tokenizer"] = _resolve_tokenizer(tokenize["tokenizer"], base)
-        ops = [op for op in (found.attempt(lambda entry=entry: read_table(
+        ops = [op for op in (found.attempt(lambda entry=entry: found.read(
             entry, {**schema["ops"], **_op_keys(entry, source)}, source, "ops"))
             for entry in found.attempt(lambda: _as_list(data.get("ops"), source), []))
             if op is not None]
-        found.raise_if_any(source)
         cache = sections.get("cache")
         if cache and "root" in cache:
             cache["root"] = str(base / os.path.expanduser(cache["root"]))
@@ -251,7 +256,7 @@ class DataRecipe:
             mixture=sections.get("mixture", {}),
             tokenize=tokenize,
             ops=ops,
-            pack=sections["pack"] if "pack" in data else {"algorithm": "wrap"},
+            pack=sections.get("pack", {}) if "pack" in data else {"algorithm": "wrap"},
             shuffle=sections.get("shuffle"),
             batch=sections.get("batch", {}),
             to_training=sections.get("to_training", {}),
@@ -259,7 +264,8 @@ class DataRecipe:
             work=sections.get("work", {}),
             source=source,
         )
-        recipe.validate()
+        found.problems += recipe._problems(found.flawed)
+        found.raise_if_any(source)
         return recipe
 
     @property
@@ -279,14 +285,29 @@ class DataRecipe:
     def validate(self) -> None:
         """Cheap checks that fail before training starts: files, tokenizer, option values.
         Raises :class:`RecipeProblems` listing every problem found."""
+        problems = self._problems()
+        if problems:
+            raise RecipeProblems(self.source, problems)
+
+    def _problems(self, flawed: set[str] = frozenset()) -> list[str]:  # type: ignore[assignment]
+        """Every problem of the values read; checks that need a section named in ``flawed``
+        (one that had problems of its own when read) are left out rather than guessed at."""
         found = _Collector()
+        names = [e.name for e in self.datasets]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            found.add(f"{self.source}: [[datasets]] names must be unique; repeated: {repeated}")
+        found.attempt(lambda: self._checked("", lambda: LoaderOptions(**{
+            k: v for k, v in (("lanes", self.lanes), ("prefetch", self.prefetch),
+                              ("read_ahead_tokens", self.read_ahead_tokens),
+                              ("workers", self.workers)) if v is not None})))
         for entry in self.datasets:
             if not entry.path.startswith("hf://"):
                 found.attempt(lambda entry=entry: self._dataset(entry).files(),
                               prefix=f"{self.source}: dataset {entry.name!r}: ")
         tokenizer = self.tokenize.get("tokenizer")
         kinds = {e.kind or self.tokenize.get("kind", "text") for e in self.datasets}
-        if tokenizer is None and kinds - {"pretokenized"}:
+        if tokenizer is None and kinds - {"pretokenized"} and "tokenize" not in flawed:
             found.add(f"{self.source}: [tokenize] needs tokenizer = <dir or Hub id>")
         if tokenizer is not None and looks_local(tokenizer) and not Path(tokenizer).is_dir():
             found.add(f"{self.source}: [tokenize] tokenizer directory {tokenizer!r} does not "
@@ -294,21 +315,23 @@ class DataRecipe:
         if self.mix_by not in ("tokens", "documents"):
             found.add(f"{self.source}: [mixture] by={self.mix_by!r} is not 'tokens' or "
                       "'documents'")
-        if self.lanes is not None and self.lanes <= 0:
-            found.add(f"{self.source}: lanes must be a positive integer")
-        found.attempt(lambda: self._checked("[mixture]", self._check_mixture))
-        tokenize = found.attempt(lambda: self._checked("[tokenize]", self._tokenize_specs), [])
+        if self.datasets and "datasets" not in flawed:
+            found.problems += self._mixture_problems()
+        tokenize = [] if flawed & {"tokenize", "datasets"} or (
+            tokenizer is None and kinds - {"pretokenized"}) else found.attempt(
+            lambda: self._checked("[tokenize]", self._tokenize_specs), [])
         before, after = found.attempt(lambda: self._checked("[[ops]]", self._op_specs),
                                       ([], []))
         chain = [*before, *tokenize, *after]
-        if self.pack is not None:
+        if self.pack is not None and "pack" not in flawed:
             chain.append(found.attempt(lambda: self._checked("[pack]", lambda: PackSpec(
                 **{"max_length": 2, **self.pack}))))
-        if self.shuffle:
+        if self.shuffle and "shuffle" not in flawed:
             chain.append(found.attempt(lambda: self._checked(
                 "[shuffle]", lambda: ShuffleSpec(**self.shuffle))))
-        chain.append(found.attempt(lambda: self._checked("[batch]", lambda: BatchSpec(
-            **{"microbatch_size": 1, **self.batch}))))
+        if "batch" not in flawed:
+            chain.append(found.attempt(lambda: self._checked("[batch]", lambda: BatchSpec(
+                **{"microbatch_size": 1, **self.batch}))))
         chain = [spec for spec in chain if spec is not None]
         if tokenize:
             for i, spec in enumerate(chain):
@@ -317,16 +340,17 @@ class DataRecipe:
                     "operators:", lambda: check_order(chain[:i], spec)))
                 if len(found.problems) > before_count:
                     break  # later operators would only repeat the same complaint
-        if self.cache:
+        if self.cache and "cache" not in flawed:
             found.attempt(lambda: self._checked("[cache]", lambda: CacheOptions(
                 enabled=True, **self.cache)))
         options = {k: v for k, v in self.to_training.items() if k != "eos_token_id"}
         if options.get("eos_mask_loss"):
             options["eos_token_id"] = self.to_training.get("eos_token_id", 0)
-        found.attempt(lambda: self._checked("[to_training]", lambda: TrainingOptions(**{
-            **options, "rename_fields": dict(options.get("rename_fields", {})),
-            "exclude_fields": tuple(options.get("exclude_fields", ()))})))
-        found.raise_if_any(self.source)
+        if "to_training" not in flawed:
+            found.attempt(lambda: self._checked("[to_training]", lambda: TrainingOptions(**{
+                **options, "rename_fields": dict(options.get("rename_fields", {})),
+                "exclude_fields": tuple(options.get("exclude_fields", ()))})))
+        return found.problems
 
     def _dataset(self, entry: DatasetEntry) -> Any:
         from zephon.io.dataset import Dataset
@@ -343,17 +367,27 @@ class DataRecipe:
         return check_recipe(self, world_size=world_size, seq_len=seq_len,
                             vocab_size=vocab_size, microbatch_size=microbatch_size)
 
-    def _check_mixture(self) -> None:
-        self._work_source([])
-        on_exhausted = self.mixture.get("on_exhausted", "stop")
-        if on_exhausted not in EXHAUSTION:
-            raise ConfigError(f"on_exhausted={on_exhausted!r} is not one of {EXHAUSTION}")
-        repeat = self.mixture.get("repeat", False)
-        names = {e.name for e in self.datasets}
-        unknown = sorted(set(repeat) - names) if not isinstance(repeat, bool) else []
-        if unknown:
-            raise ConfigError(f"repeat names unknown datasets {unknown} (datasets: "
-                              f"{sorted(names)})")
+    def _mixture_problems(self) -> list[str]:
+        """The mixture and work-source options against the dataset names (a repeated name,
+        reported by the caller, is told apart by its entry number here)."""
+        from zephon.work import MixtureSpec
+
+        names = [e.name for e in self.datasets]
+        problems = []
+        try:
+            self._work_source([])  # the token-estimation keys
+            MixtureSpec({f"{e.name} (entry {i + 1})" if names.count(e.name) > 1 else e.name:
+                         e.weight for i, e in enumerate(self.datasets)})
+        except ConfigError as exc:
+            problems.append(f"{self.source}: [mixture] {exc}")
+        options = {k: self.mixture[k] for k in _MIX_SOURCE_KEYS if k in self.mixture}
+        work = {k: v for k, v in self.work.items() if k in ("unit_bytes", "arrow_unit_rows")}
+        sections = {"seed": "", **{k: "[work] " for k in _WORK_SOURCE_KEYS}}
+        unique = list(dict.fromkeys(names))
+        return problems + [
+            f"{self.source}: {sections.get(p.split(' ')[0], '[mixture] ')}{p}"
+            for p in StaticMixtureWorkSource.option_problems(
+                unique, MixtureSpec(dict.fromkeys(unique, 1.0)), self.seed, **options, **work)]
 
     def _checked(self, section: str, make: Any) -> Any:
         try:
@@ -492,6 +526,19 @@ class _Collector:
 
     def __init__(self) -> None:
         self.problems: list[str] = []
+        self.flawed = set()
+
+    def read(self, table: Any, keys: dict[str, Key], source: str, section: str | None
+             ) -> dict[str, Any]:
+        """The good keys of ``table`` (see :func:`read_table_parts`), its problems kept."""
+        values, problems = read_table_parts(table, keys, source, section)
+        if problems:
+            self.problems += problems
+            self.flawed.add(section or "")
+        return values
+
+    flawed: set[str]
+    """Sections that had problems of their own when read."""
 
     def add(self, message: str) -> None:
         self.problems.append(message)
@@ -510,10 +557,16 @@ class _Collector:
             raise RecipeProblems(source, self.problems)
 
 
-def _dataset_entry(raw: Any, source: str, base: Path) -> DatasetEntry:
-    raw = read_table(raw, recipe_schema()["datasets"], source, "datasets")
+def _dataset_entry(raw: Any, source: str, base: Path, found: _Collector) -> DatasetEntry:
+    given = raw
+    raw, problems = read_table_parts(raw, recipe_schema()["datasets"], source, "datasets")
+    found.problems += problems
     if "name" not in raw or "path" not in raw:
+        if problems and isinstance(given, dict) and "name" in given and "path" in given:
+            raise RecipeProblems(source, [])  # the wrong type is reported already
         raise ConfigError(f"{source}: every [[datasets]] entry needs name and path, got {raw}")
+    if not raw["name"].strip() or not raw["path"].strip():
+        raise ConfigError(f"{source}: [[datasets]] name and path must not be empty, got {raw}")
     if raw.get("kind") is not None and raw["kind"] not in _TOKENIZERS:
         raise ConfigError(f"{source}: [[datasets]] {raw['name']!r}: kind = {raw['kind']!r} is "
                           f"not one of {sorted(_TOKENIZERS)}")
@@ -559,7 +612,7 @@ def _op_keys(entry: Any, source: str) -> dict[str, Key]:
     return dataclass_keys(cls)
 
 
-def _read_tokenize(table: Any, source: str) -> dict[str, Any]:
+def _read_tokenize(table: Any, source: str, found: _Collector) -> dict[str, Any]:
     schema = recipe_schema()
     if not isinstance(table, dict):
         raise ConfigError(f"{source}: [tokenize] must be a table")
@@ -574,7 +627,7 @@ def _read_tokenize(table: Any, source: str) -> dict[str, Any]:
     wrong = sorted(k for k in table if k not in own and k in others)
     if wrong:
         raise ConfigError(f"{source}: [tokenize] {wrong} do not apply to kind={kind!r}")
-    return read_table(table, own, source, "tokenize")
+    return found.read(table, own, source, "tokenize")
 
 
 def read_toml(path: str | os.PathLike[str], what: str = "recipe") -> dict[str, Any]:

@@ -141,14 +141,31 @@ def read_table(table: Any, keys: Mapping[str, Key], source: str, section: str | 
                ) -> dict[str, Any]:
     """``table`` checked against ``keys``: unknown keys and wrong types are ConfigErrors that
     name the ``source`` file and the ``section``, and list the known keys."""
+    values, problems = read_table_parts(table, keys, source, section)
+    if problems:
+        raise ConfigError(problems[0])
+    return values
+
+
+def read_table_parts(table: Any, keys: Mapping[str, Key], source: str,
+                     section: str | None = None) -> tuple[dict[str, Any], list[str]]:
+    """The keys of ``table`` that are known and well typed, and one problem for each of the
+    others (unknown keys together, then each wrong type), so that one bad key does not hide
+    what else a recipe gets wrong."""
     where = f" in [{section}]" if section else ""
     if not isinstance(table, dict):
-        raise ConfigError(f"{source}: [{section}] must be a table")
+        return {}, [f"{source}: [{section}] must be a table"]
+    problems = []
     unknown = sorted(set(table) - set(keys))
     if unknown:
-        raise ConfigError(f"{source}: unknown key(s) {unknown}{where}; known: {sorted(keys)}")
+        problems.append(f"{source}: unknown key(s) {unknown}{where}; known: {sorted(keys)}")
+    values = {}
     for name, value in table.items():
-        if not matches(value, keys[name].hint):
-            raise ConfigError(f"{source}: {name} = {value!r}{where} must be "
-                              f"{describe(keys[name].hint)}")
-    return dict(table)
+        if name not in keys:
+            continue
+        if matches(value, keys[name].hint):
+            values[name] = value
+        else:
+            problems.append(f"{source}: {name} = {value!r}{where} must be "
+                            f"{describe(keys[name].hint)}")
+    return values, problems

@@ -97,3 +97,51 @@ def test_zephon_check_lists_every_problem_and_fails(two_sources):
 def test_peek_reads_one_line_of_json_lines(tmp_path, rows, kind):
     path = write_jsonl(tmp_path / "d.jsonl", rows)
     assert peek_field(str(path), "jsonl", None, "t") == kind
+
+
+def test_an_unknown_key_hides_no_other_problem(two_sources):
+    text = two_sources.read_text()
+    two_sources.write_text("colour = 'blue'\n" + text.replace('path = "wiki"', 'path = "nowiki"')
+                           .replace('name = "web"', 'name = "web"\nweight = -1.0'))
+    problems = check_recipe(two_sources)
+    assert len(problems) == 3, problems
+    assert any("unknown key(s) ['colour']" in p for p in problems)
+    assert any("dataset 'wiki'" in p and "nowiki" in p for p in problems)
+    assert any("weight of 'web'" in p and "-1.0" in p for p in problems)
+
+
+@pytest.mark.parametrize(("edit", "named"), [
+    ("seed = -3", "seed must be an integer in [0, 2**64), got -3"),
+    ("[work]\nunit_bytes = 0", "[work] unit_bytes must be a positive integer, got 0"),
+    ("[batch]\nmicrobatch_size = 4000000000", "microbatch_size = 4000000000 is more than"),
+    ("prefetch = -1", "prefetch must be an integer >= 0"),
+    ("workers = 9223372036854775808", "workers = 9223372036854775808 is more than"),
+    ("lanes = 1000000000000", "lanes = 1000000000000 is more than"),
+])
+def test_values_that_would_fail_the_build_fail_the_check(two_sources, edit, named):
+    text = two_sources.read_text().replace("lanes = 4\n", "")
+    if edit.startswith("["):
+        text += edit + "\n"
+    else:
+        text = edit + "\n" + text
+    two_sources.write_text(text.replace("b.parquet", "a.parquet"))
+    problems = [p for p in check_recipe(two_sources) if "has no field" not in p]
+    assert len(problems) == 1 and named in problems[0], problems
+
+
+def test_a_row_that_would_need_terabytes_fails_the_check(two_sources):
+    text = two_sources.read_text()
+    two_sources.write_text(text.replace("max_length = 65", "max_length = 4000000000000"))
+    [problem, *_] = check_recipe(two_sources)
+    assert "max_length = 4000000000000 is more than 16777216 tokens" in problem
+    two_sources.write_text(text.replace("max_length = 65\n", ""))
+    problems = check_recipe(two_sources, seq_len=8_000_000, microbatch_size=512)
+    assert any("a microbatch of 512 rows x 8000001 tokens" in p for p in problems), problems
+    problems = check_recipe(two_sources, seq_len=20_000_000)
+    assert any("rows of 20000001 tokens" in p for p in problems), problems
+
+
+def test_two_datasets_of_one_name_fail_the_check(two_sources):
+    two_sources.write_text(two_sources.read_text().replace('name = "wiki"', 'name = "web"'))
+    problems = check_recipe(two_sources)
+    assert any("names must be unique; repeated: ['web']" in p for p in problems), problems

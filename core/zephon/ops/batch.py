@@ -27,6 +27,11 @@ from zephon.state_checks import need_counts, need_fields, need_int
 log = get_logger(__name__)
 
 
+MAX_MICROBATCH_ROWS = 1 << 16
+"""The most rows in one microbatch: far above any data-parallel rank's microbatch, and it stops
+a typo from allocating a batch of terabytes."""
+
+
 @dataclass(frozen=True)
 class BatchSpec(OperatorSpec):
     """Options of ``batch``."""
@@ -44,6 +49,9 @@ class BatchSpec(OperatorSpec):
         if not isinstance(self.microbatch_size, int) or self.microbatch_size <= 0:
             raise ConfigError(f"batch: microbatch_size must be a positive integer, "
                               f"got {self.microbatch_size!r}")
+        if self.microbatch_size > MAX_MICROBATCH_ROWS:
+            raise ConfigError(f"batch: microbatch_size = {self.microbatch_size} is more than "
+                              f"{MAX_MICROBATCH_ROWS} rows, the most zephon batches")
 
     def build(self, context: BuildContext) -> BatchOperator:
         return BatchOperator(self)

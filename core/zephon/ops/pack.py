@@ -46,6 +46,9 @@ from zephon.state_checks import (
 )
 
 ALGORITHMS = ("wrap", "first_fit", "best_fit")
+MAX_ROW_TOKENS = 1 << 24
+"""The longest row packed: 16.8M tokens, above the longest context any model trains on, and
+64 MiB of int32 ids per open bin. It stops a typo from sizing buffers in terabytes."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,9 @@ class PackSpec(OperatorSpec):
         op = "pack_flat" if self.flat else "pack_sequences"
         if not isinstance(self.max_length, int) or self.max_length < 2:
             raise ConfigError(f"{op}: max_length must be an integer >= 2, got {self.max_length!r}")
+        if self.max_length > MAX_ROW_TOKENS:
+            raise ConfigError(f"{op}: max_length = {self.max_length} is more than "
+                              f"{MAX_ROW_TOKENS} tokens, the longest row zephon packs")
         if self.algorithm not in ALGORITHMS:
             raise ConfigError(f"{op}: algorithm={self.algorithm!r} is not one of {ALGORITHMS}")
         if not isinstance(self.max_open_bins, int) or self.max_open_bins <= 0:

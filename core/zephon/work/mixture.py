@@ -29,12 +29,13 @@ class MixtureSpec:
     def __init__(self, weights: Mapping[str, float]):
         if not isinstance(weights, Mapping) or not weights:
             raise ConfigError("MixtureSpec needs a non-empty mapping of dataset name -> weight")
-        clean = []
-        for name, weight in weights.items():
-            if not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight < 0:
-                raise ConfigError(f"MixtureSpec: weight of {name!r} must be a finite number "
-                                  f">= 0, got {weight!r}")
-            clean.append((str(name), float(weight)))
+        bad = [f"weight of {name!r} must be a finite number >= 0, got {weight!r}"
+               for name, weight in weights.items()
+               if not isinstance(weight, (int, float)) or isinstance(weight, bool)
+               or not math.isfinite(weight) or weight < 0]
+        if bad:
+            raise ConfigError("MixtureSpec: " + "; ".join(bad))
+        clean = [(str(name), float(weight)) for name, weight in weights.items()]
         object.__setattr__(self, "weights", normalized(clean))
 
     def as_dict(self) -> dict[str, float]:

@@ -88,38 +88,15 @@ class StaticMixtureWorkSource:
                 raise ConfigError(f"StaticMixtureWorkSource: {ds!r} is not a zephon Dataset "
                                   "(use Dataset.from_path)")
         names = [ds.name for ds in datasets]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise ConfigError(f"StaticMixtureWorkSource: dataset names must be unique, "
-                              f"repeated: {duplicates}")
         if mixture is None:
             mixture = MixtureSpec({n: 1.0 for n in names})
-        if not isinstance(mixture, MixtureSpec):
-            raise ConfigError("StaticMixtureWorkSource: mixture must be a MixtureSpec")
+        problems = self.option_problems(names, mixture, seed, repeat=repeat,
+                                        on_exhausted=on_exhausted, unit_bytes=unit_bytes,
+                                        arrow_unit_rows=arrow_unit_rows)
+        if problems:
+            raise ConfigError("StaticMixtureWorkSource: " + "; ".join(problems))
         weights = mixture.as_dict()
-        unknown = sorted(set(weights) - set(names))
-        missing = sorted(set(names) - set(weights))
-        if unknown or missing:
-            raise ConfigError(
-                "StaticMixtureWorkSource: mixture and datasets disagree"
-                + (f"; mixture names unknown datasets {unknown}" if unknown else "")
-                + (f"; datasets without a weight {missing}" if missing else "")
-                + f" (datasets: {names})")
-        if on_exhausted not in EXHAUSTION:
-            raise ConfigError(f"StaticMixtureWorkSource: on_exhausted={on_exhausted!r} is not "
-                              f"one of {EXHAUSTION}")
-        if isinstance(repeat, bool):
-            repeated = set(names) if repeat else set()
-        else:
-            repeated = set(repeat)
-            bad = sorted(repeated - set(names))
-            if bad:
-                raise ConfigError(f"StaticMixtureWorkSource: repeat names unknown datasets {bad}")
-        if not isinstance(seed, int):
-            raise ConfigError(f"StaticMixtureWorkSource: seed must be an int, got {seed!r}")
-        if unit_bytes <= 0 or arrow_unit_rows <= 0:
-            raise ConfigError("StaticMixtureWorkSource: unit_bytes and arrow_unit_rows must be "
-                              "positive")
+        repeated = (set(names) if repeat else set()) if isinstance(repeat, bool) else set(repeat)
         active = [ds for ds in datasets if weights[ds.name] > 0]
         self.datasets: list[Dataset] = active
         self.unused = [ds.name for ds in datasets if weights[ds.name] <= 0]
@@ -137,6 +114,41 @@ class StaticMixtureWorkSource:
         self._plans: dict[int, list[list[tuple[int, UnitSpec]]]] = {}
         self._orders: dict[tuple[int, int, int], np.ndarray] = {}
 
+    @staticmethod
+    def option_problems(names: Sequence[str], mixture: MixtureSpec, seed: int, *,
+                        repeat: bool | Collection[str] = False, on_exhausted: str = "stop",
+                        unit_bytes: int = 8 << 20, arrow_unit_rows: int = 4096) -> list[str]:
+        """What is wrong with these options for datasets named ``names``, one message each;
+        the datasets themselves are not needed (a recipe checks its options before listing
+        files)."""
+        problems = []
+        duplicates = sorted({n for n in names if list(names).count(n) > 1})
+        if duplicates:
+            problems.append(f"dataset names must be unique, repeated: {duplicates}")
+        if not isinstance(mixture, MixtureSpec):
+            return [*problems, "mixture must be a MixtureSpec"]
+        weights = mixture.as_dict()
+        unknown = sorted(set(weights) - set(names))
+        missing = sorted(set(names) - set(weights))
+        if unknown or missing:
+            problems.append(
+                "mixture and datasets disagree"
+                + (f"; mixture names unknown datasets {unknown}" if unknown else "")
+                + (f"; datasets without a weight {missing}" if missing else "")
+                + f" (datasets: {list(names)})")
+        if on_exhausted not in EXHAUSTION:
+            problems.append(f"on_exhausted={on_exhausted!r} is not one of {EXHAUSTION}")
+        if not isinstance(repeat, bool):
+            bad = sorted(set(repeat) - set(names))
+            if bad:
+                problems.append(f"repeat names unknown datasets {bad} (datasets: "
+                                f"{sorted(set(names))})")
+        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 1 << 64:
+            problems.append(f"seed must be an integer in [0, 2**64), got {seed!r}")
+        for name, value in (("unit_bytes", unit_bytes), ("arrow_unit_rows", arrow_unit_rows)):
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 < value < 1 << 62:
+                problems.append(f"{name} must be a positive integer, got {value!r}")
+        return problems
     def bound(self, io_options: StoreOptions) -> StaticMixtureWorkSource:
         """This work source with its datasets bound to ``io_options`` (see
         :meth:`zephon.io.Dataset.bound`); the source itself is left unchanged."""
