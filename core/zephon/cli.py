@@ -1,5 +1,6 @@
 """The ``zephon`` command: work on a data recipe, or on the shard cache, from the shell.
 
+- ``zephon schema [SECTION]``: every recipe key with its type, default and meaning.
 - ``zephon check RECIPE [--world-size W --seq-len S --vocab-size V --microbatch-size M]``:
   the preflight (:mod:`zephon.preflight`): every problem, exit 1 when there is one.
 - ``zephon preview RECIPE [--rows N] [--out batch.png|batch.html] [--seq-len S]``: the first
@@ -102,6 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a checkpoint (TorchTitan step folder, Megatron-LM checkpoint "
                             "directory or iter_ folder, or a saved state_dict) to start from")
     trace.add_argument("--json", action="store_true", help="one JSON object per microbatch")
+    schema = commands.add_parser(
+        "schema", help="every recipe key: type, default and meaning",
+        description="The keys a data recipe may hold, section by section, derived from the "
+                    "classes that own them.")
+    schema.add_argument("section", nargs="?", default=None,
+                        help="one section (tokenize, pack, to_training, ...; 'top' for the "
+                             "top level)")
     cache = commands.add_parser("cache", help="inspect or prune the shard cache")
     cache.add_argument("action", choices=["ls", "prune", "verify"])
     cache.add_argument("--root", default=os.environ.get("ZEPHON_CACHE_ROOT"),
@@ -289,8 +297,24 @@ def _cache(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 1 if bad else 0
 
 
+def _schema(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from zephon.recipe import recipe_schema
+    from zephon.schema import format_schema
+
+    schema = recipe_schema()
+    if args.section is not None:
+        wanted = "" if args.section in ("top", "") else args.section.strip("[]")
+        chosen = {k: v for k, v in schema.items() if k == wanted or k.startswith(wanted + ".")}
+        if not chosen:
+            parser.error(f"no section {args.section!r}; sections: top, "
+                         + ", ".join(k for k in schema if k))
+        schema = chosen
+    print(format_schema(schema), end="")
+    return 0
+
+
 _COMMANDS = {"check": _check, "preview": _preview, "stats": _stats, "trace": _trace,
-             "cache": _cache}
+             "schema": _schema, "cache": _cache}
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,12 @@ _EXPECTED = {"tokenize": "text", "tokenize_chat": "a conversation (a list of mes
 
 def check_recipe(recipe: str | os.PathLike[str] | DataRecipe, *, world_size: int | None = None,
                  seq_len: int | None = None, vocab_size: int | None = None,
-                 microbatch_size: int | None = None) -> list[str]:
-    """Every problem found (an empty list when the recipe is ready); see the module doc."""
+                 microbatch_size: int | None = None,
+                 flags: Mapping[str, str] | None = None) -> list[str]:
+    """Every problem found (an empty list when the recipe is ready); see the module doc.
+    ``flags`` names the framework's option behind each run value (``{"microbatch_size":
+    "--training.local_batch_size"}``), so that a conflict says which two values disagree."""
+    flags = flags or {}
     if not isinstance(recipe, DataRecipe):
         try:
             recipe = DataRecipe.from_toml(recipe)
@@ -65,16 +70,21 @@ def check_recipe(recipe: str | os.PathLike[str] | DataRecipe, *, world_size: int
     pack = recipe.pack or {}
     if seq_len is not None and pack.get("max_length") not in (None, seq_len + 1):
         problems.append(f"{src}: [pack] max_length = {pack['max_length']} conflicts with the "
-                        f"framework's sequence length {seq_len} (rows are seq_len + 1 = "
-                        f"{seq_len + 1} tokens); remove it or make them agree")
+                        f"framework's sequence length {seq_len}{_flag(flags, 'seq_len')} (rows "
+                        f"are seq_len + 1 = {seq_len + 1} tokens); remove it or make them agree")
     size = recipe.batch.get("microbatch_size")
     if microbatch_size is not None and size not in (None, microbatch_size):
         problems.append(f"{src}: [batch] microbatch_size = {size} conflicts with the "
-                        f"framework's {microbatch_size}")
+                        f"framework's {microbatch_size}{_flag(flags, 'microbatch_size')}; "
+                        "remove it from the recipe or make them agree")
     problems += _size_problems(src, pack.get("max_length") or (seq_len + 1 if seq_len else None),
                                size or microbatch_size)
     problems += _check_hub(recipe)
     return problems
+
+
+def _flag(flags: Mapping[str, str], value: str) -> str:
+    return f" ({flags[value]})" if value in flags else ""
 
 
 def _size_problems(src: str, row_tokens: int | None, rows: int | None) -> list[str]:
@@ -125,7 +135,10 @@ def _field_problem(path: str, fmt: str, compression: str | None, field: str,
     except (OSError, ValueError, pa.ArrowException) as exc:
         return f"{path}: cannot be read ({exc})"
     if kind is None:
-        return f"{path}: has no field {field!r} (the {op} operator reads it)"
+        fields = ", ".join(repr(name) for name in file_fields(path, fmt, compression)[:20])
+        return (f"{path}: has no field {field!r} (the {op} operator reads it); its fields: "
+                f"{fields or 'none'}. Set the dataset's field = <one of them>, or [tokenize] "
+                "field for every dataset")
     if kind == "empty":
         return None
     ok = {"tokenize": kind in ("text", "null"),
@@ -135,6 +148,32 @@ def _field_problem(path: str, fmt: str, compression: str | None, field: str,
         return (f"{path}: field {field!r} holds {kind}, but {op} needs "
                 f"{_EXPECTED.get(op, 'another type')}")
     return None
+
+
+def file_fields(path: str, fmt: str, compression: str | None) -> list[str]:
+    """The field names of a file: its schema's, or its first JSON line's keys."""
+    if fmt == "megatron":
+        return ["input_ids"]
+    if fmt == "parquet":
+        return list(pq.read_schema(path).names)
+    if fmt == "arrow":
+        try:
+            return list(pa.ipc.open_file(pa.memory_map(path, "r")).schema.names)
+        except pa.ArrowInvalid:
+            return list(pa.ipc.open_stream(pa.memory_map(path, "r")).schema.names)
+    row = json.loads(_first_line(path, compression) or b"{}")
+    return list(row) if isinstance(row, dict) else []
+
+
+def _first_line(path: str, compression: str | None) -> bytes:
+    with pa.input_stream(path, compression=compression) as stream:
+        buffer = b""
+        while True:
+            chunk = stream.read(1 << 16)
+            buffer += chunk
+            if not chunk or b"\n" in buffer.lstrip():
+                break
+    return buffer.lstrip().split(b"\n", 1)[0]
 
 
 def peek_field(path: str, fmt: str, compression: str | None, field: str) -> str | None:
@@ -152,14 +191,7 @@ def peek_field(path: str, fmt: str, compression: str | None, field: str) -> str 
         except pa.ArrowInvalid:
             schema = pa.ipc.open_stream(pa.memory_map(path, "r")).schema
         return _arrow_kind(schema, field)
-    with pa.input_stream(path, compression=compression) as stream:
-        buffer = b""
-        while True:
-            chunk = stream.read(1 << 16)
-            buffer += chunk
-            if not chunk or b"\n" in buffer.lstrip():
-                break
-    line = buffer.lstrip().split(b"\n", 1)[0]
+    line = _first_line(path, compression)
     if not line.strip():
         return "empty"
     try:

@@ -41,6 +41,50 @@ class Key:
     owner: str
     """The class (or callable) it comes from, for documentation."""
 
+    @property
+    def required(self) -> bool:
+        return self.default is _MISSING
+
+    def __repr__(self) -> str:
+        default = "required" if self.required else f"default {self.default!r}"
+        return f"<key {self.name}: {describe(self.hint)}, {default}>"
+
+    def __str__(self) -> str:
+        default = "required" if self.required else f"default {_toml_value(self.default)}"
+        return f"{self.name} ({describe(self.hint)}; {default}): {self.doc or '-'}"
+
+
+def _toml_value(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def format_schema(schema: Mapping[str, Mapping[str, Key]], width: int = 96) -> str:
+    """Every section's keys as text: the section header as a recipe writes it, then one
+    entry per key with its type, default and docstring, wrapped at ``width``."""
+    headers = {"": "top level", "datasets": "[[datasets]]", "ops": "[[ops]] (every entry; "
+               "each operator adds its own keys)"}
+    lines = []
+    for section, keys in schema.items():
+        header = headers.get(section) or (
+            f"[{section.split('.')[0]}] with kind = \"{section.split('.')[1]}\""
+            if "." in section else f"[{section}]")
+        lines.append(header)
+        for key in keys.values():
+            lines += textwrap.wrap(str(key), width, initial_indent="  ",
+                                   subsequent_indent="      ")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
 
 @functools.cache
 def field_docs(cls: type) -> dict[str, str]:
@@ -99,7 +143,12 @@ def describe(hint: Any) -> str:
     if origin in (Union, types.UnionType):
         return " or ".join(describe(a) for a in args if a is not type(None))
     if origin in (tuple, list, Sequence, Collection):
-        return f"a list of {describe(args[0])}" if args else "a list"
+        if not args:
+            return "a list"
+        item = describe(args[0])
+        if item.startswith(("a ", "an ")):
+            item = item.split(" ", 1)[1] + "s"
+        return f"a list of {item}"
     if origin in (dict, Mapping):
         return "a table"
     if origin is Callable or hint is Callable:

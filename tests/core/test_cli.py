@@ -126,3 +126,19 @@ with ShardCache(CacheOptions(enabled=True, root={str(root)!r})).open(item, None)
     assert zephon("cache", "prune", "--root", str(root), "--to", "0").returncode == 0
     assert not any((root / "shards").iterdir())
     assert zephon("cache", "ls", "--root", str(tmp_path)).returncode == 1
+
+
+def test_schema_lists_every_key_or_one_section(capsys):
+    from zephon.cli import main
+
+    assert main(["schema"]) == 0
+    everything = capsys.readouterr().out
+    for header in ("top level", "[[datasets]]", "[mixture]", "[pack]", "[to_training]"):
+        assert f"\n{header}" in "\n" + everything
+    assert main(["schema", "pack"]) == 0
+    pack = capsys.readouterr().out
+    assert pack.startswith("[pack]\n") and "max_open_bins (an integer; default 8)" in pack
+    assert "[batch]" not in pack
+    with pytest.raises(SystemExit):
+        main(["schema", "packing"])
+    assert "no section 'packing'; sections: top, datasets" in capsys.readouterr().err

@@ -58,6 +58,11 @@ def test_shipped_data_recipes_pass():
 def test_a_field_missing_in_one_file_is_named(two_sources):
     [problem] = check_recipe(two_sources)
     assert "dataset 'web'" in problem and "b.parquet: has no field 'text'" in problem
+    assert "its fields: 'body'" in problem and "field = <one of them>" in problem
+    two_sources.write_text(two_sources.read_text().replace('field = "content"\n', ""))
+    problems = check_recipe(two_sources)
+    assert any("a.jsonl: has no field 'text'" in p and "its fields: 'content'" in p
+               for p in problems), problems
     assert str(two_sources) in problem
 
 

@@ -56,3 +56,17 @@ def test_sections_follow_their_classes():
     assert {"primer", "repeat", "on_exhausted", "by"} <= set(schema["mixture"])
     assert "tokenizer_id" not in schema["tokenize"] and "tokenizer" in schema["tokenize"]
     assert {"dp_rank", "dp_world_size", "process_group"}.isdisjoint(schema[""])
+
+
+def test_keys_print_as_text_a_reader_understands():
+    from zephon.recipe import recipe_schema
+    from zephon.schema import format_schema
+
+    batch = recipe_schema()["batch"]
+    assert repr(batch) == ("{'microbatch_size': <key microbatch_size: an integer, required>, "
+                           "'drop_last': <key drop_last: true or false, default True>}")
+    text = format_schema(recipe_schema())
+    assert "MISSING" not in text and "Key(" not in text
+    assert '[tokenize] with kind = "chat"' in text
+    assert "  datasets (a list of strings; default unset): Apply to these datasets only" in text
+    assert "  max_length (an integer; required): Tokens per row." in text

@@ -46,13 +46,15 @@ def test_launcher_route(tmp_path, recipes):
     broken_recipe(tmp_path, recipes)
     text = (tmp_path / "data.toml").read_text().replace('algorithm = "wrap"',
                                                         'algorithm = "wrap"\nmax_length = 33')
-    (tmp_path / "data.toml").write_text(text)
+    (tmp_path / "data.toml").write_text(text + "[batch]\nmicrobatch_size = 3\n")
     (tmp_path / "launch.toml").write_text(LAUNCH.format(vocab='vocab_size = "tokenizer"'))
     code, output, _ = run_training(["--toml", str(tmp_path / "launch.toml")], nproc=2,
                                    cwd=tmp_path, timeout=300)
     assert_refused_before_the_model(
         code, output, "a.jsonl: has no field 'text'", "lanes = 3 is not divisible by the "
-        "data-parallel size 2", "[pack] max_length = 33 conflicts")
+        "data-parallel size 2", "[pack] max_length = 33 conflicts",
+        "(--training.seq_len)", "microbatch_size = 3 conflicts with the framework's 8 "
+        "(--training.local_batch_size)")
 
 
 def test_override_route_refuses_a_tokenizer_larger_than_the_model(tmp_path, recipes):

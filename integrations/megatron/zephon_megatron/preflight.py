@@ -26,6 +26,11 @@ def data_parallel_size(args: argparse.Namespace, world_size: int | None = None) 
     return max(1, world // model_ways)
 
 
+FLAGS = {"seq_len": "--seq-length", "microbatch_size": "--micro-batch-size",
+         "vocab_size": "--vocab-size"}
+"""The Megatron flags behind each run value, named in conflicts."""
+
+
 def recipe_problems(args: argparse.Namespace, recipes: dict[str, Any], lanes: int | None,
                     world_size: int | None = None) -> list[str]:
     """Every problem of ``recipes`` (train/valid/test; None skipped) in this run."""
@@ -42,6 +47,7 @@ def recipe_problems(args: argparse.Namespace, recipes: dict[str, Any], lanes: in
             recipe.lanes = lanes
         for problem in check_recipe(recipe, world_size=dp, seq_len=args.seq_length,
                                     microbatch_size=args.micro_batch_size,
-                                    vocab_size=getattr(args, "vocab_size", None)):
+                                    vocab_size=getattr(args, "vocab_size", None),
+                                    flags=FLAGS):
             problems.append(f"[{role}] {problem}")
     return problems

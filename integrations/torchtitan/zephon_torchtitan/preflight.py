@@ -46,6 +46,11 @@ def trainer_config_in_progress() -> Any:
     return None
 
 
+FLAGS = {"seq_len": "--training.seq_len", "microbatch_size": "--training.local_batch_size",
+         "vocab_size": "the model's vocab_size"}
+"""The TorchTitan options behind each run value, named in conflicts."""
+
+
 def run_values(root: Any) -> dict[str, int | None]:
     """The run's data-parallel size, sequence length, microbatch rows and vocabulary."""
     if root is None:
@@ -99,7 +104,7 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None) -> None
         run = dict(values)
         if where != "dataloader":
             run.pop("microbatch_size", None)
-        problems += [f"[{where}] {p}" for p in check_recipe(recipe, **run)]
+        problems += [f"[{where}] {p}" for p in check_recipe(recipe, **run, flags=FLAGS)]
     if problems:
         raise ConfigError("zephon preflight found problems before the model is built:\n"
                           + "\n".join(f"  - {p}" for p in problems))
