@@ -172,6 +172,18 @@ _SECTIONS = ("datasets", "mixture", "tokenize", "ops", "pack", "shuffle", "batch
              "to_training", "cache", "work")
 
 
+@dataclass(frozen=True)
+class TrainingPreset:
+    """The ``[to_training]`` values a framework adapter fixes. A recipe may leave them out
+    (they count as given where options are checked together: ``eos_mask_loss`` needs
+    ``return_labels``), and a recipe value that contradicts one is an error naming it."""
+
+    framework: str
+    """The framework's name, for messages."""
+    fixed: dict[str, Any]
+    """``{to_training key: the value the adapter passes}``."""
+
+
 @dataclass
 class DataRecipe:
     """A validated data recipe; build a Pipeline with :meth:`build`. Sections hold the values
@@ -197,19 +209,26 @@ class DataRecipe:
     work: dict[str, Any] = field(default_factory=dict)
     source: str = "<dict>"
     """Where the recipe came from, for error messages."""
+    preset: TrainingPreset | None = None
+    """The ``[to_training]`` values the framework that runs this recipe fixes."""
 
     # -- loading ---------------------------------------------------------------------------
     @classmethod
-    def from_toml(cls, path: str | os.PathLike[str]) -> DataRecipe:
+    def from_toml(cls, path: str | os.PathLike[str],
+                  preset: TrainingPreset | None = None) -> DataRecipe:
         path = Path(path)
-        return cls.from_dict(read_toml(path), source=str(path), base_dir=path.parent)
+        return cls.from_dict(read_toml(path), source=str(path), base_dir=path.parent,
+                             preset=preset)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "<dict>",
                   base_dir: str | os.PathLike[str] | None = None,
-                  datasets: list[DatasetEntry] | None = None) -> DataRecipe:
+                  datasets: list[DatasetEntry] | None = None,
+                  preset: TrainingPreset | None = None) -> DataRecipe:
         """A recipe from TOML-shaped ``data``. ``datasets`` supplies the datasets from
-        elsewhere (a framework's own data flags); the recipe must then name none."""
+        elsewhere (a framework's own data flags); the recipe must then name none.
+        ``preset``: the framework's fixed ``[to_training]`` values (see
+        :class:`TrainingPreset`)."""
         schema = recipe_schema()
         found = _Collector()
         top = found.read({k: v for k, v in data.items() if k not in _SECTIONS}, schema[""],
@@ -263,6 +282,7 @@ class DataRecipe:
             cache=cache,
             work=sections.get("work", {}),
             source=source,
+            preset=preset,
         )
         found.problems += recipe._problems(found.flawed)
         found.raise_if_any(source)
@@ -343,7 +363,15 @@ class DataRecipe:
         if self.cache and "cache" not in flawed:
             found.attempt(lambda: self._checked("[cache]", lambda: CacheOptions(
                 enabled=True, **self.cache)))
-        options = {k: v for k, v in self.to_training.items() if k != "eos_token_id"}
+        fixed = dict(self.preset.fixed) if self.preset else {}
+        for key, value in self.to_training.items():
+            if key in fixed and value != fixed[key]:
+                found.add(f"{self.source}: [to_training] {key} = {value!r} conflicts with "
+                          f"{self.preset.framework}, which needs {fixed[key]!r}; remove it "
+                          "(the adapter sets it)")
+                flawed = {*flawed, "to_training"}
+        options = {k: v for k, v in {**fixed, **self.to_training}.items()
+                   if k != "eos_token_id"}
         if options.get("eos_mask_loss"):
             options["eos_token_id"] = self.to_training.get("eos_token_id", 0)
         if "to_training" not in flawed:

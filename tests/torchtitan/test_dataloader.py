@@ -250,3 +250,35 @@ def test_tokenizer_mismatch_is_refused(demo_recipe, small_tokenizer):
     with pytest.raises(ConfigError, match=r"--dataloader\.no-check-tokenizer"):
         ZephonDataLoader.Config(recipe=str(demo_recipe)).build(
             dp_world_size=1, dp_rank=0, tokenizer=theirs, seq_len=64, local_batch_size=2)
+
+
+def _without_to_training(path: Path, keep: str = "") -> Path:
+    """The recipe with its [to_training] table (the last one) replaced by ``keep``."""
+    head = path.read_text().partition("[to_training]")[0]
+    path.write_text(head + (f"[to_training]\n{keep}\n" if keep else ""))
+    return path
+
+
+def test_the_presets_choices_are_defaults_a_recipe_may_leave_out(tmp_path, recipes,
+                                                                  demo_assets):
+    from zephon.tokenizer import load_tokenizer
+
+    eos = load_tokenizer(demo_assets["tokenizer"]).eos_token_id
+    bare = _without_to_training(recipes.write(tmp_path / "bare.toml", datasets=recipes.demo()))
+    assert "[to_training]" not in bare.read_text()
+    loader = build(bare, seq_len=256)
+    assert loader.options["eos_mask_loss"] and loader.options["return_labels"]
+    inputs, labels = take(loader, 1)[0]
+    assert bool((labels[inputs["input"] == eos] == -100).all())  # the adapter's default
+    alone = _without_to_training(recipes.write(tmp_path / "alone.toml",
+                                               datasets=recipes.demo()), "eos_mask_loss = true")
+    preflight.preflight(None, {"dataloader": ZephonDataLoader.Config(recipe=str(alone))})
+    assert build(alone).options["eos_mask_loss"]  # not "needs return_labels=True"
+    off = _without_to_training(recipes.write(tmp_path / "off.toml", datasets=recipes.demo()),
+                               "eos_mask_loss = false")
+    assert not build(off).options["eos_mask_loss"]
+    contrary = _without_to_training(recipes.write(tmp_path / "contrary.toml",
+                                                  datasets=recipes.demo()),
+                                    "return_labels = false")
+    with pytest.raises(ConfigError, match=r"return_labels = False conflicts with TorchTitan"):
+        build(contrary)

@@ -50,7 +50,7 @@ def with_zephon(config: Any, recipe: str, *, validation: str | None = None,
     validator stays off until ``--validator.enable``. The recipes are checked against the run
     before TorchTitan builds the model (:mod:`zephon_torchtitan.preflight`).
     """
-    from zephon.recipe import DataRecipe
+    from zephon_torchtitan.dataloader import read_recipe
     from zephon_torchtitan.train import single_process_env
 
     single_process_env()  # run without torchrun: one process, as the launcher does
@@ -58,7 +58,7 @@ def with_zephon(config: Any, recipe: str, *, validation: str | None = None,
     if validation is not None:
         config.validator.dataloader = ZephonDataLoader.Config(recipe=validation)
     add_preflight(config)
-    tokenizer = DataRecipe.from_toml(recipe).tokenizer
+    tokenizer = read_recipe(recipe).tokenizer
     if fit_vocab:
         from zephon.tokenizer import load_tokenizer
 

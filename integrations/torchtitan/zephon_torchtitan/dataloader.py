@@ -47,14 +47,22 @@ from torchtitan.tools.logging import logger
 from zephon import ConfigError, StateMismatchError
 from zephon.meter import LoaderMeter
 from zephon.options import DEFAULT_LANES_PER_READER
-from zephon.recipe import DataRecipe
+from zephon.recipe import DataRecipe, TrainingPreset
 from zephon.trace import trace_line
 
 # The seed's TorchTitan preset; a recipe may restate these values but not contradict them.
 PRESET = {"return_labels": True, "return_padding_mask": True, "return_num_valid_tokens": True,
           "ignore_index": -100}
-# to_training keys a TorchTitan recipe may choose.
+# to_training keys a TorchTitan recipe may choose, and the choices made where it leaves them out
+# (the label after each EOS is the next document's first token: not a prediction to learn).
 RECIPE_CHOICES = ("eos_mask_loss", "eos_token_id", "position_mode", "flatten")
+DEFAULTS = {"eos_mask_loss": True}
+
+
+def read_recipe(path: str) -> DataRecipe:
+    """A data recipe as TorchTitan runs it: the preset's keys may be left out."""
+    return DataRecipe.from_toml(path, preset=TrainingPreset("TorchTitan", PRESET))
+
 
 class ZephonDataLoader(BaseDataLoader):
     """A TorchTitan dataloader over a Zephon data recipe; see the module docstring."""
@@ -123,7 +131,7 @@ class ZephonDataLoader(BaseDataLoader):
                                   "read by the Zephon loader: name the data in the data "
                                   "recipe's [[datasets]] path; remove it")
             if self.recipe:
-                DataRecipe.from_toml(self.recipe)
+                read_recipe(self.recipe)
             for name in ("lanes", "report_every", "prefetch"):
                 value = getattr(self, name)
                 if value is not None and (not isinstance(value, int) or value < 0
@@ -142,7 +150,7 @@ class ZephonDataLoader(BaseDataLoader):
         self.dp_rank, self.dp_world_size = dp_rank, dp_world_size
         self._seq_len, self._rows, self._flat_api = _geometry(
             seq_len, local_batch_size, max_context_length, num_tokens_per_batch)
-        recipe = DataRecipe.from_toml(config.recipe)
+        recipe = read_recipe(config.recipe)
         if config.seed is not None:
             recipe = replace(recipe, seed=config.seed)
         self.recipe = recipe
@@ -365,10 +373,18 @@ def _training_options(recipe: DataRecipe, config: ZephonDataLoader.Config) -> di
         if key in chosen and chosen[key] != value:
             logger.info(f"zephon: dataloader.{key}={value!r} replaces the recipe's "
                         f"{chosen[key]!r}")
-    merged = {**chosen, **overrides}
+    merged = {**DEFAULTS, **chosen, **overrides}
     if not merged.get("eos_mask_loss"):
         merged.pop("eos_token_id", None)
-    options = replace(recipe, to_training=merged).training_options()
+    try:
+        options = replace(recipe, to_training=merged).training_options()
+    except ConfigError:
+        if "eos_mask_loss" in chosen or "eos_mask_loss" in overrides:
+            raise
+        logger.info("zephon: eos_mask_loss = false: the tokenizer has no EOS token to mask "
+                    "after (set [to_training] eos_token_id to mask one)")
+        merged["eos_mask_loss"] = False
+        options = replace(recipe, to_training=merged).training_options()
     # to_training always flattens; the recipe's "flatten" only picks the trainer's layout.
     return {**options, **PRESET, "flatten": True}
 

@@ -78,10 +78,10 @@ def use_recipe_tokenizer(root: Any, recipe_path: str, fit_vocab: bool) -> None:
 
     from torchtitan.tools.logging import logger
 
-    from zephon.recipe import DataRecipe
     from zephon_torchtitan.config_registry import fit_vocab_size
+    from zephon_torchtitan.dataloader import read_recipe
 
-    tokenizer = DataRecipe.from_toml(recipe_path).tokenizer
+    tokenizer = read_recipe(recipe_path).tokenizer
     if tokenizer is None or not Path(tokenizer).is_dir():
         return
     default = type(root).__dataclass_fields__["hf_assets_path"].default

@@ -73,8 +73,7 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None) -> None
     from torchtitan.tools.logging import logger
 
     from zephon.preflight import check_recipe
-    from zephon.recipe import DataRecipe
-    from zephon_torchtitan.dataloader import ZephonDataLoader, default_lanes
+    from zephon_torchtitan.dataloader import ZephonDataLoader, default_lanes, read_recipe
 
     root = root if root is not None else trainer_config_in_progress()
     values = run_values(root)
@@ -93,7 +92,7 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None) -> None
         if not isinstance(loader, ZephonDataLoader.Config) or not loader.recipe:
             continue
         try:
-            recipe = DataRecipe.from_toml(loader.recipe)
+            recipe = read_recipe(loader.recipe)
         except ConfigError as exc:
             problems += getattr(exc, "problems", [str(exc)])
             continue

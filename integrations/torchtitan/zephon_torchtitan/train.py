@@ -144,9 +144,9 @@ def prepare(data: dict[str, Any], source: str, cpu: bool) -> Any:
 
 
 def _recipe_tokenizer(recipe: str) -> str:
-    from zephon.recipe import DataRecipe
+    from zephon_torchtitan.dataloader import read_recipe
 
-    return DataRecipe.from_toml(recipe).tokenizer
+    return read_recipe(recipe).tokenizer
 
 
 def _loader_config(table: Any, root: Path, source: str, where: str) -> Any:
