@@ -313,3 +313,32 @@ def test_parquet_invalid_utf8_in_a_nested_column_names_the_rows(tmp_path):
     with pytest.raises(DataError, match=r"nested\.parquet: rows 4\.\.8: column 'messages' is "
                                         "damaged"):
         read_unit(str(path), "parquet", None, unit, ["messages"], "nested.parquet")
+
+
+@pytest.mark.parametrize("change", ["rewritten", "same_size", "removed"])
+def test_a_file_changed_during_a_run_is_named_as_changed(tmp_path, tokenizer_dir, change):
+    from tests.conftest import write_parquet
+    from zephon import Pipeline
+    from zephon.io import Dataset
+    from zephon.work import StaticMixtureWorkSource
+
+    path = write_parquet(tmp_path / "data" / "a.parquet",
+                         [f"doc {i} " + "word " * 20 for i in range(64)], row_group_size=4)
+    source = StaticMixtureWorkSource([Dataset.from_path("web", str(tmp_path / "data"))],
+                                     shuffle_units=False)
+    pipeline = (Pipeline(source).options(prefetch=0).tokenize(tokenizer_dir)
+                .pack_flat(33).batch(1))
+    iterator = iter(pipeline)
+    next(iterator)
+    if change == "rewritten":  # another writer's layout: fewer, larger row groups
+        write_parquet(path, [f"new {i}" for i in range(10)], row_group_size=100)
+    elif change == "same_size":
+        data = bytearray(path.read_bytes())
+        data[-100] ^= 0xFF  # inside the footer's last 4 KiB
+        path.write_bytes(bytes(data))
+    else:
+        path.unlink()
+    with pytest.raises(DataError, match=r"a\.parquet: changed during the run \((.*bytes when "
+                       r"listed.*|its last 4 KiB differ.*|it was removed)\)"):
+        for _ in range(64):
+            next(iterator)

@@ -203,7 +203,14 @@ class Dataset:
 
     @contextlib.contextmanager
     def local_file(self, data_file: DataFile) -> Iterator[str]:
-        """A local path to read ``data_file`` from, valid inside the ``with`` block."""
+        """A local path to read ``data_file`` from, valid inside the ``with`` block; a file
+        that changed since it was listed (its size or its last 4 KiB) is a DataError saying
+        so, rather than whatever its new layout makes the reader fail with."""
+        change = _change_since_listing(data_file)
+        if change:
+            raise DataError(f"{data_file.path}: changed during the run ({change}). Files "
+                            "must not change while a run reads them: restore it, or start a "
+                            "new run (its checkpoints would be refused for the changed data)")
         yield data_file.path
 
     def bound(self, io_options: StoreOptions) -> Dataset:
@@ -211,6 +218,22 @@ class Dataset:
         need no options and return themselves. The dataset itself never changes, so pipelines
         built from one dataset object do not affect each other."""
         return self
+
+
+def _change_since_listing(data_file: DataFile) -> str | None:
+    """How a local file differs from its listing (None: the same size and last 4 KiB)."""
+    paths = ((data_file.path + ".idx", data_file.path + ".bin") if data_file.fmt == "megatron"
+             else (data_file.path,))
+    try:
+        size = sum(os.path.getsize(p) for p in paths)
+        digest = _tail_digest(paths[0])
+    except FileNotFoundError:
+        return "it was removed"
+    if size != data_file.size:
+        return f"{data_file.size} bytes when listed, {size} now"
+    if digest != data_file.version:
+        return "its last 4 KiB differ from when it was listed"
+    return None
 
 
 def _tail_digest(path: str, size: int = 4096) -> str:
