@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from zephon_torchtitan.config_registry import fit_model_vocab
 from zephon_torchtitan.dataloader import ZephonDataLoader
+from zephon_torchtitan.vocab import fit_model_vocab
 
 DOC_A = ("Ventor kalo mishi rune tashi. Polo anel vendra quibel torsa monegra filu bethi. "
          "Corthi ulpra sendo xawin kalo mishi.")

@@ -141,3 +141,36 @@ def test_a_changed_lane_count_at_resume_is_refused_in_zephons_words(tmp_path, re
     assert code != 0
     assert "holds loader state for 2 lanes, this run has 4" in output, output[-3000:]
     assert "Missing key" not in output
+
+
+def test_the_model_follows_a_recipe_named_on_the_command_line(tmp_path, recipes,
+                                                              small_tokenizer):
+    """The registry's config is sized to its own recipe's 4096-token tokenizer; naming a
+    recipe with a 2048-token tokenizer on the command line resizes the model and points
+    TorchTitan's tokenizer at it, instead of failing after the model is built."""
+    small = recipes.write(tmp_path / "small.toml", datasets=recipes.demo(),
+                          tokenizer=small_tokenizer)
+    code, output, losses = run_training(
+        ["-m", "torchtitan.train", "--module", "zephon_torchtitan", "--config",
+         "zephon_llama3_debugmodel", "--dataloader.recipe", str(small), "--training.seq_len",
+         "64", "--training.steps", "2", "--validator.no-enable", "--checkpoint.no-enable",
+         "--dump_folder", str(tmp_path / "out")],
+        cwd=tmp_path, module="zephon_torchtitan.cpu_shims", torchrun=True, timeout=300)
+    assert code == 0, output[-4000:]
+    assert "zephon: model vocabulary 4096 -> 2048" in output
+    assert f"zephon: hf_assets_path = {small_tokenizer}" in output
+    assert sorted(losses) == [1, 2]
+
+
+def test_the_launchers_fitted_vocabulary_follows_the_command_line_recipe(tmp_path, recipes,
+                                                                         small_tokenizer):
+    recipes.write(tmp_path / "data.toml", datasets=recipes.demo())  # 4096 tokens
+    small = recipes.write(tmp_path / "small.toml", datasets=recipes.demo(),
+                          tokenizer=small_tokenizer)
+    (tmp_path / "launch.toml").write_text(LAUNCH.format(vocab='vocab_size = "tokenizer"'))
+    code, output, losses = run_training(
+        ["--toml", str(tmp_path / "launch.toml"), "--dataloader.recipe", str(small)],
+        cwd=tmp_path, timeout=300)
+    assert code == 0, output[-4000:]
+    assert "zephon: model vocabulary 4096 -> 2048" in output
+    assert sorted(losses) == [1, 2]

@@ -19,7 +19,7 @@ from typing import Any
 _EXPORTS = {
     "ZephonDataLoader": "zephon_torchtitan.dataloader",
     "with_zephon": "zephon_torchtitan.config_registry",
-    "fit_vocab_size": "zephon_torchtitan.config_registry",
+    "fit_vocab_size": "zephon_torchtitan.vocab",
     "zephon_llama3_debugmodel": "zephon_torchtitan.config_registry",
     "zephon_llama3_debugmodel_continuous": "zephon_torchtitan.config_registry",
     "run_demo_training": "zephon_torchtitan.demo",

@@ -29,6 +29,7 @@ from typing import Any
 
 from zephon_torchtitan.dataloader import ZephonDataLoader
 from zephon_torchtitan.preflight import add_preflight
+from zephon_torchtitan.vocab import follow_recipe_tokenizer
 
 RECIPES = Path(os.environ.get("ZEPHON_TORCHTITAN_RECIPES",
                               Path(__file__).resolve().parents[3] / "recipes" / "torchtitan"))
@@ -45,49 +46,23 @@ def with_zephon(config: Any, recipe: str, *, validation: str | None = None,
 
     ``options`` are :class:`ZephonDataLoader.Config` fields. With ``fit_vocab`` the model's
     vocabulary is sized to the recipe's tokenizer, and ``hf_assets_path`` points at that
-    tokenizer when it is a local directory (TorchTitan builds its tokenizer from there).
+    tokenizer when it is a local directory (TorchTitan builds its tokenizer from there); both
+    follow ``--dataloader.recipe`` when the command line changes it
+    (:mod:`zephon_torchtitan.vocab`).
     ``validation`` names a finite, unshuffled recipe for ``validator.dataloader``; the
     validator stays off until ``--validator.enable``. The recipes are checked against the run
     before TorchTitan builds the model (:mod:`zephon_torchtitan.preflight`).
     """
-    from zephon_torchtitan.dataloader import read_recipe
     from zephon_torchtitan.train import single_process_env
 
     single_process_env()  # run without torchrun: one process, as the launcher does
-    config.dataloader = ZephonDataLoader.Config(recipe=recipe, **options)
+    config.dataloader = ZephonDataLoader.Config(recipe=recipe, fit_vocab=fit_vocab,
+                                                tokenizer_from_recipe=fit_vocab, **options)
     if validation is not None:
         config.validator.dataloader = ZephonDataLoader.Config(recipe=validation)
     add_preflight(config)
-    tokenizer = read_recipe(recipe).tokenizer
-    if fit_vocab:
-        from zephon.tokenizer import load_tokenizer
-
-        if Path(tokenizer).is_dir():
-            config.hf_assets_path = tokenizer
-        fit_vocab_size(config, len(load_tokenizer(tokenizer)))
+    follow_recipe_tokenizer(config, config.dataloader)
     return config
-
-
-def fit_vocab_size(config: Any, vocab_size: int) -> None:
-    """Size a decoder model's embedding, output layer and loss to ``vocab_size`` tokens."""
-    from torchtitan.components.loss import CrossEntropyLoss
-
-    fit_model_vocab(config.model_spec.model, vocab_size)
-    for _, loss, _, _ in config.loss.traverse(CrossEntropyLoss.Config):
-        if loss.global_vocab_size is not None:
-            loss.global_vocab_size = vocab_size
-
-
-def fit_model_vocab(model: Any, vocab_size: int) -> None:
-    """Size a ``Decoder.Config``'s vocabulary, embedding and output layer (in place)."""
-    from torchtitan.models.common.decoder import Decoder
-
-    if not isinstance(model, Decoder.Config):
-        raise TypeError(f"fit_model_vocab needs a Decoder model config, got "
-                        f"{type(model).__name__}")
-    model.vocab_size = vocab_size
-    model.tok_embeddings.num_embeddings = vocab_size
-    model.lm_head.out_features = vocab_size
 
 
 def _debug(recipe: str, **training: Any) -> Any:

@@ -77,6 +77,18 @@ class ZephonDataLoader(BaseDataLoader):
         the to_training choices; schema in ``zephon.recipe``). Relative paths inside it are
         relative to the recipe file."""
 
+        fit_vocab: bool = False
+        """Size the model's vocabulary (embedding, output layer, loss) to the recipe's
+        tokenizer, in the preflight: after the command line is parsed, so the model follows
+        the recipe actually used (``--dataloader.recipe`` included). The launcher's
+        ``vocab_size = "tokenizer"`` and ``with_zephon`` set it."""
+
+        tokenizer_from_recipe: bool = False
+        """Point ``hf_assets_path`` (where TorchTitan builds its tokenizer) at the recipe's
+        tokenizer directory, in the preflight, unless ``--hf_assets_path`` is on the command
+        line. The launcher (without ``hf_assets_path`` in its TOML), ``with_zephon`` and the
+        override route (with ``hf_assets_path`` at its default) set it."""
+
         lanes: int | None = None
         """Lane count when the recipe leaves it open (fixed for a run: any data-parallel size
         that divides it resumes the same data). Conflicting with the recipe is an error.

@@ -38,11 +38,12 @@ from zephon_torchtitan.preflight import preflight, trainer_config_in_progress
 @override(target=BaseDataLoader.Config, fqns=["dataloader"],
           description="Zephon data recipe as the training dataloader")
 def zephon_dataloader(config: BaseDataLoader.Config, **options: Any) -> ZephonDataLoader.Config:
-    fit_vocab = bool(options.pop("fit_vocab", False))
-    loader = _zephon_config(options, "zephon_dataloader")
     root = trainer_config_in_progress()
+    if root is not None and "tokenizer_from_recipe" not in options:
+        default = type(root).__dataclass_fields__["hf_assets_path"].default
+        options["tokenizer_from_recipe"] = root.hf_assets_path == default
+    loader = _zephon_config(options, "zephon_dataloader")
     if root is not None:
-        use_recipe_tokenizer(root, loader.recipe, fit_vocab)
         root.metrics = as_zephon_metrics(root.metrics)  # zephon/ metrics in TensorBoard
     preflight(root, replacing={"dataloader": loader})
     return loader
@@ -68,34 +69,6 @@ def zephon_metrics(config: MetricsProcessor.Config) -> MetricsProcessor.Config:
 def zephon_preflight(config: ZephonDataLoader.Config) -> ZephonDataLoader.Config:
     preflight()
     return config
-
-
-def use_recipe_tokenizer(root: Any, recipe_path: str, fit_vocab: bool) -> None:
-    """Point TorchTitan's tokenizer at the recipe's (when ``hf_assets_path`` was left at its
-    default) and, with ``fit_vocab``, size the model's vocabulary to it, as the launcher's
-    ``vocab_size = "tokenizer"`` does. Both are logged."""
-    from pathlib import Path
-
-    from torchtitan.tools.logging import logger
-
-    from zephon_torchtitan.config_registry import fit_vocab_size
-    from zephon_torchtitan.dataloader import read_recipe
-
-    tokenizer = read_recipe(recipe_path).tokenizer
-    if tokenizer is None or not Path(tokenizer).is_dir():
-        return
-    default = type(root).__dataclass_fields__["hf_assets_path"].default
-    if root.hf_assets_path == default:
-        root.hf_assets_path = tokenizer
-        logger.info(f"zephon: hf_assets_path = {tokenizer} (the data recipe's tokenizer)")
-    if fit_vocab:
-        from zephon.tokenizer import load_tokenizer
-
-        size = len(load_tokenizer(tokenizer))
-        before = getattr(root.model_spec.model, "vocab_size", None)
-        fit_vocab_size(root, size)
-        logger.info(f"zephon: model vocabulary {before} -> {size} (fit_vocab: the data "
-                    "recipe's tokenizer)")
 
 
 def _zephon_config(options: dict[str, Any], name: str) -> ZephonDataLoader.Config:

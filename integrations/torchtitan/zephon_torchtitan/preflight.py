@@ -74,8 +74,12 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None) -> None
 
     from zephon.preflight import check_recipe
     from zephon_torchtitan.dataloader import ZephonDataLoader, default_lanes, read_recipe
+    from zephon_torchtitan.vocab import follow_recipe_tokenizer
 
     root = root if root is not None else trainer_config_in_progress()
+    train_loader = (replacing or {}).get("dataloader", getattr(root, "dataloader", None))
+    if root is not None and isinstance(train_loader, ZephonDataLoader.Config):
+        follow_recipe_tokenizer(root, train_loader, logger)
     values = run_values(root)
     checkpoint = getattr(root, "checkpoint", None)
     if checkpoint is not None and getattr(checkpoint, "enable", False):

@@ -103,7 +103,7 @@ def base_config(module_name: str, function: str, source: str) -> Any:
 
 def prepare(data: dict[str, Any], source: str, cpu: bool) -> Any:
     """A ``Trainer.Config``: the base config with the launch recipe applied."""
-    from zephon_torchtitan.config_registry import fit_vocab_size
+    from zephon_torchtitan.vocab import fit_vocab_size, follow_recipe_tokenizer
 
     base = data["base"]
     root = Path(source).parent
@@ -122,17 +122,13 @@ def prepare(data: dict[str, Any], source: str, cpu: bool) -> Any:
     if validator_loader is not None:
         config.validator.dataloader = _loader_config(validator_loader, root, source,
                                                      "validator.dataloader")
-    tokenizer = _recipe_tokenizer(config.dataloader.recipe)
-    if "hf_assets_path" not in settings and Path(tokenizer).is_dir():
-        config.hf_assets_path = tokenizer
     vocab = base.get("vocab_size")
-    if vocab == "tokenizer":
-        from zephon.tokenizer import load_tokenizer
-
-        fit_vocab_size(config, len(load_tokenizer(tokenizer)))
-    elif isinstance(vocab, int) and not isinstance(vocab, bool):
+    config.dataloader.tokenizer_from_recipe = "hf_assets_path" not in settings
+    config.dataloader.fit_vocab = vocab == "tokenizer"
+    follow_recipe_tokenizer(config, config.dataloader)  # again in the preflight, after the CLI
+    if isinstance(vocab, int) and not isinstance(vocab, bool):
         fit_vocab_size(config, vocab)
-    elif vocab is not None:
+    elif vocab not in (None, "tokenizer"):
         raise ConfigError(f"{source}: [base] vocab_size must be \"tokenizer\" or an integer")
     if cpu:
         from zephon_torchtitan.cpu_shims import apply_cpu_config
@@ -141,12 +137,6 @@ def prepare(data: dict[str, Any], source: str, cpu: bool) -> Any:
     from zephon_torchtitan.preflight import add_preflight
 
     return add_preflight(config)
-
-
-def _recipe_tokenizer(recipe: str) -> str:
-    from zephon_torchtitan.dataloader import read_recipe
-
-    return read_recipe(recipe).tokenizer
 
 
 def _loader_config(table: Any, root: Path, source: str, where: str) -> Any:
