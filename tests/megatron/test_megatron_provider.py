@@ -325,3 +325,107 @@ def test_token_ids_beyond_the_models_vocabulary_name_the_flag() -> None:
                                                   r"\(4096\); size the model for it with "
                                                   r"--vocab-size 5000"):
         _check_vocab(recipe, argparse.Namespace(padded_vocab_size=4096))
+
+
+RAMP = ("--log-interval", "1", "--rampup-batch-size", "2", "2", "24")
+needs_ramp = pytest.mark.skipif(
+    not hasattr(__import__("megatron.core.num_microbatches_calculator", fromlist=["_"]),
+                "RampupBatchsizeNumMicroBatchesCalculator"),
+    reason="megatron-core >= 0.19 has no batch size ramp (--rampup-batch-size is deprecated)")
+
+
+def megatron_iterations(microbatches: int) -> dict[int, int]:
+    """{microbatches handed out: iteration completed} through megatron-core's own global
+    calculator, as Megatron's training loop steps it (update, read, add the samples)."""
+    from megatron.core import num_microbatches_calculator as calculator
+
+    calculator.init_num_microbatches_calculator(
+        rank=0, rampup_batch_size=[2, 2, 24], global_batch_size=8, micro_batch_size=2,
+        data_parallel_size=1, decrease_batch_size_if_needed=False)
+    try:
+        ends, handed, iteration, consumed = {}, 0, 0, 0
+        while handed < microbatches:
+            calculator.update_num_microbatches(consumed, consistency_check=True)
+            handed += calculator.get_num_microbatches()
+            consumed += calculator.get_num_microbatches() * 2
+            iteration += 1
+            if handed <= microbatches:
+                ends[handed] = iteration
+        return ends
+    finally:
+        calculator.destroy_num_microbatches_calculator()
+
+
+def logged_iterations(it, microbatches: int, monkeypatch) -> dict[int, int]:
+    """{microbatches handed out: iteration} of the metrics the iterator writes."""
+    from zephon_megatron import metrics
+
+    steps: list[int] = []
+    writer = type("Writer", (), {"add_scalar": lambda self, tag, value, step: steps.append(
+        step) if tag == "zephon/tokens_per_s" else None})()
+    monkeypatch.setitem(metrics._WRITERS, "tensorboard", writer)
+    logged = {}
+    for handed in range(1, microbatches + 1):
+        next(it)
+        if steps:
+            logged[handed] = steps.pop()
+    return logged
+
+
+@needs_ramp
+def test_iterations_follow_megatrons_batch_size_ramp(monkeypatch) -> None:
+    """--rampup-batch-size: one microbatch per step at first, then 2, 3 and 4 (global batch
+    2, 4, 6, 8): the metrics' iterations are Megatron's, and the data is the same."""
+    ramped = iterator(0, 1, *RAMP)
+    assert logged_iterations(ramped, 24, monkeypatch) == megatron_iterations(24)
+    plain = iterator()
+    fresh = iterator(0, 1, *RAMP)
+    assert tokens(take(fresh, 24)) == tokens(take(plain, 24))
+
+
+@needs_ramp
+def test_a_resume_inside_the_ramp_keeps_megatrons_iterations(monkeypatch) -> None:
+    first = iterator(0, 1, *RAMP)
+    take(first, 11)  # 7 iterations: 4 of one microbatch, 2 of two, 1 of three
+    state = first.save_state()
+    assert state["consumed_samples"] == 22
+    resumed = iterator(0, 1, *RAMP)
+    resumed.restore_state(state)
+    expected = {handed - 11: iteration for handed, iteration in megatron_iterations(30).items()
+                if handed > 11}
+    assert logged_iterations(resumed, 19, monkeypatch) == expected
+
+
+@pytest.mark.parametrize("ramp, message", [
+    (["2", "x", "24"], "three integers"),
+    (["4", "3", "10"], "does not reach --global-batch-size 8"),
+])
+def test_a_bad_ramp_is_named(ramp: list[str], message: str) -> None:
+    with pytest.raises(ZephonArgumentError, match=message):
+        settings_from_args(make_args("--rampup-batch-size", *ramp))
+
+
+def test_a_megatron_tokenizer_with_another_eos_is_an_error(monkeypatch) -> None:
+    """--tokenizer-model whose EOS is not the recipe tokenizer's: different tokenizers."""
+    from zephon.tokenizer import resolve_encoder
+    from zephon_megatron import provider
+
+    recipe_eos = resolve_encoder(DataRecipe.from_toml(PACKED).tokenizer, None).special.eos
+    args = make_args()
+    args.tokenizer_model = "/models/other"
+    for eod, fails in ((recipe_eos + 1, True), (recipe_eos, False)):
+        tokenizer = type("HuggingFaceTokenizer", (), {"eod": eod})()
+        monkeypatch.setattr(provider, "megatron_tokenizer", lambda t=tokenizer: t)
+        call = lambda: ZephonDatasetsProvider(lambda: args, lambda: Topology())(None)  # noqa: E731
+        if not fails:
+            assert call()[0] is not None
+            continue
+        with pytest.raises(ZephonArgumentError) as error:
+            call()
+        message = str(error.value)
+        for needle in ("--tokenizer-model", "HuggingFaceTokenizer '/models/other'",
+                       f"id {recipe_eos + 1}", f"with {recipe_eos}", "demo"):
+            assert needle in message, (needle, message)
+    null = type("NullTokenizer", (), {"eod": 4096})()  # the entry's default: not compared
+    monkeypatch.setattr(provider, "megatron_tokenizer", lambda: null)
+    assert ZephonDatasetsProvider(lambda: args, lambda: Topology())(None)[0] is not None

@@ -21,7 +21,14 @@ meaning or are refused before the model is built:
 ``--save``/``--load``      without ``--dataloader-save`` the loader state is written into
                            the checkpoint itself (``iter_N/mp_rank_*/``) and read from
                            ``--load``
+``--data-path``            Megatron's blend (weights and prefixes, or prefixes weighted by
+                           size): see :mod:`zephon_megatron.blend`
+``--data-args-path``       a file holding the ``--data-path`` values
+``--per-split-data-args-path``  a JSON file of train/valid/test blends (as
+                           ``--train-data-path``, ``--valid-data-path``, ``--test-data-path``)
 ``--split``                with ``--data-path``: each dataset's train/valid/test documents
+``--rampup-batch-size``    the global batch size ramp: the loader metrics' iterations follow
+                           it (the data order does not depend on batch sizes)
 ``--num-workers``          processes per reader running the document operators (decode,
                            tokenize): ``workers`` of the loader; absent: the recipe's, or 0
 ``--data-cache-path``      refused: there is no index cache to place
@@ -63,10 +70,12 @@ ATTENTION_BY_IMPL = {"transformer_engine": "thd", "local": "dense"}
 PRESET_FIXED = {"return_labels": True, "return_loss_mask": True, "flatten": False,
                 "return_num_valid_tokens": False, "return_padding_mask": False}
 PRESET_LAYOUT = ("rename_fields", "exclude_fields")
-_DATA_SOURCE_FLAGS = (("data_path", "--data-path"), ("mock_data", "--mock-data"),
-                      ("train_data_path", "--train-data-path"),
-                      ("valid_data_path", "--valid-data-path"),
-                      ("test_data_path", "--test-data-path"))
+_PER_SPLIT_FLAGS = (("train", "train_data_path", "--train-data-path"),
+                    ("valid", "valid_data_path", "--valid-data-path"),
+                    ("test", "test_data_path", "--test-data-path"))
+DATA_SOURCES = ("--zephon-recipe PATH (a data recipe), --data-path or --data-args-path "
+                "(Megatron indexed datasets, cut by --split), or --per-split-data-args-path / "
+                "--train-data-path (a blend per split)")
 
 
 class ZephonArgumentError(ConfigError):
@@ -123,8 +132,12 @@ class ZephonSettings:
     """Where Megatron writes the loader state with each checkpoint: ``--dataloader-save``, else
     the checkpoint directory ``--save`` itself."""
     data_path: tuple[str, ...] | None = None
-    """Megatron's ``--data-path`` blend, when the data comes from it (see
-    :mod:`zephon_megatron.blend`); ``recipe`` then holds only options, or is empty."""
+    """Megatron's ``--data-path`` blend (or the values of ``--data-args-path``), when the data
+    comes from it (see :mod:`zephon_megatron.blend`); ``recipe`` then holds only options, or is
+    empty."""
+    per_split: tuple[tuple[str, ...] | None, ...] | None = None
+    """The train, valid and test blends of ``--per-split-data-args-path`` or
+    ``--train-data-path``/``--valid-data-path``/``--test-data-path`` (None: no data)."""
     split: str | None = None
     """Megatron's ``--split`` for a ``--data-path`` blend."""
     seed: int = 1234
@@ -138,6 +151,12 @@ class ZephonSettings:
     """``--num-workers`` when given: document-operator processes per reader."""
     trace_dir: str | None = None
     """``--zephon-trace-dir``: where each reader writes a line per training microbatch."""
+    rampup_batch_size: tuple[int, int, int] | None = None
+    """``--rampup-batch-size START INCREMENT SAMPLES``: the global batch size grows from START
+    to ``--global-batch-size`` (the iteration numbers of the metrics follow it)."""
+    decrease_batch_size_if_needed: bool = False
+    """``--decrease-batch-size-if-needed``: Megatron rounds the global batch size down to a
+    multiple of micro batch x data-parallel size."""
 
 
 # -- parsers -----------------------------------------------------------------------------------
@@ -194,6 +213,8 @@ def add_megatron_data_flags(parser: argparse.ArgumentParser) -> argparse.Argumen
     add("--seq-length", type=int, default=None)
     add("--micro-batch-size", type=int, default=None)
     add("--global-batch-size", type=int, default=None)
+    add("--rampup-batch-size", nargs=3, default=None)
+    add("--decrease-batch-size-if-needed", action="store_true")
     add("--reset-position-ids", action="store_true")
     add("--reset-attention-mask", action="store_true")
     add("--dataloader-inter-document-masking", action="store_true")
@@ -205,6 +226,8 @@ def add_megatron_data_flags(parser: argparse.ArgumentParser) -> argparse.Argumen
         choices=["local", "transformer_engine", "inference_optimized"])
     add("--dataloader-type", type=str, default=None, choices=["single", "cyclic", "external"])
     add("--data-path", nargs="*", default=None)
+    add("--data-args-path", type=str, default=None)
+    add("--per-split-data-args-path", type=str, default=None)
     add("--split", type=str, default=None)
     add("--num-workers", type=int, default=2)
     add("--data-cache-path", default=None)
@@ -305,23 +328,20 @@ def settings_from_args(args: argparse.Namespace,
     if getattr(args, "dataloader", "megatron") != "zephon":
         check_megatron_dataloader(args)
         raise ZephonArgumentError("settings_from_args needs --dataloader zephon")
-    data_path = getattr(args, "data_path", None) or None
-    for dest, flag in _DATA_SOURCE_FLAGS:
-        if dest != "data_path" and getattr(args, dest, None):
-            raise ZephonArgumentError(
-                f"{flag} conflicts with --dataloader zephon: the data comes from "
-                "--zephon-recipe or --data-path (with --split for validation and test)")
-    if not args.zephon_recipe and not data_path:
-        raise ZephonArgumentError("--dataloader zephon needs --zephon-recipe PATH (a data "
-                                  "recipe) or --data-path (Megatron indexed datasets)")
+    data_path, per_split = data_sources(args)
+    if not args.zephon_recipe and not data_path and per_split is None:
+        raise ZephonArgumentError(f"--dataloader zephon needs {DATA_SOURCES}")
+    blended = bool(data_path) or per_split is not None
     test_recipe = getattr(args, "zephon_test_recipe", None)
-    if data_path and (args.zephon_valid_recipe or test_recipe):
+    if blended and (args.zephon_valid_recipe or test_recipe):
         flag = "--zephon-valid-recipe" if args.zephon_valid_recipe else "--zephon-test-recipe"
-        raise ZephonArgumentError(f"{flag} conflicts with --data-path: "
-                                  "validation and test come from --split")
+        where = "--split" if data_path else "the per-split blends"
+        raise ZephonArgumentError(f"{flag} conflicts with Megatron's data flags: "
+                                  f"validation and test come from {where}")
     if getattr(args, "split", None) and not data_path:
-        raise ZephonArgumentError("--split is only read with --data-path; a recipe's "
-                                  "validation data comes from --zephon-valid-recipe")
+        raise ZephonArgumentError("--split is only read with --data-path or --data-args-path; "
+                                  "per-split blends and a recipe's validation data "
+                                  "(--zephon-valid-recipe) are not cut")
     if args.dataloader_type not in (None, "external"):
         raise ZephonArgumentError(f"--dataloader-type {args.dataloader_type} conflicts with "
                                   "--dataloader zephon, which needs --dataloader-type external "
@@ -367,7 +387,8 @@ def settings_from_args(args: argparse.Namespace,
             raise ZephonArgumentError(f"{flag} {path!r}: no such file")
     recipes = load_recipes(args.zephon_recipe, args.zephon_valid_recipe, data_path,
                            getattr(args, "split", None), args.zephon_lanes,
-                           int(getattr(args, "seed", 1234)), test_recipe)
+                           int(getattr(args, "seed", 1234)), test_recipe,
+                           seq_length=args.seq_length, per_split=per_split)
     recipe = recipes["train"]
     if args.zephon_lanes is not None and args.zephon_lanes < 1:
         raise ZephonArgumentError("--zephon-lanes must be >= 1")
@@ -400,6 +421,7 @@ def settings_from_args(args: argparse.Namespace,
         lanes = default_lanes(args, dataloader_load, world_size)
     if int(getattr(args, "eval_iters", 0) or 0) > 0 and recipes["valid"] is None:
         where = ("--split gives validation no share" if data_path
+                 else "the per-split blends give validation no data" if per_split is not None
                  else "there is no --zephon-valid-recipe")
         problems.append(
             f"--eval-iters {args.eval_iters} plans evaluation, but {where}; Megatron would "
@@ -426,10 +448,74 @@ def settings_from_args(args: argparse.Namespace,
         prefetch=args.zephon_prefetch, masking=masking, attention=ATTENTION_BY_IMPL[impl],
         dataloader_save=dataloader_save,
         data_path=tuple(data_path) if data_path else None, split=getattr(args, "split", None),
+        per_split=per_split,
         seed=int(getattr(args, "seed", 1234)),
         log_interval=getattr(args, "log_interval", None), dataloader_load=dataloader_load,
         test_recipe=test_recipe, workers=workers,
-        trace_dir=getattr(args, "zephon_trace_dir", None))
+        trace_dir=getattr(args, "zephon_trace_dir", None),
+        rampup_batch_size=_rampup(args),
+        decrease_batch_size_if_needed=bool(getattr(args, "decrease_batch_size_if_needed",
+                                                   False)))
+
+
+def _rampup(args: argparse.Namespace) -> tuple[int, int, int] | None:
+    """``--rampup-batch-size START INCREMENT SAMPLES`` as Megatron reads it (three integers,
+    START <= --global-batch-size, the difference a multiple of INCREMENT), or None."""
+    values = getattr(args, "rampup_batch_size", None)
+    if not values:
+        return None
+    try:
+        start, increment, samples = (int(v) for v in values)
+    except ValueError:
+        raise ZephonArgumentError(
+            f"--rampup-batch-size takes three integers (start batch size, increment, ramp-up "
+            f"samples), e.g. '--rampup-batch-size 32 32 1000000'; got {values}") from None
+    final = getattr(args, "global_batch_size", None)
+    if start < 1 or increment < 1 or samples < 0 or final is None or start > final or \
+            (final - start) % increment:
+        raise ZephonArgumentError(
+            f"--rampup-batch-size {start} {increment} {samples} does not reach "
+            f"--global-batch-size {final}: give start >= 1, increment >= 1, samples >= 0 and a "
+            "global batch size that is start plus a multiple of the increment")
+    return start, increment, samples
+
+
+def data_sources(args: argparse.Namespace
+                 ) -> tuple[list[str] | None, tuple[tuple[str, ...] | None, ...] | None]:
+    """(``--data-path`` values, per-split blends) of a command line, as Megatron-LM reads them
+    (``get_blend_and_blend_per_split``): ``--data-args-path`` holds the ``--data-path``
+    values; ``--per-split-data-args-path`` (else ``--train-data-path``,
+    ``--valid-data-path``, ``--test-data-path``) gives a blend per split. One source only."""
+    from zephon_megatron.blend import read_data_args, read_per_split_data_args
+
+    if getattr(args, "mock_data", False):
+        raise ZephonArgumentError("--mock-data conflicts with --dataloader zephon: the data "
+                                  f"comes from {DATA_SOURCES}")
+    data_path = getattr(args, "data_path", None) or None
+    args_path = getattr(args, "data_args_path", None)
+    split_file = getattr(args, "per_split_data_args_path", None)
+    split_flags = [flag for _, dest, flag in _PER_SPLIT_FLAGS if getattr(args, dest, None)]
+    given = (["--data-path"] if data_path else []) + (["--data-args-path"] if args_path else []) \
+        + (["--per-split-data-args-path"] if split_file else []) + split_flags[:1]
+    if len(given) > 1:
+        raise ZephonArgumentError(f"{given[0]} conflicts with {given[1]}: Megatron reads one "
+                                  "source of data; give one of them")
+    try:
+        if args_path:
+            return read_data_args(args_path), None
+        if split_file:
+            blends = read_per_split_data_args(split_file)
+            return None, tuple(tuple(blends[role]) if blends[role] else None
+                               for role, _, _ in _PER_SPLIT_FLAGS)
+    except ConfigError as exc:
+        raise ZephonArgumentError(str(exc)) from None
+    if split_flags:
+        if not getattr(args, "train_data_path", None):
+            raise ZephonArgumentError(f"{split_flags[0]} needs --train-data-path too: the "
+                                      "training data of a blend per split")
+        return None, tuple(tuple(getattr(args, dest)) if getattr(args, dest, None) else None
+                           for _, dest, _ in _PER_SPLIT_FLAGS)
+    return data_path, None
 
 
 def _check_evaluation_flags(args: argparse.Namespace) -> None:
@@ -468,14 +554,18 @@ def default_lanes(args: argparse.Namespace, state_dir: str | None,
 
 def load_recipes(recipe: str | None, valid_recipe: str | None,
                  data_path: Sequence[str] | None, split: str | None, lanes: int | None,
-                 seed: int, test_recipe: str | None = None) -> dict[str, Any]:
+                 seed: int, test_recipe: str | None = None, *, seq_length: int,
+                 per_split: Sequence[Sequence[str] | None] | None = None) -> dict[str, Any]:
     """``{"train", "valid", "test"}`` recipes (valid/test may be None): from the recipe files,
-    or from a ``--data-path`` blend (see :mod:`zephon_megatron.blend`)."""
-    if data_path:
-        from zephon_megatron.blend import blend_recipes
+    or from a ``--data-path`` or per-split blend (see :mod:`zephon_megatron.blend`; unweighted
+    prefixes are weighed by their samples of ``seq_length``)."""
+    if data_path or per_split is not None:
+        from zephon_megatron.blend import SPLITS, blend_recipes
 
+        blends = dict(zip(SPLITS, per_split, strict=True)) if per_split is not None else None
         try:
-            return blend_recipes(data_path, split, recipe, lanes=lanes, seed=seed)
+            return blend_recipes(data_path, split, recipe, lanes=lanes, seed=seed,
+                                 seq_length=seq_length, per_split=blends)
         except ZephonArgumentError:
             raise
         except ConfigError as exc:
@@ -489,7 +579,8 @@ def load_recipes(recipe: str | None, valid_recipe: str | None,
 def training_recipes(settings: ZephonSettings) -> dict[str, Any]:
     """The recipes ``settings`` were checked with, read again (on every reader)."""
     return load_recipes(settings.recipe, settings.valid_recipe, settings.data_path,
-                        settings.split, settings.lanes, settings.seed, settings.test_recipe)
+                        settings.split, settings.lanes, settings.seed, settings.test_recipe,
+                        seq_length=settings.seq_length, per_split=settings.per_split)
 
 
 def _check_shapes(recipe: Any, args: argparse.Namespace) -> None:

@@ -59,6 +59,7 @@ from zephon_megatron.arguments import (
     settings_from_args,
     training_recipes,
 )
+from zephon_megatron.metrics import StepClock, global_batch_schedule
 
 STATE_FORMAT = "zephon_megatron.loader"
 STATE_VERSION = 1
@@ -99,16 +100,14 @@ class ZephonDataIterator:
     def __init__(self, pipeline: Any, to_training: dict[str, Any], *, micro_batch_size: int,
                  role: str = "train", source: str = "<recipe>",
                  restart_every: int | None = None, cycle: bool = False,
-                 log_every: tuple[int, int, int] | None = None, announce: bool = True,
+                 log_every: tuple[StepClock, int] | None = None, announce: bool = True,
                  metrics_group: Any = None, trace: Any = None):
         self.pipeline = pipeline
         self.meter = LoaderMeter(metrics_group)
         """Job figures over ``metrics_group``, the readers' data-parallel gloo group (see
         :mod:`zephon.meter`)."""
         self.log_every = log_every
-        """(microbatches per iteration on this reader, Megatron's --log-interval, global batch
-        size in rows)."""
-        self._first_iteration = 0
+        """(Megatron's iteration of each microbatch, Megatron's --log-interval)."""
         self.announce = announce
         """Print the metrics line (data-parallel rank 0)."""
         self._report = _EndOfRunReport(self.meter, pipeline, role == "train" and announce)
@@ -199,12 +198,9 @@ class ZephonDataIterator:
     def _maybe_log(self) -> None:
         if self.log_every is None:
             return
-        per_step, interval, _ = self.log_every
-        handed = int(self.meter.totals["microbatches"])
-        if per_step <= 0 or interval <= 0 or handed % per_step:
-            return
-        iteration = self._first_iteration + handed // per_step
-        if iteration % interval:
+        clock, interval = self.log_every
+        iteration = clock.tick()
+        if iteration is None or interval <= 0 or iteration % interval:
             return
         metrics = self.meter.window(self.pipeline.report())
         from zephon_megatron.metrics import write
@@ -262,9 +258,7 @@ class ZephonDataIterator:
         self.pipeline.load_state_dict(merged)
         self._since_start = 0
         if self.log_every is not None:  # iterations already done, for the metrics' steps
-            per_step, _, global_batch = self.log_every
-            self._first_iteration = (self.consumed_samples // global_batch
-                                     - int(self.meter.totals["microbatches"]) // per_step)
+            self.log_every[0].seek(self.consumed_samples)
 
 
 class _EndOfRunReport:
@@ -373,29 +367,110 @@ def read_dataloader_states(save_dir: str | os.PathLike[str],
 # -- provider ----------------------------------------------------------------------------------
 def preset_options(settings: ZephonSettings, recipe: Any) -> dict[str, Any]:
     """The ``to_training`` arguments of the Megatron preset under this run's masking."""
-    eos = _eod_id(recipe) if settings.masking.eos_mask_loss else None
+    eos = _eod_id(recipe, megatron_tokenizer()) if settings.masking.eos_mask_loss else None
     return settings.masking.to_training_kwargs(
         eos_token_id=eos,
         ignore_index=recipe.to_training.get("ignore_index"))
 
 
-def _eod_id(recipe: Any) -> int:
-    """The EOS id for ``--eod-mask-loss``: the recipe's, else (token-id data) the EOD of
-    Megatron-LM's tokenizer when running inside ``pretrain()``."""
-    try:
-        return recipe.eos_token_id()
-    except ConfigError:
-        if recipe.tokenizer is not None:
-            raise
+def megatron_tokenizer() -> Any:
+    """Megatron-LM's tokenizer inside ``pretrain()``, else None."""
     try:
         from megatron.training import get_tokenizer
 
-        return int(get_tokenizer().eod)
-    except (ImportError, AssertionError, AttributeError):
+        return get_tokenizer()
+    except (ImportError, AssertionError):
+        return None
+
+
+def _is_null(tokenizer: Any) -> bool:
+    """Megatron's NullTokenizer: it has no end-of-document token, only an id derived from
+    ``--vocab-size`` (``vocab_size`` before megatron-core 0.19, ``vocab_size - 1`` after)."""
+    return "NullTokenizer" in type(tokenizer).__name__
+
+
+def _eod_id(recipe: Any, tokenizer: Any = None) -> int:
+    """The EOS id for ``--eod-mask-loss``: the recipe's, else (token-id data) the EOD of
+    Megatron-LM's ``tokenizer``. An id no token can carry is an error (see
+    :func:`_check_eod_occurs`), never a mask that masks nothing."""
+    try:
+        eod = recipe.eos_token_id()
+    except ConfigError:
+        if recipe.tokenizer is not None:
+            raise
+        eod = _megatron_eod(recipe, tokenizer)
+    _check_eod_occurs(eod, recipe)
+    return eod
+
+
+def _megatron_eod(recipe: Any, tokenizer: Any) -> int:
+    """The EOD of Megatron-LM's tokenizer for token-id data; NullTokenizer's is refused."""
+    if tokenizer is None or getattr(tokenizer, "eod", None) is None:
         raise ZephonArgumentError(
             f"{recipe.source}: --eod-mask-loss needs the EOD id of the token-id data; set "
             "[to_training] eos_token_id in --zephon-recipe (or run inside Megatron-LM, whose "
-            "tokenizer knows it)") from None
+            "tokenizer knows it)")
+    eod = int(tokenizer.eod)
+    if _is_null(tokenizer):
+        raise ZephonArgumentError(
+            f"--eod-mask-loss: the EOD id {eod} comes from Megatron's "
+            f"{type(tokenizer).__name__}, which makes it up from --vocab-size (one past the "
+            "last id in megatron-core <= 0.18, the last id from 0.19): it is not the EOD the "
+            "data was written with, so the mask would hit no label or the wrong ones. Set "
+            "[to_training] eos_token_id in "
+            "--zephon-recipe to the EOD id the data was written with (preprocess_data.py "
+            "--append-eod writes its tokenizer's EOD), or name that tokenizer with "
+            "--tokenizer-type/--tokenizer-model, or drop --eod-mask-loss")
+    return eod
+
+
+def _check_eod_occurs(eod: int, recipe: Any) -> None:
+    """Refuse an EOD id outside the ids the data holds: below 0, or not below the recipe
+    tokenizer's size (text) or ``[tokenize] vocab_size`` (token ids)."""
+    if recipe.tokenizer is not None:
+        from zephon.tokenizer import load_tokenizer
+
+        limit, what = len(load_tokenizer(recipe.tokenizer)), f"tokenizer {recipe.tokenizer!r}"
+    else:
+        limit, what = recipe.tokenize.get("vocab_size"), "[tokenize] vocab_size"
+    if eod < 0 or (limit is not None and eod >= limit):
+        raise ZephonArgumentError(
+            f"{recipe.source}: --eod-mask-loss masks the label after EOD id {eod}, but the "
+            f"data's ids are 0..{'?' if limit is None else limit - 1} ({what}), so none is "
+            "ever masked. Set [to_training] eos_token_id to the EOD id the data holds, or "
+            "drop --eod-mask-loss")
+
+
+def check_tokenizers(recipe: Any, args: argparse.Namespace, tokenizer: Any) -> None:
+    """Megatron-LM's tokenizer must end documents as the recipe's tokenizer does.
+
+    With ``--dataloader zephon`` the recipe's tokenizer makes every training id and its EOS
+    marks the document boundaries (``--eod-mask-loss``, document masking); Megatron-LM's
+    tokenizer (``--tokenizer-type``/``--tokenizer-model``) is the one it evaluates, generates
+    and exports the checkpoint with. A different EOS id means different tokenizers, so the
+    model would be read with ids it was not trained on: an error. Megatron's NullTokenizer
+    (the entry's default, which carries only the vocabulary size) and token-id data (no recipe
+    tokenizer: Megatron's EOD is the data's) are not compared. The recipe tokenizer's own EOS
+    counts, not ``[to_training] eos_token_id``, which may choose another boundary token on
+    purpose."""
+    if recipe.tokenizer is None or tokenizer is None or _is_null(tokenizer):
+        return
+    theirs = getattr(tokenizer, "eod", None)
+    from zephon.tokenizer import resolve_encoder
+
+    ours = resolve_encoder(recipe.tokenizer, None).special.eos
+    if theirs is None or ours is None or int(theirs) == int(ours):
+        return
+    model = getattr(args, "tokenizer_model", None)
+    megatron = f"{type(tokenizer).__name__}" + (f" {model!r}" if model else "")
+    raise ZephonArgumentError(
+        f"--tokenizer-model: Megatron's tokenizer ({megatron}) ends documents with id "
+        f"{int(theirs)}, the recipe's tokenizer {recipe.tokenizer!r} ({recipe.source}) with "
+        f"{int(ours)}; they are different tokenizers, and the model would be evaluated and "
+        "exported with ids it was not trained on. Pass the recipe's tokenizer as "
+        "--tokenizer-model, point [tokenize] tokenizer at Megatron's, or leave "
+        "--tokenizer-type/--tokenizer-model out (the entry then sizes a NullTokenizer to the "
+        "recipe's tokenizer)")
 
 
 def build_iterator(recipe: Any, settings: ZephonSettings, topology: Topology, *,
@@ -413,14 +488,23 @@ def build_iterator(recipe: Any, settings: ZephonSettings, topology: Topology, *,
                             prefetch=settings.prefetch, workers=settings.workers)
     log_every = None
     if role == "train" and settings.global_batch_size and settings.log_interval:
-        per_step = settings.global_batch_size // (settings.micro_batch_size * topology.dp_size)
-        log_every = (per_step, settings.log_interval, settings.global_batch_size)
+        log_every = (step_clock(settings, topology.dp_size), settings.log_interval)
     return ZephonDataIterator(pipeline, preset_options(settings, recipe),
                               micro_batch_size=settings.micro_batch_size, role=role,
                               source=recipe.source, restart_every=restart_every, cycle=cycle,
                               log_every=log_every, announce=topology.dp_rank == 0,
                               metrics_group=_host_group(topology.dp_group),
                               trace=_open_trace(settings.trace_dir) if role == "train" else None)
+
+
+def step_clock(settings: ZephonSettings, dp_size: int) -> StepClock:
+    """Megatron's iterations for this run's batch sizes (``--rampup-batch-size`` included)."""
+    rows = settings.micro_batch_size * dp_size
+    ramp = settings.rampup_batch_size
+    schedule = global_batch_schedule(settings.global_batch_size or rows,
+                                     settings.micro_batch_size, dp_size, ramp,
+                                     settings.decrease_batch_size_if_needed)
+    return StepClock(schedule, rows, ramp_samples=ramp[2] if ramp else 0)
 
 
 def _open_trace(trace_dir: str | None) -> Any:
@@ -495,6 +579,7 @@ class ZephonDatasetsProvider:
         recipes = training_recipes(settings)
         recipe = recipes["train"]
         _check_vocab(recipe, args)
+        check_tokenizers(recipe, args, megatron_tokenizer())
         train = build_iterator(recipe, settings, topology)
         restore_for_resume(train, settings, int(getattr(args, "iteration", 0) or 0),
                            int(getattr(args, "consumed_train_samples", 0) or 0))
