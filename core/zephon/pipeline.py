@@ -22,7 +22,7 @@ import dataclasses
 import inspect
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Concatenate, ParamSpec
 
 from zephon.batch import SampleBatch
 from zephon.errors import ConfigError
@@ -31,7 +31,7 @@ from zephon.ops.base import OperatorSpec, check_order
 from zephon.ops.batch import BatchSpec
 from zephon.ops.filter import FilterSpec
 from zephon.ops.map import MapSpec
-from zephon.ops.pack import PackSpec
+from zephon.ops.pack import PackFlatSpec, PackSequencesSpec
 from zephon.ops.pretokenized import PretokenizedSpec
 from zephon.ops.shuffle import ShuffleSpec
 from zephon.ops.tokenize import TokenizeSpec
@@ -42,24 +42,25 @@ from zephon.runtime import Loader
 from zephon.work.estimation import DatasetEstimate
 from zephon.work.source import StaticMixtureWorkSource
 
+P = ParamSpec("P")
 
-def _operator_method(spec_cls: type[OperatorSpec], name: str, doc: str, **fixed: Any
-                     ) -> Callable[..., Pipeline]:
-    """A builder method whose parameters are the spec's fields (less ``fixed`` ones)."""
 
-    def method(self: Pipeline, *args: Any, **kwargs: Any) -> Pipeline:
-        clash = sorted(set(kwargs) & set(fixed))
-        if clash:
-            raise TypeError(f"{name}() got an unexpected keyword argument {clash[0]!r}")
-        return self.apply(spec_cls(*args, **kwargs, **fixed))
+def _operator_method(spec_cls: Callable[P, OperatorSpec], name: str, doc: str
+                     ) -> Callable[Concatenate[Pipeline, P], Pipeline]:
+    """A builder method that takes exactly the spec's fields: type checkers and editors see
+    them through ``P``, and ``help()`` through ``__signature__``."""
 
-    parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-    for p in inspect.signature(spec_cls).parameters.values():
-        if p.name not in fixed:
-            parameters.append(p)
-    method.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    def method(self: Pipeline, *args: P.args, **kwargs: P.kwargs) -> Pipeline:
+        spec = spec_cls(*args, **kwargs)
+        return self.apply(spec)
+
+    parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+                  *inspect.signature(spec_cls).parameters.values()]
+    method.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        parameters, return_annotation="Pipeline")
     method.__name__ = method.__qualname__ = name
-    method.__doc__ = f"{doc}\n\nOptions: see :class:`{spec_cls.__module__}.{spec_cls.__name__}`."
+    target = f"{spec_cls.__module__}.{getattr(spec_cls, '__name__', spec_cls)}"
+    method.__doc__ = f"{doc}\n\nOptions: see :class:`{target}`."
     return method
 
 
@@ -137,11 +138,11 @@ class Pipeline:
     map = _operator_method(MapSpec, "map", "Apply ``fn`` to every document before packing.")
     filter = _operator_method(FilterSpec, "filter",
                               "Keep the documents ``fn`` accepts; rejected ones are counted.")
-    pack_flat = _operator_method(PackSpec, "pack_flat",
-                                 "Pack documents into fixed-length rows.", flat=True)
+    pack_flat = _operator_method(PackFlatSpec, "pack_flat",
+                                 "Pack documents into fixed-length rows.")
     pack_sequences = _operator_method(
-        PackSpec, "pack_sequences", "Group documents into rows of at most ``max_length`` "
-        "tokens, kept as lists.", flat=False)
+        PackSequencesSpec, "pack_sequences", "Group documents into rows of at most "
+        "``max_length`` tokens, kept as lists.")
     shuffle = _operator_method(ShuffleSpec, "shuffle", "Seeded buffer shuffle of rows.")
     batch = _operator_method(BatchSpec, "batch",
                              "Group rows into SampleBatch objects; the last operator.")

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import inspect
 import pickle
+from pathlib import Path
 
 import pytest
 
+import zephon
 from tests.core.test_elastic import build, digest
 from zephon import Pipeline, StateMismatchError
 from zephon.io import CacheOptions, Dataset, StoreOptions
@@ -36,6 +38,45 @@ def test_operator_methods_take_exactly_the_spec_fields():
     assert set(pack_flat) - {"self"} == set(inspect.signature(PackSpec).parameters) - {"flat"}
     with pytest.raises(TypeError):
         Pipeline.pack_flat(None, 33, flat=False)
+    pack_sequences = inspect.signature(Pipeline.pack_sequences).parameters
+    assert "flat" not in pack_sequences and "pad_token_id" not in pack_sequences
+
+
+def test_type_checkers_see_the_builder_methods_signatures(tmp_path):
+    """The methods are typed through the specs (a ParamSpec), so an editor or mypy sees
+    ``pack_flat(max_length: int, ...)`` and flags a misspelled option, not ``(*args,
+    **kwargs)``."""
+    from mypy import api as mypy
+    (tmp_path / "use.py").write_text(
+        "from zephon import Pipeline\n\n"
+        "def use(p: Pipeline) -> None:\n"
+        "    reveal_type(p.pack_flat)\n"
+        "    p.pack_flat(33, flat=False)\n"
+        "    p.tokenize('tok', feild='body')\n"
+        "    p.shuffle(buffer_size='8')\n")
+    config = tmp_path / "mypy.ini"  # the source tree, since an editable install hides it
+    config.write_text(f"[mypy]\nmypy_path = {Path(zephon.__file__).resolve().parents[1]}\n")
+    out, _, _ = mypy.run(["--config-file", str(config), "--follow-imports=silent",
+                          "--ignore-missing-imports", "--no-incremental",
+                          "--cache-dir=/dev/null", str(tmp_path / "use.py")])
+    assert ('def (max_length: int, algorithm: str =, pad_token_id: int | None =, '
+            'max_open_bins: int =) -> zephon.pipeline.Pipeline') in out, out
+    assert 'use.py:5: error: Unexpected keyword argument "flat"' in out, out
+    assert 'use.py:6: error: Unexpected keyword argument "feild"; did you mean "field"?' in out
+    assert 'use.py:7: error: Argument "buffer_size"' in out, out
+
+
+def test_every_operator_is_registered_and_abstract_methods_are_enforced():
+    from zephon.ops.base import _REGISTRY, DocumentOperator, RowOperator
+
+    assert {"tokenize", "tokenize_chat", "pretokenized", "map", "filter", "pack_flat",
+            "pack_sequences", "shuffle", "batch"} <= set(_REGISTRY)
+    for name, spec in _REGISTRY.items():
+        assert spec.op_name == name
+    for base in (DocumentOperator, RowOperator):
+        incomplete = type("Incomplete", (base,), {})
+        with pytest.raises(TypeError, match="abstract"):
+            incomplete(PackSpec(9))
 
 
 def test_options_after_load_state_dict_carry_the_state(two_datasets, tokenizer_dir):

@@ -8,12 +8,12 @@ from zephon.ops.base import OperatorSpec
 from zephon.ops.batch import BatchSpec
 from zephon.ops.filter import FilterSpec
 from zephon.ops.map import MapSpec
-from zephon.ops.pack import PackSpec
+from zephon.ops.pack import PackFlatSpec, PackSequencesSpec, PackSpec
 from zephon.ops.pretokenized import PretokenizedSpec
 from zephon.ops.shuffle import ShuffleSpec
 from zephon.ops.tokenize import TokenizeSpec
 from zephon.ops.tokenize_chat import TokenizeChatSpec
 
-__all__ = ["BatchSpec", "FilterSpec", "MapSpec", "OperatorSpec", "PackSpec",
-           "PretokenizedSpec", "ShuffleSpec",
+__all__ = ["BatchSpec", "FilterSpec", "MapSpec", "OperatorSpec", "PackFlatSpec",
+           "PackSequencesSpec", "PackSpec", "PretokenizedSpec", "ShuffleSpec",
            "TokenizeChatSpec", "TokenizeSpec"]

@@ -99,7 +99,7 @@ class BuildContext:
 _REGISTRY: dict[str, type[OperatorSpec]] = {}
 
 
-class OperatorSpec:
+class OperatorSpec(ABC):
     """Base of every operator spec. Subclasses are frozen dataclasses and set the class
     attributes below; defining one registers its ``op_name`` for recipes' ``[[ops]]``."""
 
@@ -131,8 +131,9 @@ class OperatorSpec:
     """Turns documents into rows (packing); comes first among row operators. Without one,
     each document becomes a row of its own."""
 
+    @abstractmethod
     def build(self, context: BuildContext) -> Operator:
-        raise NotImplementedError
+        """The operator for one loader (a tokenizer loaded once, shared by the lanes)."""
 
     def fields(self) -> dict[str, Any]:
         """The spec's options as a dict (what the default fingerprint holds)."""
@@ -174,8 +175,9 @@ def _overlap(a: OperatorSpec, b: OperatorSpec) -> bool:
     return first is None or second is None or bool(set(first) & set(second))
 
 
-class Operator:
-    """An operator built for one loader, shared by all its lanes."""
+class Operator(ABC):  # noqa: B024 - the abstract methods are its subclasses'
+    """An operator built for one loader, shared by all its lanes; its subclasses'
+    abstract methods are enforced (a subclass without them cannot be instantiated)."""
 
     def __init__(self, spec: OperatorSpec):
         self.spec = spec

@@ -26,6 +26,7 @@ very long documents.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -95,6 +96,24 @@ class PackSpec(OperatorSpec):
         candidates = (self.pad_token_id, special.pad if special else None,
                       special.eos if special else None)
         return PackOperator(self, next((p for p in candidates if p is not None), 0))
+
+
+@dataclass(frozen=True)
+class PackFlatSpec(PackSpec):
+    """``pack_flat``: :class:`PackSpec` with one token array per row."""
+
+    op_name: ClassVar[str] = "pack_flat"  # type: ignore[misc]
+    flat: bool = dataclasses.field(default=True, init=False)
+
+
+@dataclass(frozen=True)
+class PackSequencesSpec(PackSpec):
+    """``pack_sequences``: :class:`PackSpec` with each row kept as its documents' token lists
+    (never padded, so no ``pad_token_id``)."""
+
+    op_name: ClassVar[str] = "pack_sequences"  # type: ignore[misc]
+    pad_token_id: int | None = dataclasses.field(default=None, init=False)
+    flat: bool = dataclasses.field(default=False, init=False)
 
 
 class PackOperator(RowOperator):
