@@ -7,6 +7,7 @@ the same one rather than create its own.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 _WORLD_GLOO: Any = None
@@ -40,3 +41,15 @@ def launcher_store(world_size: int) -> tuple[Any, dict[str, str]]:
                      wait_for_workers=False, timeout=timedelta(minutes=10))
     return store, {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port),
                    "WORLD_SIZE": str(world_size), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+
+
+def single_process_env() -> None:
+    """Without a launcher, the rendezvous variables of a one-process run (RANK=0,
+    WORLD_SIZE=1, LOCAL_RANK=0, MASTER_PORT=0 on 127.0.0.1: the one process hosts the store on
+    a port the kernel picks, so two launches never race for one); set ones are left alone."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"),
+                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                       ("MASTER_PORT", "0")):
+        os.environ.setdefault(key, value)

@@ -72,10 +72,11 @@ from typing import Any
 
 from zephon.errors import ConfigError, DataError
 from zephon.io.options import CacheOptions
-from zephon.ops.base import OperatorSpec, check_order, operator_spec_class
+from zephon.ops.base import OperatorSpec, check_order
 from zephon.ops.batch import BatchSpec
 from zephon.ops.pack import PackSpec
 from zephon.ops.pretokenized import PretokenizedSpec
+from zephon.ops.registry import operator_spec_class
 from zephon.ops.shuffle import ShuffleSpec
 from zephon.ops.tokenize import TokenizeSpec
 from zephon.ops.tokenize_chat import TokenizeChatSpec
@@ -384,16 +385,6 @@ class DataRecipe:
         from zephon.io.dataset import Dataset
 
         return Dataset.from_path(entry.name, entry.path, entry.fmt, **_documents(entry))
-
-    def check(self, *, world_size: int | None = None, seq_len: int | None = None,
-              vocab_size: int | None = None, microbatch_size: int | None = None) -> list[str]:
-        """Every problem this recipe would meet in a run of these sizes (an empty list when
-        it is ready): fields, tokenizer, lanes, lengths, Hub paths; see
-        :mod:`zephon.preflight`."""
-        from zephon.preflight import check_recipe
-
-        return check_recipe(self, world_size=world_size, seq_len=seq_len,
-                            vocab_size=vocab_size, microbatch_size=microbatch_size)
 
     def _mixture_problems(self) -> list[str]:
         """The mixture and work-source options against the dataset names (a repeated name,

@@ -19,7 +19,7 @@ from zephon.engine.document_threads import DocumentThreads
 from zephon.engine.lane import LanePlan, restored_lane
 from zephon.engine.rank import RankStream, rounds_ahead
 from zephon.engine.rank_check import check_ranks_agree, plan_digests
-from zephon.engine.source import Offload, projected_columns, transform_documents
+from zephon.engine.source import Offload, projected_columns
 from zephon.engine.state import (
     STATE_VERSION,
     check_fingerprint,
@@ -29,6 +29,7 @@ from zephon.engine.state import (
     lane_key,
     to_portable,
 )
+from zephon.engine.transform import transform_documents
 from zephon.engine.workers import DocumentWorkers
 from zephon.errors import ConfigError, StateMismatchError
 from zephon.ops.base import (

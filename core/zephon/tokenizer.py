@@ -71,7 +71,8 @@ from typing import Any
 
 import numpy as np
 
-from zephon import fast_engine, long_text
+import zephon.fast_engine as fast_engine
+import zephon.long_text as long_text
 from zephon.errors import ConfigError, DataError
 from zephon.pool_turns import POOL_TURNS, takes_turn
 from zephon.redact import get_logger

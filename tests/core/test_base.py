@@ -7,7 +7,8 @@ import pytest
 from tests.core.toy_ops import DropShortSpec, ShoutSpec
 from zephon.errors import ConfigError
 from zephon.ops import BatchSpec, MapSpec, PackSpec, ShuffleSpec, TokenizeSpec
-from zephon.ops.base import BuildContext, check_chain, check_order, operator_spec_class
+from zephon.ops.base import BuildContext, check_chain, check_order
+from zephon.ops.registry import operator_spec_class
 
 TOKENIZE = TokenizeSpec(tokenizer_id="unused")
 

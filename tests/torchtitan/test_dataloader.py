@@ -15,7 +15,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from zephon import ConfigError, StateMismatchError
-from zephon_torchtitan import preflight
+from zephon_torchtitan import checkpoint_lanes, preflight
 from zephon_torchtitan.dataloader import ZephonDataLoader
 
 
@@ -128,7 +128,7 @@ def test_lanes_left_open_are_eight_per_rank_and_a_resume_keeps_the_checkpoints(
     recipe = recipes.write(tmp_path / "open.toml", datasets=recipes.demo(), lanes=2)
     recipe.write_text(recipe.read_text().replace("lanes = 2\n", ""))
     folder = tmp_path / "checkpoint"
-    monkeypatch.setitem(preflight.CHECKPOINT_FOLDER, "folder", str(folder))
+    monkeypatch.setitem(checkpoint_lanes.CHECKPOINT_FOLDER, "folder", str(folder))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ranks = [build(recipe, rank=r, world=2) for r in range(2)]

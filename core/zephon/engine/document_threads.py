@@ -3,7 +3,7 @@
 With ``workers=0`` and ``prefetch > 0`` every dataset source of a rank whose operators release
 the GIL for their work (:attr:`~zephon.ops.base.DocumentOperator.releases_gil`: tokenizing)
 hands its read-ahead batches to one or two threads (:func:`threads_for_this_rank`), which run
-the document operators over them exactly as :func:`~zephon.engine.source.transform_documents`
+the document operators over them exactly as :func:`~zephon.engine.transform.transform_documents`
 does in the caller's thread. Sources whose operators are Python-bound (pretokenized ids,
 map/filter, chat rendered by prefixes) run them on the producer thread: on threads of
 their own they would only take turns at the GIL with it, each turn a context switch
@@ -62,6 +62,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from zephon.engine.transform import transform_documents
 from zephon.ops.base import DocumentOperator
 
 Rows = list[tuple[list[Any], list[str]]]
@@ -145,7 +146,6 @@ class _Batch(Future):
         self._work: tuple[Any, ...] | None = (ops, docs, labels)
 
     def run(self) -> Rows:
-        from zephon.engine.source import transform_documents  # source imports this module
 
         work, self._work = self._work, None
         assert work is not None

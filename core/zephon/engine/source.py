@@ -47,10 +47,11 @@ import numpy as np
 
 from zephon.engine.document_threads import DocumentThreads
 from zephon.engine.state import lane_key
+from zephon.engine.transform import transform_documents
 from zephon.engine.workers import DocumentWorkers
 from zephon.errors import DataError, StateMismatchError
 from zephon.io.formats import RowLabel, UnitSpec, read_unit
-from zephon.ops.base import DocumentOperator, Dropped, LazyPieces
+from zephon.ops.base import DocumentOperator, LazyPieces
 from zephon.records import Doc
 from zephon.state_checks import StateFieldError, item, need_counts, need_fields, need_int, need_list
 from zephon.work.source import StaticMixtureWorkSource
@@ -439,28 +440,3 @@ class DatasetSource:
                   else "shuffle units (shuffle_units=True), or check its filters")
         return (f"dataset {self.name!r} is repeated, so it would be read forever, but {scope} "
                 f"{found}: {advice}")
-
-
-def transform_documents(ops: Sequence[DocumentOperator], docs: list[Doc], labels: list[str],
-                        lazy: bool = False) -> list[tuple[list[Any], list[str]]]:
-    """Each row's documents after every document operator, and the drop reasons on the way.
-
-    ``lazy``: the last operator's :class:`LazyPieces` stay lazy (elements of a row's list);
-    otherwise, and before later operators, they are made into documents here."""
-    rows: list[tuple[list[Any], list[str]]] = [([d], []) for d in docs]
-    for index, op in enumerate(ops):
-        items = [(i, d) for i, (outputs, _) in enumerate(rows) for d in outputs]
-        if not items:
-            break
-        outcomes = op.apply([d for _, d in items], [labels[i] for i, _ in items])
-        keep_lazy = lazy and index == len(ops) - 1
-        fresh: list[tuple[list[Any], list[str]]] = [([], drops) for _, drops in rows]
-        for (i, _), outcome in zip(items, outcomes, strict=True):
-            if isinstance(outcome, Dropped):
-                fresh[i][1].append(outcome.reason)
-            elif isinstance(outcome, LazyPieces) and keep_lazy:
-                fresh[i][0].append(outcome)
-            else:
-                fresh[i][0].extend(outcome)
-        rows = fresh
-    return rows

@@ -2,7 +2,7 @@
 
 A dataset source hands each read-ahead batch of raw rows (text, a few fields) to one of ``N``
 processes, which runs the pipeline's document operators (decode, map, filter, tokenize, ...)
-over it, exactly as :func:`~zephon.engine.source.transform_documents` does in the caller's
+over it, exactly as :func:`~zephon.engine.transform.transform_documents` does in the caller's
 thread with ``workers=0``. A source keeps up to ``N`` batches in flight and takes the results in
 submission order, so what a lane sees, its state and every resume are the same for every
 ``N``: the operators are pure and each document is transformed alone.
@@ -74,6 +74,7 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import shared_memory
 from typing import Any
 
+from zephon.engine.transform import transform_documents
 from zephon.errors import ConfigError, WorkerError
 from zephon.ops.base import DocumentOperator
 
@@ -178,7 +179,6 @@ def _tokenizer_threads(workers: int) -> int:
 
 def _transform(dataset: int, docs: list[Any], labels: list[Any]
                ) -> tuple[bytes, str | None, list[int]]:
-    from zephon.engine.source import transform_documents
 
     if _LOAD_ERRORS:
         raise ConfigError(

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import json
 import os
 import stat
@@ -67,6 +68,18 @@ class DataFile:
     version: str
 
 
+SCHEMES: dict[str, str] = {"hf": "zephon.io.hub.dataset:HubDataset"}
+"""Remote dataset classes by URL scheme, as ``"module:Class"``. A class is imported when a
+path first names its scheme, so a scheme's dependencies (``huggingface_hub`` for ``hf``, 0.2 s
+to import) load only when used. A class takes ``(name, path, fmt, **options)`` and lists its
+keyword options in ``path_options``."""
+
+
+def _scheme_class(scheme: str) -> type[Dataset]:
+    module, _, name = SCHEMES[scheme].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 class Dataset:
     """A named collection of data files in one format family."""
 
@@ -96,14 +109,15 @@ class Dataset:
         (``data/web_text_document`` for ``.idx``/``.bin``; ``documents=(start, stop)`` reads
         a range of its documents), or an ``hf://`` path."""
         text = os.fspath(path)
-        if text.startswith("hf://"):
-            from zephon.io.hub.dataset import HubDataset
-
-            unknown = sorted(set(kwargs) - {"token", "endpoint"})
+        scheme = text.split("://", 1)[0] if "://" in text else None
+        if scheme in SCHEMES:
+            remote = _scheme_class(scheme)
+            known = getattr(remote, "path_options", ())
+            unknown = sorted(set(kwargs) - set(known))
             if unknown:
-                raise ConfigError(f"Dataset.from_path: unknown option(s) {unknown} for an "
-                                  "hf:// dataset (known: token, endpoint)")
-            return HubDataset(name, text, fmt=fmt, **kwargs)
+                raise ConfigError(f"Dataset.from_path: unknown option(s) {unknown} for a "
+                                  f"{scheme}:// dataset (known: {', '.join(known)})")
+            return remote(name, text, fmt=fmt, **kwargs)
         unknown = sorted(set(kwargs) - {"documents"})
         if unknown:
             raise ConfigError(f"Dataset.from_path: unknown option(s) {unknown} for a local "

@@ -299,27 +299,6 @@ class RowOperator(Operator):
         """A fresh node for ``lane`` reading from ``upstream``."""
 
 
-def operator_spec_class(name: str) -> type[OperatorSpec]:
-    """The spec class registered as ``name``, or imported from ``"package.module:Class"``."""
-    import importlib
-
-    import zephon.ops  # noqa: F401 - registers the built-in operators
-
-    if ":" not in name:
-        if name not in _REGISTRY:
-            raise ConfigError(f"unknown operator {name!r}; known: {sorted(_REGISTRY)} (or "
-                              "'package.module:SpecClass')")
-        return _REGISTRY[name]
-    module_name, _, attr = name.partition(":")
-    try:
-        target = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot import operator {name!r}: {exc}") from None
-    if not (isinstance(target, type) and issubclass(target, OperatorSpec)):
-        raise ConfigError(f"{name!r} is not an operator spec (a zephon.ops.base.OperatorSpec)")
-    return target
-
-
 def check_order(specs: Sequence[OperatorSpec], new: OperatorSpec) -> None:
     """Refuse ``new`` after ``specs`` when it breaks a declared order rule."""
     name = new.op_name

@@ -53,7 +53,7 @@ def with_zephon(config: Any, recipe: str, *, validation: str | None = None,
     validator stays off until ``--validator.enable``. The recipes are checked against the run
     before TorchTitan builds the model (:mod:`zephon_torchtitan.preflight`).
     """
-    from zephon_torchtitan.train import single_process_env
+    from zephon.distributed import single_process_env
 
     single_process_env()  # run without torchrun: one process, as the launcher does
     config.dataloader = ZephonDataLoader.Config(recipe=recipe, fit_vocab=fit_vocab,

@@ -171,8 +171,8 @@ def main(argv: list[str] | None = None) -> None:
     if len(argv) < 2 or argv[0] != "-m":
         raise SystemExit("usage: python -m zephon_torchtitan.cpu_shims -m MODULE [ARGS...]")
     module = argv[1]
+    from zephon.distributed import single_process_env
     from zephon_torchtitan import cpu_shims
-    from zephon_torchtitan.train import single_process_env
 
     cpu_shims.install()
     single_process_env()  # without torchrun: one process

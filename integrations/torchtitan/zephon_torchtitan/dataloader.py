@@ -293,7 +293,7 @@ class ZephonDataLoader(BaseDataLoader):
     def _check_checkpointed_lanes(self, state: dict[str, Any]) -> None:
         """Refuse, in Zephon's words, a checkpoint written with another lane count (DCP
         would only say that a key is missing)."""
-        from zephon_torchtitan.preflight import checkpointed_lanes
+        from zephon_torchtitan.checkpoint_lanes import checkpointed_lanes
 
         found = checkpointed_lanes()
         if found is None or not found[1]:
@@ -337,7 +337,7 @@ def default_lanes(dp_world_size: int) -> tuple[int, str]:
     """(lanes, why) when neither the recipe nor the loader config sets them: those of the
     checkpoint the run resumes from, else ``DEFAULT_LANES_PER_READER`` per data-parallel rank,
     so that the run resumes with the same data at any data-parallel size dividing them."""
-    from zephon_torchtitan.preflight import checkpointed_lanes
+    from zephon_torchtitan.checkpoint_lanes import checkpointed_lanes
 
     found = checkpointed_lanes()
     if found is not None and found[1]:

@@ -26,12 +26,10 @@ import sys
 from typing import Any
 
 from zephon import ConfigError
+from zephon_torchtitan import checkpoint_lanes
 
 PREFLIGHT_IMPORT = "zephon_torchtitan.override.zephon_preflight"
 METRICS_IMPORT = "zephon_torchtitan.override.zephon_metrics"
-CHECKPOINT_FOLDER: dict[str, str] = {}
-"""``{"folder": dump_folder/checkpoint.folder}`` of the run the preflight saw (checkpointing
-on): where a resuming loader looks for the lanes of the checkpoint it is about to load."""
 
 
 def trainer_config_in_progress() -> Any:
@@ -83,7 +81,8 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None) -> None
     values = run_values(root)
     checkpoint = getattr(root, "checkpoint", None)
     if checkpoint is not None and getattr(checkpoint, "enable", False):
-        CHECKPOINT_FOLDER["folder"] = os.path.join(root.dump_folder, checkpoint.folder)
+        folder = os.path.join(root.dump_folder, checkpoint.folder)
+        checkpoint_lanes.CHECKPOINT_FOLDER["folder"] = folder
     replacing = replacing or {}
     loaders = [("dataloader", replacing.get("dataloader", getattr(root, "dataloader", None)))]
     validator = getattr(root, "validator", None)
@@ -116,28 +115,6 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None) -> None
     logger.info("zephon: preflight passed for %s (%s)", ", ".join(checked),
                 ", ".join(f"{k} {v}" for k, v in values.items() if v is not None)
                 or "recipe only")
-
-
-def checkpointed_lanes() -> tuple[str, set[int]] | None:
-    """(checkpoint path, lanes with loader state in it) of the newest DCP checkpoint of the
-    run, or None when there is none to resume."""
-    import re
-
-    folder = CHECKPOINT_FOLDER.get("folder")
-    if not folder or not os.path.isdir(folder):
-        return None
-    steps = [(int(m.group(1)), name) for name in os.listdir(folder)
-             if (m := re.fullmatch(r"step-(\d+)", name))
-             and os.path.isfile(os.path.join(folder, name, ".metadata"))]
-    if not steps:
-        return None
-    path = os.path.join(folder, max(steps)[1])
-    from torch.distributed.checkpoint import FileSystemReader
-
-    keys = FileSystemReader(path).read_metadata().state_dict_metadata
-    lanes = {int(m.group(1)) for key in keys if (m := re.fullmatch(r"dataloader\.lane_(\d+)",
-                                                                    key))}
-    return path, lanes
 
 
 def add_preflight(config: Any) -> Any:

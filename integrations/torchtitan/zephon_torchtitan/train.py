@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from zephon import ConfigError
+from zephon.distributed import single_process_env
 from zephon.recipe import read_toml
 
 _BASE_KEYS = {"module", "config", "vocab_size", "cpu"}
@@ -196,18 +197,6 @@ def _compatible(current: Any, value: Any) -> bool:
         return isinstance(value, (int, float)) and (isinstance(current, float)
                                                    or isinstance(value, int))
     return isinstance(value, type(current))
-
-
-def single_process_env() -> None:
-    """Without torchrun, the rendezvous variables of a one-process run (RANK=0, WORLD_SIZE=1,
-    LOCAL_RANK=0, MASTER_PORT=0 on 127.0.0.1: the one process hosts the store on a port the
-    kernel picks, so two launches never race for one); set ones are left alone."""
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return
-    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"),
-                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
-                       ("MASTER_PORT", "0")):
-        os.environ.setdefault(key, value)
 
 
 def main(argv: list[str] | None = None) -> None:

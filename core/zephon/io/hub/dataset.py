@@ -48,6 +48,9 @@ class HubDataset(Dataset):
     (default: ``HF_ENDPOINT``, else https://huggingface.co).
     """
 
+    path_options = ("token", "endpoint")
+    """Keyword options of ``Dataset.from_path`` for ``hf://`` paths."""
+
     def __init__(self, name: str, path: str, fmt: str | None = None, *,
                  token: str | bool | None = None, endpoint: str | None = None):
         super().__init__(name, path, fmt)

@@ -1,0 +1,36 @@
+"""The document operators applied to a batch of documents: the one function the lanes'
+producer, the document threads and the worker processes all run, so each gives the same
+documents."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from zephon.ops.base import DocumentOperator, Dropped, LazyPieces
+from zephon.records import Doc
+
+
+def transform_documents(ops: Sequence[DocumentOperator], docs: list[Doc], labels: list[str],
+                        lazy: bool = False) -> list[tuple[list[Any], list[str]]]:
+    """Each row's documents after every document operator, and the drop reasons on the way.
+
+    ``lazy``: the last operator's :class:`LazyPieces` stay lazy (elements of a row's list);
+    otherwise, and before later operators, they are made into documents here."""
+    rows: list[tuple[list[Any], list[str]]] = [([d], []) for d in docs]
+    for index, op in enumerate(ops):
+        items = [(i, d) for i, (outputs, _) in enumerate(rows) for d in outputs]
+        if not items:
+            break
+        outcomes = op.apply([d for _, d in items], [labels[i] for i, _ in items])
+        keep_lazy = lazy and index == len(ops) - 1
+        fresh: list[tuple[list[Any], list[str]]] = [([], drops) for _, drops in rows]
+        for (i, _), outcome in zip(items, outcomes, strict=True):
+            if isinstance(outcome, Dropped):
+                fresh[i][1].append(outcome.reason)
+            elif isinstance(outcome, LazyPieces) and keep_lazy:
+                fresh[i][0].append(outcome)
+            else:
+                fresh[i][0].extend(outcome)
+        rows = fresh
+    return rows

@@ -1,0 +1,36 @@
+"""The lanes a resuming TorchTitan run's newest checkpoint holds loader state for.
+
+The preflight records the run's checkpoint folder (it sees the whole config); the loader,
+which TorchTitan builds without it, reads the lanes from there before DCP loads its state, so a
+lane count that differs from the checkpoint's is refused in zephon's words instead of as a
+missing DCP key.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+CHECKPOINT_FOLDER: dict[str, str] = {}
+"""``{"folder": dump_folder/checkpoint.folder}`` of the run the preflight saw (checkpointing
+on): where a resuming loader looks for the lanes of the checkpoint it is about to load."""
+
+
+def checkpointed_lanes() -> tuple[str, set[int]] | None:
+    """(checkpoint path, lanes with loader state in it) of the newest DCP checkpoint of the
+    run, or None when there is none to resume."""
+    folder = CHECKPOINT_FOLDER.get("folder")
+    if not folder or not os.path.isdir(folder):
+        return None
+    steps = [(int(m.group(1)), name) for name in os.listdir(folder)
+             if (m := re.fullmatch(r"step-(\d+)", name))
+             and os.path.isfile(os.path.join(folder, name, ".metadata"))]
+    if not steps:
+        return None
+    path = os.path.join(folder, max(steps)[1])
+    from torch.distributed.checkpoint import FileSystemReader
+
+    keys = FileSystemReader(path).read_metadata().state_dict_metadata
+    lanes = {int(m.group(1)) for key in keys if (m := re.fullmatch(r"dataloader\.lane_(\d+)",
+                                                                    key))}
+    return path, lanes
