@@ -181,6 +181,11 @@ class Pipeline:
         """Resume from ``state``, written at any data-parallel size dividing the lane count."""
         self.loader().load_state_dict(state)
 
+    def check_state(self, state: dict[str, Any]) -> None:
+        """Refuse ``state`` as :meth:`load_state_dict` would, without reading data or
+        changing anything: a preflight for a resume (see :meth:`Loader.check_state`)."""
+        self.loader().check_state(state)
+
     def estimate(self) -> list[DatasetEstimate]:
         """Estimated documents and tokens per dataset, before training."""
         return self.loader().estimate()

@@ -146,6 +146,27 @@ class Loader:
             source._plans = {}
             self._use_source(source)
 
+    def check_state(self, state: dict[str, Any]) -> None:
+        """The checks of :meth:`load_state_dict` that read no data, for a preflight: every
+        entry's fields, its fingerprint against this pipeline's and the lane count. A Hub
+        dataset whose branch moved counts as at the checkpoint's commit where the storage
+        options resume there (as :meth:`load_state_dict` re-pins it). Raises
+        StateMismatchError naming the entry and what changed; changes nothing."""
+        entries = lane_entries(state)
+        current = copy.deepcopy(self._fingerprint)
+        if self.options.io_options.resume_on_checkpoint_commit:
+            saved = next(iter(entries.values()))["fingerprint"]
+            before = saved.get("work_source", {}).get("datasets", {})
+            now = current["work_source"]["datasets"]
+            for dataset in self.source.datasets:
+                old, new = before.get(dataset.name), now.get(dataset.name)
+                if (isinstance(old, dict) and isinstance(new, dict) and "commit" in old
+                        and old.get("path") == new.get("path") and hasattr(dataset, "pinned")):
+                    now[dataset.name] = old
+        for lane, entry in entries.items():
+            check_fingerprint(entry["fingerprint"], current, lane_key(lane), self._titles)
+        check_lanes(entries, self.lanes)
+
     # -- iteration -------------------------------------------------------------------------
     def __iter__(self) -> Iterator[SampleBatch]:
         return iter(self.stream)

@@ -45,9 +45,9 @@ def tokenizer(tokenizer_dir):
     return load_tokenizer(tokenizer_dir)
 
 
-def build(corpus, tokenizer, *extra: OperatorSpec) -> Pipeline:
+def build(corpus, tokenizer, *extra: OperatorSpec, seed: int = 5) -> Pipeline:
     source = StaticMixtureWorkSource(
-        [Dataset.from_path("a", corpus["a"]), Dataset.from_path("b", corpus["b"])], seed=5,
+        [Dataset.from_path("a", corpus["a"]), Dataset.from_path("b", corpus["b"])], seed=seed,
         unit_bytes=1024)
     pipeline = (Pipeline(source).options(lanes=2, prefetch=0).tokenize(tokenizer=tokenizer)
                 .pack_flat(16, "first_fit", max_open_bins=3))
@@ -276,3 +276,18 @@ def test_a_custom_node_that_fails_on_its_state_is_named(corpus, tokenizer):
     with pytest.raises(StateMismatchError, match=r"loader state 'lane_1': nodes\[2\] does not "
                                                  "fit PassRowsNode: KeyError"):
         build(corpus, tokenizer, PassRowsSpec()).load_state_dict(state)
+
+
+def test_check_state_refuses_what_load_would_and_changes_nothing(corpus, tokenizer):
+    state = mid_run(build(corpus, tokenizer))
+    build(corpus, tokenizer).check_state(state)
+    with pytest.raises(StateMismatchError, match="written by a different pipeline: the seed"):
+        build(corpus, tokenizer, seed=6).check_state(state)
+    damaged = copy.deepcopy(state)
+    del damaged["lane_1"]["consumed_global"]
+    checked = build(corpus, tokenizer)
+    with pytest.raises(StateMismatchError, match="lane_1"):
+        checked.check_state(damaged)
+    checked.check_state(state)
+    first = [digest(batch) for batch in islice(iter(build(corpus, tokenizer)), 3)]
+    assert [digest(batch) for batch in islice(iter(checked), 3)] == first
