@@ -65,3 +65,102 @@ def test_the_checker_sees_nested_imports(tmp_path, source, expected):
     path = tmp_path / "m.py"
     path.write_text(source)
     assert imported_modules(path) == expected
+
+
+PACKAGES = {"zephon": CORE, "zephon_torchtitan": ADAPTERS[0], "zephon_megatron": ADAPTERS[1]}
+
+
+def module_files() -> dict[str, Path]:
+    """Every module of the three packages by dotted name."""
+    modules = {}
+    for package, directory in PACKAGES.items():
+        for path in directory.rglob("*.py"):
+            parts = [package, *path.relative_to(directory).with_suffix("").parts]
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def dependencies(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules ``module`` imports, at any depth except under ``TYPE_CHECKING``.
+    ``from package import submodule`` depends on the submodule only: importing a submodule runs
+    its package's ``__init__``, which is not a dependency the importer chose."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    typing_only = {id(inner) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and "TYPE_CHECKING" in ast.unparse(node.test) for inner in ast.walk(node)}
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, *([node.module] if node.module else [])])
+            submodules = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in modules]
+            targets = submodules if len(submodules) == len(node.names) else [base, *submodules]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != module:
+                found.add(target)
+    return found
+
+
+def import_circles() -> list[list[str]]:
+    """Groups of modules that import each other, directly or through others (strongly
+    connected components of more than one module)."""
+    modules = module_files()
+    graph = {m: dependencies(m, p, modules) for m, p in modules.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_no_module_imports_itself_through_others():
+    assert import_circles() == []
+
+
+def test_the_circle_finder_finds_a_circle(tmp_path, monkeypatch):
+    package = tmp_path / "zephon"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("def f():\n    from zephon.b import g\n")
+    (package / "b.py").write_text("from typing import TYPE_CHECKING\nfrom zephon import c\n"
+                                  "if TYPE_CHECKING:\n    from zephon.a import f\n")
+    (package / "c.py").write_text("import zephon.a\n")
+    monkeypatch.setitem(PACKAGES, "zephon", package)
+    monkeypatch.setitem(PACKAGES, "zephon_torchtitan", tmp_path / "none")
+    monkeypatch.setitem(PACKAGES, "zephon_megatron", tmp_path / "none")
+    assert import_circles() == [["zephon.a", "zephon.b", "zephon.c"]]
+    (package / "c.py").write_text("")
+    assert import_circles() == []

@@ -180,7 +180,7 @@ def test_layout_options_are_fixed_by_the_adapter(tmp_path: Path, line: str,
 
 def test_lanes_default_to_eight_per_reader_of_the_first_launch(tmp_path: Path) -> None:
     path = PACKED  # sets no lanes
-    argv = megatron_argv(path, "--tensor-model-parallel-size", "2")
+    argv = megatron_argv(path, "--tensor-model-parallel-size", "2", "--global-batch-size", "24")
     assert settings_from_args(parse(argv), world_size=24).lanes == 96  # 12 readers
     assert settings_from_args(parse(argv), world_size=2).lanes == 8
     assert settings(megatron_argv(path, "--zephon-lanes", "4")).lanes == 4
@@ -194,7 +194,7 @@ def test_recipe_lanes_and_the_flag_must_agree(tmp_path: Path) -> None:
 
 
 def test_a_resume_keeps_the_lanes_of_its_loader_state(tmp_path: Path) -> None:
-    from zephon_megatron.provider import write_dataloader_state
+    from zephon_megatron.state_files import write_dataloader_state
 
     path = PACKED
     ckpt = tmp_path / "ckpt"

@@ -100,3 +100,18 @@ def test_tensor_parallel_peers_train_on_what_their_reader_reads(uninterrupted: P
     assert read.get("trace_rank0.json") == 12 and not read.get("trace_rank1.json"), read
     straight, tensor_parallel = digests(uninterrupted / "one"), digests(tmp_path / "tp")
     assert tensor_parallel == {index: straight[index] for index in range(12)}
+
+
+def test_a_rope_model_trains_on_cpu(tmp_path: Path) -> None:
+    """--no-rope-fusion is among the CPU flags: the fused RoPE kernel needs CUDA."""
+    run = cpu_pretrain(1, tmp_path / "rope", "--train-iters", "2", "--position-embedding-type",
+                       "rope", "--eval-iters", "0")
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-6000:]
+    assert "iteration        2/       2" in log
+
+
+def test_an_early_error_is_printed_once_by_two_ranks(tmp_path: Path) -> None:
+    run = cpu_pretrain(2, tmp_path / "bad", "--train-iters", "2", "--global-batch-size", "6")
+    assert run.returncode == 2
+    assert (run.stdout + run.stderr).count("--global-batch-size 6 is not divisible") == 1

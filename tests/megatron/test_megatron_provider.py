@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -23,9 +24,11 @@ from zephon_megatron.provider import (
     Topology,
     ZephonDatasetsProvider,
     build_iterator,
+    restore_for_resume,
+)
+from zephon_megatron.state_files import (
     dataloader_state_path,
     read_dataloader_states,
-    restore_for_resume,
     write_dataloader_state,
 )
 
@@ -426,6 +429,36 @@ def test_a_megatron_tokenizer_with_another_eos_is_an_error(monkeypatch) -> None:
         for needle in ("--tokenizer-model", "HuggingFaceTokenizer '/models/other'",
                        f"id {recipe_eos + 1}", f"with {recipe_eos}", "demo"):
             assert needle in message, (needle, message)
-    null = type("NullTokenizer", (), {"eod": 4096})()  # the entry's default: not compared
-    monkeypatch.setattr(provider, "megatron_tokenizer", lambda: null)
-    assert ZephonDatasetsProvider(lambda: args, lambda: Topology())(None)[0] is not None
+    for null in null_tokenizers():  # the entry's default: not compared
+        monkeypatch.setattr(provider, "megatron_tokenizer", lambda null=null: null)
+        assert ZephonDatasetsProvider(lambda: args, lambda: Topology())(None)[0] is not None
+
+
+def null_tokenizers() -> list[Any]:
+    """Megatron's NullTokenizer of 4096 ids as megatron-core <= 0.18 builds it, and as 0.19
+    does (wrapped in DefaultTokenizerText; the real one where megatron-core 0.19 is here)."""
+    inner = type("NullTokenizer", (), {"eod": 4095})()
+    found = [type("NullTokenizer", (), {"eod": 4096})(),
+             type("DefaultTokenizerText", (), {"eod": 4095, "library": "null-text",
+                                               "_tokenizer": inner})()]
+    try:
+        from megatron.core.tokenizers import MegatronTokenizer
+
+        real = MegatronTokenizer.from_pretrained(metadata_path={"library": "null-text"},
+                                                 vocab_size=4096)
+    except (ImportError, AssertionError):  # megatron-core 0.16 has no null library
+        return found
+    assert real.eod == 4095
+    return [*found, real]
+
+
+def test_the_eod_of_a_null_tokenizer_is_refused_unless_chosen(monkeypatch) -> None:
+    from zephon_megatron import tokenizer_checks
+
+    recipe = type("Recipe", (), {"source": "ids.toml", "tokenizer": None})()  # token ids
+    for null in null_tokenizers():
+        with pytest.raises(ZephonArgumentError, match="makes it up from --vocab-size"):
+            tokenizer_checks._megatron_eod(recipe, null)
+        monkeypatch.setattr(tokenizer_checks, "_null_eod_chosen", lambda: True)
+        assert tokenizer_checks._megatron_eod(recipe, null) == null.eod
+        monkeypatch.undo()

@@ -12,7 +12,8 @@ from megatron_helpers import CONTINUOUS, PACKED, megatron_argv, parse
 
 from zephon_megatron.compat import iterator_with_state
 from zephon_megatron.loss import make_forward_step
-from zephon_megatron.provider import Topology, ZephonDatasetsProvider, read_dataloader_states
+from zephon_megatron.provider import Topology, ZephonDatasetsProvider
+from zephon_megatron.state_files import read_dataloader_states
 
 
 class Recorder:

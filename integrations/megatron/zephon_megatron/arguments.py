@@ -61,6 +61,9 @@ from typing import Any
 
 from zephon.errors import ConfigError
 from zephon.options import DEFAULT_LANES_PER_READER
+from zephon_megatron.errors import ZephonArgumentError
+from zephon_megatron.geometry import data_parallel_size, rampup
+from zephon_megatron.state_files import saved_lanes, state_directories
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +79,6 @@ _PER_SPLIT_FLAGS = (("train", "train_data_path", "--train-data-path"),
 DATA_SOURCES = ("--zephon-recipe PATH (a data recipe), --data-path or --data-args-path "
                 "(Megatron indexed datasets, cut by --split), or --per-split-data-args-path / "
                 "--train-data-path (a blend per split)")
-
-
-class ZephonArgumentError(ConfigError):
-    """A flag, a recipe or their combination cannot run; the message names which."""
 
 
 @dataclass(frozen=True)
@@ -242,6 +241,7 @@ def add_megatron_data_flags(parser: argparse.ArgumentParser) -> argparse.Argumen
     add("--full-validation", action="store_true")
     add("--seed", type=int, default=1234)
     add("--train-iters", type=int, default=None)
+    add("--train-samples", type=int, default=None)
     add("--eval-iters", type=int, default=100)
     add("--eval-interval", type=int, default=None)
     add("--load", type=str, default=None)
@@ -256,6 +256,9 @@ def build_standalone_parser() -> argparse.ArgumentParser:
     """Megatron's data flags plus the adapter's, for runs without Megatron-LM (smoke, tests)."""
     parser = argparse.ArgumentParser(description="zephon_megatron", allow_abbrev=False)
     parser = add_zephon_args(add_megatron_data_flags(parser))
+    # Megatron's tokenizer, for the early checks (choices differ between Megatron versions).
+    parser.add_argument("--tokenizer-type", type=str, default=None)
+    parser.add_argument("--tokenizer-model", type=str, default=None)
     parser.set_defaults(num_workers=None)
     return parser
 
@@ -392,7 +395,7 @@ def settings_from_args(args: argparse.Namespace,
     recipe = recipes["train"]
     if args.zephon_lanes is not None and args.zephon_lanes < 1:
         raise ZephonArgumentError("--zephon-lanes must be >= 1")
-    dataloader_save, dataloader_load = _state_directories(args)
+    dataloader_save, dataloader_load = state_directories(args)
     # From here on every problem of the recipes is collected and reported at once.
     problems: list[str] = []
 
@@ -433,8 +436,10 @@ def settings_from_args(args: argparse.Namespace,
                                                   "the training lanes", lanes))
         collect(lambda valid=valid: masking_of(valid))
         collect(lambda valid=valid: _check_shapes(valid, args))
-    from zephon_megatron.preflight import recipe_problems
+    from zephon_megatron.preflight import batch_problems, recipe_problems
 
+    ramp = collect(lambda: rampup(args))
+    problems += batch_problems(args, world_size, ramp)
     problems += recipe_problems(args, recipes, lanes, world_size)
     if len(problems) == 1:
         raise ZephonArgumentError(problems[0])
@@ -453,31 +458,9 @@ def settings_from_args(args: argparse.Namespace,
         log_interval=getattr(args, "log_interval", None), dataloader_load=dataloader_load,
         test_recipe=test_recipe, workers=workers,
         trace_dir=getattr(args, "zephon_trace_dir", None),
-        rampup_batch_size=_rampup(args),
+        rampup_batch_size=rampup(args),
         decrease_batch_size_if_needed=bool(getattr(args, "decrease_batch_size_if_needed",
                                                    False)))
-
-
-def _rampup(args: argparse.Namespace) -> tuple[int, int, int] | None:
-    """``--rampup-batch-size START INCREMENT SAMPLES`` as Megatron reads it (three integers,
-    START <= --global-batch-size, the difference a multiple of INCREMENT), or None."""
-    values = getattr(args, "rampup_batch_size", None)
-    if not values:
-        return None
-    try:
-        start, increment, samples = (int(v) for v in values)
-    except ValueError:
-        raise ZephonArgumentError(
-            f"--rampup-batch-size takes three integers (start batch size, increment, ramp-up "
-            f"samples), e.g. '--rampup-batch-size 32 32 1000000'; got {values}") from None
-    final = getattr(args, "global_batch_size", None)
-    if start < 1 or increment < 1 or samples < 0 or final is None or start > final or \
-            (final - start) % increment:
-        raise ZephonArgumentError(
-            f"--rampup-batch-size {start} {increment} {samples} does not reach "
-            f"--global-batch-size {final}: give start >= 1, increment >= 1, samples >= 0 and a "
-            "global batch size that is start plus a multiple of the increment")
-    return start, increment, samples
 
 
 def data_sources(args: argparse.Namespace
@@ -529,26 +512,14 @@ def _check_evaluation_flags(args: argparse.Namespace) -> None:
         raise ZephonArgumentError(f"--eval-interval must be >= 1, got {interval}")
 
 
-def _state_directories(args: argparse.Namespace) -> tuple[str | None, str | None]:
-    """(where checkpoints write the loader state, where a resume reads it)."""
-    explicit = getattr(args, "dataloader_save", None)
-    if explicit:
-        return explicit, explicit
-    return getattr(args, "save", None), getattr(args, "load", None)
-
-
 def default_lanes(args: argparse.Namespace, state_dir: str | None,
                   world_size: int | None) -> int:
     """Lanes when neither the recipe nor ``--zephon-lanes`` sets them: the saved run's lanes
     on resume, else ``DEFAULT_LANES_PER_READER`` x this launch's data-parallel size."""
     if state_dir and getattr(args, "load", None):
-        from zephon_megatron.provider import saved_lanes
-
         found = saved_lanes(state_dir, args.load, getattr(args, "ckpt_step", None))
         if found is not None:
             return found
-    from zephon_megatron.preflight import data_parallel_size
-
     return DEFAULT_LANES_PER_READER * data_parallel_size(args, world_size)
 
 

@@ -35,9 +35,10 @@ from zephon.distributed import launcher_store
 
 CPU_FLAGS = ("--distributed-backend", "gloo", "--use-cpu-initialization",
              "--no-gradient-accumulation-fusion", "--no-persist-layer-norm",
-             "--transformer-impl", "local")
+             "--no-rope-fusion", "--transformer-impl", "local")
 """What a CPU run of Megatron-LM needs: gloo, parameters made on the CPU, no fused CUDA
-kernels, megatron-core's local layers (no Transformer Engine). fp32: no --bf16/--fp16."""
+kernels (RoPE's included, for ``--position-embedding-type rope``), megatron-core's local
+layers (no Transformer Engine). fp32: no --bf16/--fp16."""
 
 
 def _trace_training_microbatches(directory: Path, rank: int) -> None:
@@ -66,11 +67,11 @@ def _trace_training_microbatches(directory: Path, rank: int) -> None:
 
 
 def worker(flags: list[str], trace: str | None) -> int:
-    from zephon_megatron.pretrain_gpt import MISSING_MEGATRON_LM, main, missing_megatron_lm
+    from zephon_megatron.pretrain_gpt import main, missing_megatron_lm, missing_message, report
 
     missing = missing_megatron_lm()
     if missing:
-        print(MISSING_MEGATRON_LM.format(missing=", ".join(missing)), file=sys.stderr)
+        report(missing_message(missing))
         return 2
     from zephon_megatron import cpu_shims
 

@@ -8,22 +8,65 @@ of the command line: fields in every file, tokenizer vs ``--vocab-size``, lanes 
 data-parallel size, ``[pack] max_length`` vs ``--seq-length + 1``, ``[batch]
 microbatch_size`` vs ``--micro-batch-size``. The data-parallel size is ``world_size /
 (tensor x pipeline x context parallel)``, ``world_size`` from ``WORLD_SIZE`` unless given.
+
+Then, where the recipes are sound, what Megatron-LM or the resume would otherwise trip on
+after the model is built:
+
+- batch sizes (:func:`batch_problems`): ``--global-batch-size`` must be a multiple of
+  ``--micro-batch-size`` x data-parallel size (megatron-core's
+  ``ConstantNumMicroBatchesCalculator``); with ``--rampup-batch-size START INCREMENT SAMPLES``
+  (megatron-core <= 0.18, which applies the ramp) every batch size of the ramp must be too,
+  i.e. START and INCREMENT. ``--decrease-batch-size-if-needed`` rounds them down instead;
+  then only a batch size below one microbatch per reader is refused.
+- the amount of training data (:func:`data_shortfall`): a dataset that does not repeat
+  (``[mixture] repeat``; a ``--data-path`` blend repeats every dataset) can run out before
+  ``--train-iters`` (or ``--train-samples``). The samples needed are those Megatron's loop
+  consumes, the ramp included. The rows available come from the tokens of the datasets that
+  end the data (``on_exhausted = "stop"``: the first non-repeated dataset to run out at its
+  mixture share; ``"drain"``: all of them). Exact for one Megatron indexed dataset packed with
+  ``wrap`` and no ``[[ops]]``: the tokens of each lane's units are counted from the ``.idx``
+  (plus the BOS/EOS ``pretokenized`` adds per document; reading the index only), ``wrap``
+  pads only a lane's last row, and the run ends at the first round of microbatches a lane
+  cannot fill (:func:`_indexed_rows`): a run needing more rows is refused. Otherwise (text
+  data, whose tokens ``zephon stats`` estimates from a tokenized sample; a mixture of several
+  datasets; bin packing, which pads; ``[[ops]]`` that may drop or change documents) the rows
+  are an estimate, ``tokens / (seq_length + 1)`` over all lanes, and the run is refused only
+  when that is below 90% (:data:`SHORT_ESTIMATE`) of what it needs; lanes that end unevenly
+  can still stop such a run earlier. Remote datasets (``hf://``) are not estimated here.
+- Megatron-LM's tokenizer (:func:`tokenizer_problems`), where it loads without Megatron-LM:
+  ``--tokenizer-type HuggingFaceTokenizer`` with a local ``--tokenizer-model`` directory. It
+  must have at least the ids of the recipe's tokenizer and end documents with the same EOS id
+  (:func:`~zephon_megatron.tokenizer_checks.check_tokenizers` runs again in the provider as a
+  backstop, and checks the other tokenizer types after Megatron-LM built them).
+- token ids of ``--data-path`` data against ``--vocab-size`` (:func:`token_id_problems`): the
+  ``.idx`` dtype bounds them (uint8/uint16 data cannot exceed a vocabulary of 256/65536 or
+  more: nothing is read); otherwise the ``.bin`` is scanned, a vectorized max over a memmap of
+  each dataset in chunks (about 1 GB/s from the page cache: seconds per billion tokens; a
+  first read from disk at the disk's speed).
+- a resume (:func:`resume_problems`): the loader state the resume would read must have been
+  written by the same pipeline. Its fingerprint (lanes, seed, datasets, operators) is compared
+  with this recipe's by :func:`zephon.engine.state.check_fingerprint`, the function the
+  restore itself uses, so the message is the restore's; ``--micro-batch-size`` too.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
+from pathlib import Path
 from typing import Any
 
+from zephon_megatron.geometry import data_parallel_size, model_ways, rampup
+from zephon_megatron.state_files import (
+    checkpoint_iteration,
+    read_dataloader_states,
+    state_directories,
+)
+from zephon_megatron.tokenizer_checks import check_tokenizers
 
-def data_parallel_size(args: argparse.Namespace, world_size: int | None = None) -> int:
-    """``world_size`` (default ``WORLD_SIZE``) over tensor x pipeline x context parallel."""
-    world = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
-    model_ways = (max(1, getattr(args, "tensor_model_parallel_size", 1) or 1)
-                  * max(1, getattr(args, "pipeline_model_parallel_size", 1) or 1)
-                  * max(1, getattr(args, "context_parallel_size", 1) or 1))
-    return max(1, world // model_ways)
+SHORT_ESTIMATE = 0.9
+"""An estimated row count below this share of the rows a run needs is refused."""
 
 
 FLAGS = {"seq_len": "--seq-length", "microbatch_size": "--micro-batch-size",
@@ -33,7 +76,8 @@ FLAGS = {"seq_len": "--seq-length", "microbatch_size": "--micro-batch-size",
 
 def recipe_problems(args: argparse.Namespace, recipes: dict[str, Any], lanes: int | None,
                     world_size: int | None = None) -> list[str]:
-    """Every problem of ``recipes`` (train/valid/test; None skipped) in this run."""
+    """Every problem of ``recipes`` (train/valid/test; None skipped) in this run; where the
+    recipes have none, the training data against the run (see the module docstring)."""
     from zephon.preflight import check_recipe
 
     dp = data_parallel_size(args, world_size)
@@ -50,4 +94,353 @@ def recipe_problems(args: argparse.Namespace, recipes: dict[str, Any], lanes: in
                                     vocab_size=getattr(args, "vocab_size", None),
                                     flags=FLAGS):
             problems.append(f"[{role}] {problem}")
+    if problems or lanes is None or recipes.get("train") is None:
+        return problems
+    problems += tokenizer_problems(args, recipes["train"])
+    problems += token_id_problems(args, recipes["train"])
+    if problems:
+        return problems
+    pipeline = None
+    if _needs_pipeline(args):
+        from zephon.errors import ConfigError, DataError
+
+        try:
+            pipeline = build_pipeline(recipes["train"], args, lanes)
+        except (ConfigError, DataError) as exc:
+            return [f"[train] {exc}"]
+    if pipeline is not None:
+        problems += resume_problems(args, pipeline)
+        if not problems:
+            short = data_shortfall(args, recipes["train"], pipeline, dp)
+            if short:
+                problems.append(f"[train] {short}")
+    return problems
+
+
+def _needs_pipeline(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "train_iters", None) or getattr(args, "train_samples", None)
+                or resume_iteration(args) is not None)
+
+
+def build_pipeline(recipe: Any, args: argparse.Namespace, lanes: int) -> Any:
+    """The training pipeline of rank 0 (not iterated): its fingerprint and estimates."""
+    return recipe.build(seq_len=args.seq_length, microbatch_size=args.micro_batch_size,
+                        lanes=lanes, prefetch=0, workers=0)
+
+
+# -- tokenizers and token ids -----------------------------------------------------------------
+class HuggingFaceTokenizer:
+    """What the provider's checks read of Megatron-LM's HuggingFaceTokenizer: its EOD."""
+
+    def __init__(self, eod: int | None):
+        self.eod = eod
+
+
+def tokenizer_problems(args: argparse.Namespace, recipe: Any) -> list[str]:
+    """Megatron's ``--tokenizer-model`` (a local Hugging Face directory) against the recipe's
+    tokenizer: as many ids at least, the same EOS."""
+    model = getattr(args, "tokenizer_model", None)
+    if recipe.tokenizer is None or getattr(args, "tokenizer_type", None) != \
+            "HuggingFaceTokenizer" or not model or not os.path.isdir(os.path.expanduser(model)):
+        return []
+    from zephon.errors import ConfigError
+    from zephon.tokenizer import load_tokenizer
+
+    try:
+        theirs, ours = load_tokenizer(model), load_tokenizer(recipe.tokenizer)
+    except ConfigError as exc:
+        return [f"--tokenizer-model {model!r}: {exc}"]
+    problems = []
+    if len(theirs) < len(ours):
+        problems.append(
+            f"--tokenizer-model {model!r} has {len(theirs)} ids, the recipe's tokenizer "
+            f"{recipe.tokenizer!r} ({recipe.source}) {len(ours)}: Megatron sizes the model's "
+            "vocabulary from --tokenizer-model, so the data's ids above it would not fit. Pass "
+            "the recipe's tokenizer as --tokenizer-model, or point [tokenize] tokenizer at "
+            "Megatron's")
+    try:
+        check_tokenizers(recipe, args, HuggingFaceTokenizer(getattr(theirs, "eos_token_id",
+                                                                    None)))
+    except ConfigError as exc:
+        problems.append(str(exc))
+    return problems
+
+
+SCAN_CHUNK = 1 << 26
+"""Token ids read at a time when a ``.bin`` is scanned for its largest id (256 MiB of int32)."""
+
+
+def token_id_problems(args: argparse.Namespace, recipe: Any) -> list[str]:
+    """Token ids of Megatron indexed data at or above ``--vocab-size`` (see the module
+    docstring for the cost)."""
+    vocab = getattr(args, "vocab_size", None)
+    if not vocab or recipe.tokenizer is not None:
+        return []
+    from zephon.io.indexed import open_indexed, prefix_of
+
+    problems = []
+    seen: set[str] = set()
+    for entry in recipe.datasets:
+        prefix = prefix_of(str(entry.path)) if entry.fmt in (None, "megatron") else None
+        if prefix is None or prefix in seen:
+            continue
+        seen.add(prefix)
+        data = open_indexed(prefix)
+        if data.dtype.kind == "u" and 1 << (8 * data.dtype.itemsize) <= vocab:
+            continue  # the dtype cannot hold an id >= vocab
+        tokens = data.tokens
+        largest = max((int(tokens[i:i + SCAN_CHUNK].max())
+                       for i in range(0, len(tokens), SCAN_CHUNK)), default=-1)
+        if largest >= vocab:
+            problems.append(
+                f"{prefix}: holds token id {largest}, but --vocab-size is {vocab} (ids "
+                f"0..{vocab - 1}); the model's embedding has no row for it. Pass the vocabulary "
+                "the data was written with (--vocab-size, or its --tokenizer-type/"
+                "--tokenizer-model)")
+    return problems
+
+
+# -- batch sizes -------------------------------------------------------------------------------
+def megatron_ramps() -> bool:
+    """Whether the installed megatron-core applies ``--rampup-batch-size`` (its
+    ``RampupBatchsizeNumMicroBatchesCalculator``; gone from 0.19), read from the module's
+    source so that the check does not import megatron.core (about 4 s)."""
+    try:
+        spec = importlib.util.find_spec("megatron")
+    except (ImportError, ValueError):
+        return False
+    for base in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(base) / "core" / "num_microbatches_calculator.py"
+        if path.is_file():
+            return "class RampupBatchsizeNumMicroBatchesCalculator" in path.read_text()
+    return False
+
+
+def batch_problems(args: argparse.Namespace, world_size: int | None = None,
+                   ramp: tuple[int, int, int] | None = None) -> list[str]:
+    """Batch sizes megatron-core's microbatch calculators would refuse with an AssertionError
+    after the model is built (see the module docstring)."""
+    final = getattr(args, "global_batch_size", None)
+    mbs = getattr(args, "micro_batch_size", None)
+    if not final or not mbs:
+        return []  # Megatron defaults --global-batch-size to micro batch x data parallel
+    dp = data_parallel_size(args, world_size)
+    rows = mbs * dp
+    world = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
+    per = (f"--micro-batch-size {mbs} x data-parallel size {dp} = {rows} (world size {world}"
+           + (f" / {model_ways(args)} model-parallel ranks" if model_ways(args) > 1 else "")
+           + ")")
+    if getattr(args, "decrease_batch_size_if_needed", False):
+        sizes = [("--global-batch-size", final)]
+        if ramp and megatron_ramps():
+            sizes.insert(0, ("the --rampup-batch-size start", ramp[0]))
+        return [f"{name} {size} is less than {per}: --decrease-batch-size-if-needed would round "
+                f"it down to 0 microbatches. Raise it to at least {rows}"
+                for name, size in sizes if size < rows]
+    problems = []
+    if ramp and megatron_ramps():
+        start, increment, _ = ramp
+        if start % rows or (final > start and increment % rows):
+            bad = "start" if start % rows else "increment"
+            problems.append(
+                f"--rampup-batch-size {' '.join(map(str, ramp))}: every global batch size of "
+                f"the ramp ({start}, {start + increment}, ... {final}) must be a multiple of "
+                f"{per}, and its {bad} ({start if bad == 'start' else increment}) is not; "
+                "Megatron would stop with an AssertionError when the ramp reaches it. Make the "
+                f"start and the increment multiples of {rows}, or pass "
+                "--decrease-batch-size-if-needed")
+    if final % rows:
+        below, above = final - final % rows, final - final % rows + rows
+        problems.append(
+            f"--global-batch-size {final} is not divisible by {per}: Megatron would stop with "
+            "an AssertionError after building the model. Use a multiple of "
+            f"{rows} ({', '.join(str(v) for v in (below, above) if v > 0)}), change "
+            "--micro-batch-size or the number of ranks, or pass --decrease-batch-size-if-needed")
+    return problems
+
+
+# -- amount of training data --------------------------------------------------------------------
+def _schedule(args: argparse.Namespace, dp: int) -> Any:
+    """A :class:`~zephon_megatron.metrics.StepClock` of Megatron's running global batch size
+    (megatron-core's ramp rule, without importing megatron.core)."""
+    from zephon_megatron.metrics import StepClock
+
+    mbs = args.micro_batch_size
+    rows = mbs * dp
+    final = getattr(args, "global_batch_size", None) or rows
+    ramp = rampup(args) if megatron_ramps() else None
+    decrease = getattr(args, "decrease_batch_size_if_needed", False)
+
+    def running(consumed: int) -> int:
+        size = final
+        if ramp and consumed <= ramp[2] and final > ramp[0]:
+            start, increment, samples = ramp
+            per_increment = samples / ((final - start) // increment)
+            size = start + (int(consumed / per_increment) if per_increment else 0) * increment
+            size = min(size, final)
+        return size - size % rows if decrease else size
+
+    return StepClock(running, rows, ramp_samples=ramp[2] if ramp else 0)
+
+
+def training_samples(args: argparse.Namespace, dp: int) -> tuple[int, str] | None:
+    """(samples Megatron's training loop consumes, the flag that sets it), or None."""
+    iters = getattr(args, "train_iters", None)
+    samples = getattr(args, "train_samples", None)
+    if not iters and not samples:
+        return None
+    clock = _schedule(args, dp)
+    if samples:
+        clock.seek(int(samples))
+        return clock.consumed_samples, f"--train-samples {samples}"
+    consumed = iteration = 0
+    while iteration < iters and consumed <= clock.ramp_samples and clock.ramp_samples:
+        consumed += clock._rows(consumed)
+        iteration += 1
+    consumed += (iters - iteration) * clock._rows(consumed)
+    return consumed, f"--train-iters {iters}"
+
+
+def _remote(recipe: Any, names: list[str]) -> bool:
+    return any("://" in str(e.path) for e in recipe.datasets if e.name in names)
+
+
+def data_shortfall(args: argparse.Namespace, recipe: Any, pipeline: Any,
+                   dp: int) -> str | None:
+    """Why the training data runs out before the run ends, or None (see the module
+    docstring for the rule)."""
+    need = training_samples(args, dp)
+    if need is None:
+        return None
+    needed, flag = need
+    source = pipeline.work_source
+    names = list(source.names())
+    once = [n for n, repeats in zip(names, source.repeated, strict=True) if not repeats]
+    if not once or (source.on_exhausted == "drain" and len(once) < len(names)):
+        return None  # every dataset repeats (or the repeating ones go on): endless
+    if _remote(recipe, once):
+        return None
+    from zephon.ops.pretokenized import PretokenizedSpec
+
+    estimates = {e.name: e for e in pipeline.estimate()}
+    tokens: dict[str, float] = {}
+    for name in names:
+        estimate = estimates[name]
+        if estimate.tokens is None:
+            return None
+        extra = sum((spec.bos_token_id is not None) + (spec.eos_token_id is not None)
+                    for spec in pipeline.operators if isinstance(spec, PretokenizedSpec)
+                    and name in (getattr(spec, "datasets", None) or names))
+        tokens[name] = estimate.tokens + extra * (estimate.documents or 0)
+    exact = all(estimates[n].tokens_exact for n in names) and not recipe.ops
+    shares = dict(zip(names, (float(w) for w in source.weights), strict=True))
+    if source.on_exhausted == "drain":
+        available, limiting = sum(tokens.values()), once
+    else:
+        if source.by_tokens:
+            totals = {n: tokens[n] / shares[n] for n in once}
+        else:  # documents: the documents read until it ends, at the mean tokens per document
+            per_doc = sum(shares[n] * tokens[n] / max(1, estimates[n].documents or 1)
+                          for n in names)
+            totals = {n: (estimates[n].documents or 0) / shares[n] * per_doc for n in once}
+        first = min(totals, key=totals.__getitem__)
+        available, limiting = totals[first], [first]
+        exact = exact and len(names) == 1
+    pack = recipe.pack or {}
+    row = int(pack.get("max_length") or args.seq_length + 1)
+    exact = exact and pack.get("algorithm", "wrap") == "wrap"
+    if exact:
+        rows = _indexed_rows(pipeline, row, args.micro_batch_size)
+        if rows >= needed:
+            return None
+        counted = (f"{rows:,} rows ({int(available):,} tokens counted from the index, split "
+                   f"over {pipeline.lanes} lanes)")
+    else:
+        rows = int(available / row)
+        if rows >= SHORT_ESTIMATE * needed:
+            return None
+        counted = f"about {rows:,} rows (about {int(available):,} tokens, estimated)"
+    clock = _schedule(args, dp)
+    clock.seek(rows + 1)
+    fits = max(0, clock.iteration - 1)
+    which = ", ".join(repr(n) for n in limiting)
+    fix = f"repeat = [{', '.join(repr(n) for n in once)}]".replace("'", '"')
+    return (f"{recipe.source}: the training data runs out before the run ends: {flag} x the "
+            f"global batch size needs {needed:,} samples (rows of {row} tokens), but "
+            f"{'dataset' if len(limiting) == 1 else 'datasets'} {which} "
+            f"{'is' if len(limiting) == 1 else 'are'} not repeated and the data yields "
+            f"{counted}; training would stop with an error near iteration {clock.iteration}, "
+            f"without a checkpoint. Add {fix} to [mixture], give more data, or lower "
+            f"{flag.split()[0]} (to {fits} iterations or fewer)")
+
+
+def _indexed_rows(pipeline: Any, row: int, mbs: int) -> int:
+    """The rows one non-repeated indexed dataset, packed with ``wrap``, hands to Megatron:
+    each lane's units (:meth:`~zephon.work.source.StaticMixtureWorkSource.unit_at`) give it
+    ``T_l`` tokens, so ``ceil(T_l / row)`` rows (only the last is padded) and ``k_l = rows //
+    mbs`` microbatches. Readers hand out rounds of one microbatch per lane (global microbatch
+    ``m`` is lane ``m % L``'s) and all stop at the first round a lane cannot fill, so the run
+    gets ``min(k_l) * L`` microbatches, whatever the data-parallel size."""
+    from zephon.io.indexed import open_indexed
+    from zephon.ops.pretokenized import PretokenizedSpec
+
+    source = pipeline.work_source
+    lanes = pipeline.lanes
+    files = source.datasets[0].files()
+    lengths = [open_indexed(f.path).document_lengths() for f in files]
+    extra = sum((spec.bos_token_id is not None) + (spec.eos_token_id is not None)
+                for spec in pipeline.operators if isinstance(spec, PretokenizedSpec))
+    ends = []
+    for lane in range(lanes):
+        tokens, k = 0, 0
+        while (found := source.unit_at(0, lane, k, lanes)) is not None:
+            file_index, unit = found[2]
+            tokens += int(lengths[file_index][unit.start:unit.stop].sum()) \
+                + extra * (unit.stop - unit.start)
+            k += 1
+        ends.append((-(-tokens // row)) // mbs)
+    return min(ends) * lanes * mbs
+
+
+# -- resume ------------------------------------------------------------------------------------
+def resume_iteration(args: argparse.Namespace) -> int | None:
+    """The iteration a resume would read the loader state of, or None (no resume)."""
+
+    _, state_dir = state_directories(args)
+    load = getattr(args, "load", None)
+    if not state_dir or not load:
+        return None
+    return checkpoint_iteration(load, getattr(args, "ckpt_step", None)) or None
+
+
+def resume_problems(args: argparse.Namespace, pipeline: Any) -> list[str]:
+    """The loader state a resume would read, checked against this run's pipeline as the
+    restore checks it (its fingerprint; ``--micro-batch-size``)."""
+    iteration = resume_iteration(args)
+    if iteration is None:
+        return []
+    from zephon.errors import StateMismatchError
+
+    _, state_dir = state_directories(args)
+    try:
+        states = read_dataloader_states(state_dir, iteration)
+    except StateMismatchError:
+        return []  # the provider says it (a resume without a loader state), with the counters
+    restart = (f"To start over instead, write to a new --save directory (and drop --load); "
+               f"to resume, keep the lanes, seed and recipe of the run that wrote {state_dir}")
+    problems = []
+    saved_mbs = next((s.get("micro_batch_size") for s in states if isinstance(s, dict)), None)
+    if saved_mbs is not None and saved_mbs != args.micro_batch_size:
+        problems.append(
+            f"the loader state was written with --micro-batch-size {saved_mbs}, this run "
+            f"has {args.micro_batch_size}; the microbatches of every lane would differ "
+            f"(checkpoint {state_dir}, iteration {iteration}). {restart}")
+    lanes = {key: entry for state in states if isinstance(state, dict)
+             and isinstance(state.get("pipeline"), dict)
+             for key, entry in state["pipeline"].items()}
+    if lanes:
+        try:
+            pipeline.check_state(lanes)
+        except StateMismatchError as exc:
+            problems.append(f"{exc} (checkpoint {state_dir}, iteration {iteration}) {restart}")
     return problems

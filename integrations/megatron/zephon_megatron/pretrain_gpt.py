@@ -7,8 +7,10 @@ Usage (one process per GPU; a Megatron-LM checkout on PYTHONPATH)::
         --reset-attention-mask --eod-mask-loss --dataloader zephon \\
         --zephon-recipe recipes/megatron/pretrain_packed.toml --save ckpt --load ckpt
 
-megatron-core 0.16 ships only ``megatron.core``: ``pretrain()``, the model builders and
-Megatron's own ``pretrain_gpt.py`` live in a Megatron-LM checkout. megatron-core 0.19 also
+Errors found before Megatron-LM starts are printed by global rank 0 only (``RANK``); every
+rank exits with the same status. megatron-core 0.16 ships only ``megatron.core``:
+``pretrain()``, the model builders and Megatron's own ``pretrain_gpt.py`` live in a
+Megatron-LM checkout. megatron-core 0.19 also
 ships ``megatron.training``, enough for ``--dataloader zephon`` (the model is built from the
 parsed arguments); ``--dataloader megatron`` still needs the checkout's ``pretrain_gpt.py``.
 Where something is missing this module exits at once (status 2) saying what. The stock script
@@ -31,17 +33,67 @@ or a conflicting flag fails in a second, naming the problem. On CPU the same ent
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 MISSING_MEGATRON_LM = (
     "zephon_megatron.pretrain_gpt runs Megatron-LM's pretrain(), which is not importable here "
-    "(missing: {missing}). The megatron-core package ships only megatron.core; clone Megatron-LM "
-    "at the tag of your megatron-core (e.g. git clone --branch core_v0.16.1 "
-    "https://github.com/NVIDIA/Megatron-LM) and put the checkout on PYTHONPATH "
-    "(PYTHONPATH=/path/to/Megatron-LM). Transformer Engine and a GPU are needed for real runs; "
+    "(missing: {missing}). {advice} Transformer Engine and a GPU are needed for real runs; "
     "`make smoke-megatron` exercises the adapter on CPU.")
+"""The message of a missing Megatron-LM; ``advice`` from :func:`megatron_lm_advice`."""
+MISSING_TRAINING_DEPENDENCY = (
+    "zephon_megatron.pretrain_gpt: megatron.training imports {module!r}, which is not "
+    "installed. Install Megatron-LM's training dependencies: pip install "
+    "\"zephon[megatron-training]\"")
+
+
+def megatron_core_version() -> str | None:
+    """The installed megatron-core's version (its distribution metadata), or None."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("megatron-core")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def megatron_lm_advice(missing: Sequence[str], version: str | None = None) -> str:
+    """What to do about ``missing`` modules, for the installed megatron-core ``version``."""
+    version = version if version is not None else megatron_core_version()
+    tag = f"core_v{version}" if version else "the tag of your megatron-core"
+    checkout = (f"clone Megatron-LM at {tag} (git clone --branch {tag} "
+                "https://github.com/NVIDIA/Megatron-LM) and put the checkout on PYTHONPATH "
+                "(PYTHONPATH=/path/to/Megatron-LM)")
+    if version is None:
+        return f"megatron-core is not installed: pip install megatron-core, then {checkout}."
+    if "megatron.training" in missing:
+        return (f"megatron-core {version} ships only megatron.core here; {checkout}.")
+    return (f"megatron-core {version} ships megatron.training, but not "
+            f"{', '.join(missing)} (the stock scripts of a Megatron-LM checkout, needed for "
+            f"--dataloader megatron or for its model builders); {checkout}.")
+
+
+def missing_message(missing: Sequence[str]) -> str:
+    return MISSING_MEGATRON_LM.format(missing=", ".join(missing),
+                                      advice=megatron_lm_advice(missing))
+
+
+def global_rank() -> int:
+    """``RANK`` as torchrun sets it (0 outside a launcher)."""
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def report(message: str) -> None:
+    """Print an early error on global rank 0 only: every rank finds the same problem."""
+    if global_rank() == 0:
+        print(message, file=sys.stderr)
+
+
 def missing_megatron_lm(dataloader: str = "zephon") -> list[str]:
     """Modules ``pretrain()`` needs that are not importable: Megatron-LM's training package,
     and for 0.16 its model builders (:func:`~zephon_megatron.compat.modules_for_pretrain`);
@@ -96,14 +148,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             check_megatron_dataloader(early)
     except ConfigError as exc:
-        print(f"zephon_megatron: {exc}", file=sys.stderr)
+        report(f"zephon_megatron: {exc}")
         return 2
     missing = missing_megatron_lm(early.dataloader)
     if missing:
-        print(MISSING_MEGATRON_LM.format(missing=", ".join(missing)), file=sys.stderr)
+        report(missing_message(missing))
         return 2
-
-    from megatron.training import get_args
+    try:  # six, triton...: megatron.training's own imports
+        from megatron.training import get_args
+    except ModuleNotFoundError as exc:
+        report(MISSING_TRAINING_DEPENDENCY.format(module=exc.name or str(exc)))
+        return 2
 
     from zephon_megatron.compat import run_pretrain
 

@@ -45,7 +45,6 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -60,9 +59,12 @@ from zephon_megatron.arguments import (
     training_recipes,
 )
 from zephon_megatron.metrics import StepClock, global_batch_schedule
-
-STATE_FORMAT = "zephon_megatron.loader"
-STATE_VERSION = 1
+from zephon_megatron.state_files import (
+    STATE_FORMAT,
+    STATE_VERSION,
+    read_dataloader_states,
+)
+from zephon_megatron.tokenizer_checks import check_tokenizers, eod_id, megatron_tokenizer
 
 
 @dataclass(frozen=True)
@@ -299,178 +301,13 @@ def _global_rank() -> int:
         int(os.environ.get("RANK", "0"))
 
 
-# -- state files (the layout Megatron-LM's --dataloader-save writes) --------------------------
-def checkpoint_iteration(load_dir: str | os.PathLike[str],
-                         ckpt_step: int | None = None) -> int | None:
-    """The iteration a resume from ``load_dir`` starts at: ``--ckpt-step``, else Megatron-LM's
-    ``latest_checkpointed_iteration.txt`` (None: nothing to resume)."""
-    if ckpt_step is not None:
-        return int(ckpt_step)
-    tracker = Path(load_dir) / "latest_checkpointed_iteration.txt"
-    if not tracker.is_file():
-        return None
-    text = tracker.read_text().strip()
-    return int(text) if text.isdigit() else None
-
-
-def saved_lanes(state_dir: str | os.PathLike[str], load_dir: str | os.PathLike[str],
-                ckpt_step: int | None = None) -> int | None:
-    """The lanes of the loader state a resume from ``load_dir`` would read, or None."""
-    iteration = checkpoint_iteration(load_dir, ckpt_step)
-    if not iteration:
-        return None
-    try:
-        states = read_dataloader_states(state_dir, iteration)
-    except StateMismatchError:
-        return None
-    return int(states[0]["lanes"])
-
-
-def dataloader_state_path(save_dir: str | os.PathLike[str], iteration: int, dp_rank: int, *,
-                          tp_rank: int = 0, pp_rank: int | None = None) -> Path:
-    model_dir = f"mp_rank_{tp_rank:02d}" if pp_rank is None else \
-        f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
-    return (Path(save_dir) / f"iter_{iteration:07d}" / model_dir
-            / f"train_dataloader_dprank{dp_rank:03d}.pt")
-
-
-def write_dataloader_state(save_dir: str | os.PathLike[str], iteration: int, dp_rank: int,
-                           state: dict[str, Any]) -> Path:
-    """Write one rank's state as Megatron-LM does (for runs without Megatron-LM)."""
-    path = dataloader_state_path(save_dir, iteration, dp_rank)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".pt.partial")
-    torch.save({"dataloader_state_dict": state}, partial)
-    partial.replace(path)
-    return path
-
-
-def read_dataloader_states(save_dir: str | os.PathLike[str],
-                           iteration: int) -> list[dict[str, Any]]:
-    """The states every data-parallel rank wrote at ``iteration``."""
-    base = Path(save_dir) / f"iter_{iteration:07d}"
-    files = sorted(base.glob("mp_rank_*/train_dataloader_dprank*.pt"))
-    if not files:
-        raise StateMismatchError(
-            f"no loader state for iteration {iteration}: nothing matches "
-            f"{base}/mp_rank_*/train_dataloader_dprank*.pt. Was the checkpoint written with "
-            "--dataloader zephon and the same --dataloader-save?")
-    states = []
-    for path in files:
-        blob = torch.load(path, map_location="cpu", weights_only=True)
-        if not isinstance(blob, dict) or "dataloader_state_dict" not in blob:
-            raise StateMismatchError(f"{path}: not a Megatron dataloader state file")
-        states.append(blob["dataloader_state_dict"])
-    return states
-
-
 # -- provider ----------------------------------------------------------------------------------
 def preset_options(settings: ZephonSettings, recipe: Any) -> dict[str, Any]:
     """The ``to_training`` arguments of the Megatron preset under this run's masking."""
-    eos = _eod_id(recipe, megatron_tokenizer()) if settings.masking.eos_mask_loss else None
+    eos = eod_id(recipe, megatron_tokenizer()) if settings.masking.eos_mask_loss else None
     return settings.masking.to_training_kwargs(
         eos_token_id=eos,
         ignore_index=recipe.to_training.get("ignore_index"))
-
-
-def megatron_tokenizer() -> Any:
-    """Megatron-LM's tokenizer inside ``pretrain()``, else None."""
-    try:
-        from megatron.training import get_tokenizer
-
-        return get_tokenizer()
-    except (ImportError, AssertionError):
-        return None
-
-
-def _is_null(tokenizer: Any) -> bool:
-    """Megatron's NullTokenizer: it has no end-of-document token, only an id derived from
-    ``--vocab-size`` (``vocab_size`` before megatron-core 0.19, ``vocab_size - 1`` after)."""
-    return "NullTokenizer" in type(tokenizer).__name__
-
-
-def _eod_id(recipe: Any, tokenizer: Any = None) -> int:
-    """The EOS id for ``--eod-mask-loss``: the recipe's, else (token-id data) the EOD of
-    Megatron-LM's ``tokenizer``. An id no token can carry is an error (see
-    :func:`_check_eod_occurs`), never a mask that masks nothing."""
-    try:
-        eod = recipe.eos_token_id()
-    except ConfigError:
-        if recipe.tokenizer is not None:
-            raise
-        eod = _megatron_eod(recipe, tokenizer)
-    _check_eod_occurs(eod, recipe)
-    return eod
-
-
-def _megatron_eod(recipe: Any, tokenizer: Any) -> int:
-    """The EOD of Megatron-LM's tokenizer for token-id data; NullTokenizer's is refused."""
-    if tokenizer is None or getattr(tokenizer, "eod", None) is None:
-        raise ZephonArgumentError(
-            f"{recipe.source}: --eod-mask-loss needs the EOD id of the token-id data; set "
-            "[to_training] eos_token_id in --zephon-recipe (or run inside Megatron-LM, whose "
-            "tokenizer knows it)")
-    eod = int(tokenizer.eod)
-    if _is_null(tokenizer):
-        raise ZephonArgumentError(
-            f"--eod-mask-loss: the EOD id {eod} comes from Megatron's "
-            f"{type(tokenizer).__name__}, which makes it up from --vocab-size (one past the "
-            "last id in megatron-core <= 0.18, the last id from 0.19): it is not the EOD the "
-            "data was written with, so the mask would hit no label or the wrong ones. Set "
-            "[to_training] eos_token_id in "
-            "--zephon-recipe to the EOD id the data was written with (preprocess_data.py "
-            "--append-eod writes its tokenizer's EOD), or name that tokenizer with "
-            "--tokenizer-type/--tokenizer-model, or drop --eod-mask-loss")
-    return eod
-
-
-def _check_eod_occurs(eod: int, recipe: Any) -> None:
-    """Refuse an EOD id outside the ids the data holds: below 0, or not below the recipe
-    tokenizer's size (text) or ``[tokenize] vocab_size`` (token ids)."""
-    if recipe.tokenizer is not None:
-        from zephon.tokenizer import load_tokenizer
-
-        limit, what = len(load_tokenizer(recipe.tokenizer)), f"tokenizer {recipe.tokenizer!r}"
-    else:
-        limit, what = recipe.tokenize.get("vocab_size"), "[tokenize] vocab_size"
-    if eod < 0 or (limit is not None and eod >= limit):
-        raise ZephonArgumentError(
-            f"{recipe.source}: --eod-mask-loss masks the label after EOD id {eod}, but the "
-            f"data's ids are 0..{'?' if limit is None else limit - 1} ({what}), so none is "
-            "ever masked. Set [to_training] eos_token_id to the EOD id the data holds, or "
-            "drop --eod-mask-loss")
-
-
-def check_tokenizers(recipe: Any, args: argparse.Namespace, tokenizer: Any) -> None:
-    """Megatron-LM's tokenizer must end documents as the recipe's tokenizer does.
-
-    With ``--dataloader zephon`` the recipe's tokenizer makes every training id and its EOS
-    marks the document boundaries (``--eod-mask-loss``, document masking); Megatron-LM's
-    tokenizer (``--tokenizer-type``/``--tokenizer-model``) is the one it evaluates, generates
-    and exports the checkpoint with. A different EOS id means different tokenizers, so the
-    model would be read with ids it was not trained on: an error. Megatron's NullTokenizer
-    (the entry's default, which carries only the vocabulary size) and token-id data (no recipe
-    tokenizer: Megatron's EOD is the data's) are not compared. The recipe tokenizer's own EOS
-    counts, not ``[to_training] eos_token_id``, which may choose another boundary token on
-    purpose."""
-    if recipe.tokenizer is None or tokenizer is None or _is_null(tokenizer):
-        return
-    theirs = getattr(tokenizer, "eod", None)
-    from zephon.tokenizer import resolve_encoder
-
-    ours = resolve_encoder(recipe.tokenizer, None).special.eos
-    if theirs is None or ours is None or int(theirs) == int(ours):
-        return
-    model = getattr(args, "tokenizer_model", None)
-    megatron = f"{type(tokenizer).__name__}" + (f" {model!r}" if model else "")
-    raise ZephonArgumentError(
-        f"--tokenizer-model: Megatron's tokenizer ({megatron}) ends documents with id "
-        f"{int(theirs)}, the recipe's tokenizer {recipe.tokenizer!r} ({recipe.source}) with "
-        f"{int(ours)}; they are different tokenizers, and the model would be evaluated and "
-        "exported with ids it was not trained on. Pass the recipe's tokenizer as "
-        "--tokenizer-model, point [tokenize] tokenizer at Megatron's, or leave "
-        "--tokenizer-type/--tokenizer-model out (the entry then sizes a NullTokenizer to the "
-        "recipe's tokenizer)")
 
 
 def build_iterator(recipe: Any, settings: ZephonSettings, topology: Topology, *,

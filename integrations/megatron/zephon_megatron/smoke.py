@@ -154,7 +154,8 @@ def run_worker(options: argparse.Namespace, megatron_argv: list[str]) -> None:
     from zephon_megatron import cpu_shims
     from zephon_megatron.arguments import build_standalone_parser, settings_from_args
     from zephon_megatron.loss import make_forward_step
-    from zephon_megatron.provider import ZephonDatasetsProvider, write_dataloader_state
+    from zephon_megatron.provider import ZephonDatasetsProvider
+    from zephon_megatron.state_files import write_dataloader_state
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     args = build_standalone_parser().parse_args(megatron_argv)

@@ -1,0 +1,130 @@
+"""Megatron-LM's tokenizer against the recipe's: EOD ids and the tokenizer actually in use."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from zephon.errors import ConfigError
+from zephon_megatron.errors import ZephonArgumentError
+
+
+def megatron_tokenizer() -> Any:
+    """Megatron-LM's tokenizer inside ``pretrain()``, else None."""
+    try:
+        from megatron.training import get_tokenizer
+
+        return get_tokenizer()
+    except (ImportError, AssertionError):
+        return None
+
+
+NULL_LIBRARIES = ("null-text", "null-multimodal")
+"""megatron-core 0.19's library names of its null tokenizers."""
+
+
+def _is_null(tokenizer: Any) -> bool:
+    """Megatron's NullTokenizer: it has no end-of-document token, only an id derived from
+    ``--vocab-size`` (``vocab_size`` before megatron-core 0.19, ``vocab_size - 1`` after).
+    megatron-core <= 0.18 builds it as it is; 0.19 wraps it in ``DefaultTokenizerText`` with
+    ``library = "null-text"``."""
+    inner = getattr(tokenizer, "_tokenizer", None)
+    return ("NullTokenizer" in type(tokenizer).__name__
+            or getattr(tokenizer, "library", None) in NULL_LIBRARIES
+            or (inner is not None and "NullTokenizer" in type(inner).__name__))
+
+
+def _null_eod_chosen() -> bool:
+    """Whether Megatron-LM's ``--null-tokenizer-eod-id`` (megatron-core 0.19) set the null
+    tokenizer's EOD on purpose."""
+    try:
+        from megatron.training import get_args
+
+        return getattr(get_args(), "null_tokenizer_eod_id", None) is not None
+    except (ImportError, AssertionError):
+        return False
+
+
+def eod_id(recipe: Any, tokenizer: Any = None) -> int:
+    """The EOS id for ``--eod-mask-loss``: the recipe's, else (token-id data) the EOD of
+    Megatron-LM's ``tokenizer``. An id no token can carry is an error (see
+    :func:`_check_eod_occurs`), never a mask that masks nothing."""
+    try:
+        eod = recipe.eos_token_id()
+    except ConfigError:
+        if recipe.tokenizer is not None:
+            raise
+        eod = _megatron_eod(recipe, tokenizer)
+    _check_eod_occurs(eod, recipe)
+    return eod
+
+
+def _megatron_eod(recipe: Any, tokenizer: Any) -> int:
+    """The EOD of Megatron-LM's tokenizer for token-id data; NullTokenizer's is refused."""
+    if tokenizer is None or getattr(tokenizer, "eod", None) is None:
+        raise ZephonArgumentError(
+            f"{recipe.source}: --eod-mask-loss needs the EOD id of the token-id data; set "
+            "[to_training] eos_token_id in --zephon-recipe (or run inside Megatron-LM, whose "
+            "tokenizer knows it)")
+    eod = int(tokenizer.eod)
+    if _is_null(tokenizer) and not _null_eod_chosen():
+        raise ZephonArgumentError(
+            f"--eod-mask-loss: the EOD id {eod} comes from Megatron's "
+            f"{type(tokenizer).__name__}, which makes it up from --vocab-size (one past the "
+            "last id in megatron-core <= 0.18, the last id from 0.19): it is not the EOD the "
+            "data was written with, so the mask would hit no label or the wrong ones. Set "
+            "[to_training] eos_token_id in "
+            "--zephon-recipe to the EOD id the data was written with (preprocess_data.py "
+            "--append-eod writes its tokenizer's EOD) or pass it as --null-tokenizer-eod-id "
+            "(megatron-core 0.19+), or name that tokenizer with "
+            "--tokenizer-type/--tokenizer-model, or drop --eod-mask-loss")
+    return eod
+
+
+def _check_eod_occurs(eod: int, recipe: Any) -> None:
+    """Refuse an EOD id outside the ids the data holds: below 0, or not below the recipe
+    tokenizer's size (text) or ``[tokenize] vocab_size`` (token ids)."""
+    if recipe.tokenizer is not None:
+        from zephon.tokenizer import load_tokenizer
+
+        limit, what = len(load_tokenizer(recipe.tokenizer)), f"tokenizer {recipe.tokenizer!r}"
+    else:
+        limit, what = recipe.tokenize.get("vocab_size"), "[tokenize] vocab_size"
+    if eod < 0 or (limit is not None and eod >= limit):
+        raise ZephonArgumentError(
+            f"{recipe.source}: --eod-mask-loss masks the label after EOD id {eod}, but the "
+            f"data's ids are 0..{'?' if limit is None else limit - 1} ({what}), so none is "
+            "ever masked. Set [to_training] eos_token_id to the EOD id the data holds, or "
+            "drop --eod-mask-loss")
+
+
+def check_tokenizers(recipe: Any, args: argparse.Namespace, tokenizer: Any) -> None:
+    """Megatron-LM's tokenizer must end documents as the recipe's tokenizer does.
+
+    With ``--dataloader zephon`` the recipe's tokenizer makes every training id and its EOS
+    marks the document boundaries (``--eod-mask-loss``, document masking); Megatron-LM's
+    tokenizer (``--tokenizer-type``/``--tokenizer-model``) is the one it evaluates, generates
+    and exports the checkpoint with. A different EOS id means different tokenizers, so the
+    model would be read with ids it was not trained on: an error. Megatron's NullTokenizer
+    (the entry's default, which carries only the vocabulary size) and token-id data (no recipe
+    tokenizer: Megatron's EOD is the data's) are not compared. The recipe tokenizer's own EOS
+    counts, not ``[to_training] eos_token_id``, which may choose another boundary token on
+    purpose."""
+    if recipe.tokenizer is None or tokenizer is None or _is_null(tokenizer):
+        return
+    theirs = getattr(tokenizer, "eod", None)
+    from zephon.tokenizer import resolve_encoder
+
+    ours = resolve_encoder(recipe.tokenizer, None).special.eos
+    if theirs is None or ours is None or int(theirs) == int(ours):
+        return
+    model = getattr(args, "tokenizer_model", None)
+    megatron = f"{type(tokenizer).__name__}" + (f" {model!r}" if model else "")
+    raise ZephonArgumentError(
+        f"--tokenizer-model: Megatron's tokenizer ({megatron}) ends documents with id "
+        f"{int(theirs)}, the recipe's tokenizer {recipe.tokenizer!r} ({recipe.source}) with "
+        f"{int(ours)}; they are different tokenizers, and the model would be evaluated and "
+        "exported with ids it was not trained on. Pass the recipe's tokenizer as "
+        "--tokenizer-model, point [tokenize] tokenizer at Megatron's, or leave "
+        "--tokenizer-type/--tokenizer-model out (the entry then sizes a NullTokenizer to the "
+        "recipe's tokenizer)")
