@@ -174,8 +174,23 @@ def test_layout_options_are_fixed_by_the_adapter(tmp_path: Path, line: str,
                                                  needle: str) -> None:
     path = tmp_path / "recipe.toml"
     path.write_text(PACKED.read_text() + line + "\n")
-    with pytest.raises(ZephonArgumentError, match=needle):
+    with pytest.raises(ConfigError, match=needle):
         settings(megatron_argv(path))
+
+
+def test_a_recipe_may_leave_out_what_the_megatron_preset_fixes(tmp_path: Path) -> None:
+    """return_labels and return_loss_mask are the preset's: a recipe without them still
+    masks EOS labels (which needs labels), and one that contradicts them names Megatron."""
+    lean = tmp_path / "lean.toml"
+    lean.write_text(PACKED.read_text().replace("return_labels = true", "")
+                    .replace("return_loss_mask = true", ""))
+    assert "return_labels" not in lean.read_text()
+    assert settings(megatron_argv(lean)).masking.eos_mask_loss
+    wrong = tmp_path / "wrong.toml"
+    wrong.write_text(lean.read_text() + "return_loss_mask = false\n")
+    with pytest.raises(ConfigError, match="return_loss_mask = False conflicts with Megatron, "
+                                          "which needs True"):
+        settings(megatron_argv(wrong))
 
 
 def test_lanes_default_to_eight_per_reader_of_the_first_launch(tmp_path: Path) -> None:

@@ -63,16 +63,13 @@ from zephon.errors import ConfigError
 from zephon.options import DEFAULT_LANES_PER_READER
 from zephon_megatron.errors import ZephonArgumentError
 from zephon_megatron.geometry import data_parallel_size, rampup
+from zephon_megatron.preset import MEGATRON, PRESET_LAYOUT
 from zephon_megatron.state_files import saved_lanes, state_directories
 
 log = logging.getLogger(__name__)
 
 DATALOADERS = ("megatron", "zephon")
 ATTENTION_BY_IMPL = {"transformer_engine": "thd", "local": "dense"}
-# Keys whose value the Megatron batch layout fixes, with the only value it accepts.
-PRESET_FIXED = {"return_labels": True, "return_loss_mask": True, "flatten": False,
-                "return_num_valid_tokens": False, "return_padding_mask": False}
-PRESET_LAYOUT = ("rename_fields", "exclude_fields")
 _PER_SPLIT_FLAGS = (("train", "train_data_path", "--train-data-path"),
                     ("valid", "valid_data_path", "--valid-data-path"),
                     ("test", "test_data_path", "--test-data-path"))
@@ -284,11 +281,6 @@ def resolve_masking(to_training: dict[str, Any], source: str, *, reset_position_
                 f"{source}: [to_training] {key} = {to_training[key]!r} conflicts with {flag} "
                 f"({state}): Megatron spells {meaning} as {flag}. Make the flag and the recipe "
                 f"agree, or drop {key} from the recipe to let the flag decide.")
-    for key, value in PRESET_FIXED.items():
-        if key in to_training and bool(to_training[key]) != value:
-            raise ZephonArgumentError(
-                f"{source}: [to_training] {key} = {to_training[key]!r} is not possible with "
-                f"Megatron: its batches need {key} = {str(value).lower()}")
     for key in PRESET_LAYOUT:
         if to_training.get(key):
             raise ZephonArgumentError(
@@ -305,7 +297,7 @@ def _load_recipe(path: str, flag: str) -> Any:
 
     if not Path(path).is_file():
         raise ZephonArgumentError(f"{flag} {path!r}: no such file")
-    return DataRecipe.from_toml(path)
+    return DataRecipe.from_toml(path, preset=MEGATRON)
 
 
 def _agree_recipe(recipe: Any, name: str, value: Any, flag: str, given: Any) -> None:

@@ -45,6 +45,7 @@ import numpy as np
 
 from zephon.errors import ConfigError
 from zephon.recipe import DataRecipe, DatasetEntry, read_toml
+from zephon_megatron.preset import MEGATRON
 
 DEFAULT_SPLIT = "969,30,1"
 SPLITS = ("train", "valid", "test")
@@ -250,7 +251,8 @@ def blend_recipes(data_path: Sequence[str] | None, split: str | None,
             recipes[role] = None
             continue
         recipes[role] = DataRecipe.from_dict(options, source=f"{source} ({role} split)",
-                                             base_dir=base_dir, datasets=entries[role])
+                                             base_dir=base_dir, datasets=entries[role],
+                                             preset=MEGATRON)
     return recipes
 
 

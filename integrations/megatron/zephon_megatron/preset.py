@@ -1,0 +1,21 @@
+"""The ``[to_training]`` values the Megatron batch layout fixes.
+
+Megatron's ``get_batch`` reads ``tokens``, ``labels``, a float ``loss_mask`` and
+``position_ids`` (plus ``cu_seqlens``/``max_seqlen`` under document masking), one
+``[micro_batch_size, seq_length]`` tensor each. A recipe may leave these keys out; one that
+states another value is refused, naming the key. The masking keys (``position_mode``,
+``return_cu_seqlens``, ``eos_mask_loss``) are not fixed: Megatron's flags choose them (see
+:func:`zephon_megatron.arguments.resolve_masking`).
+"""
+
+from __future__ import annotations
+
+from zephon.recipe import TrainingPreset
+
+PRESET_FIXED = {"return_labels": True, "return_loss_mask": True, "flatten": False,
+                "return_num_valid_tokens": False, "return_padding_mask": False}
+"""Keys whose value the Megatron batch layout fixes, with the only value it accepts."""
+PRESET_LAYOUT = ("rename_fields", "exclude_fields")
+"""Keys the adapter sets itself (Megatron's field names); a recipe may not give them."""
+MEGATRON = TrainingPreset("Megatron", PRESET_FIXED)
+"""What recipes read by the adapter are checked with."""
