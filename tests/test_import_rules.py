@@ -11,7 +11,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 CORE = ROOT / "core" / "zephon"
 ADAPTERS = [ROOT / "integrations" / "torchtitan" / "zephon_torchtitan",
-            ROOT / "integrations" / "megatron" / "zephon_megatron"]
+            ROOT / "integrations" / "megatron" / "zephon_megatron",
+            ROOT / "integrations" / "torch" / "zephon_torch"]
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -67,7 +68,8 @@ def test_the_checker_sees_nested_imports(tmp_path, source, expected):
     assert imported_modules(path) == expected
 
 
-PACKAGES = {"zephon": CORE, "zephon_torchtitan": ADAPTERS[0], "zephon_megatron": ADAPTERS[1]}
+PACKAGES = {"zephon": CORE, "zephon_torchtitan": ADAPTERS[0], "zephon_megatron": ADAPTERS[1],
+            "zephon_torch": ADAPTERS[2]}
 
 
 def module_files() -> dict[str, Path]:
@@ -161,6 +163,22 @@ def test_the_circle_finder_finds_a_circle(tmp_path, monkeypatch):
     monkeypatch.setitem(PACKAGES, "zephon", package)
     monkeypatch.setitem(PACKAGES, "zephon_torchtitan", tmp_path / "none")
     monkeypatch.setitem(PACKAGES, "zephon_megatron", tmp_path / "none")
+    monkeypatch.setitem(PACKAGES, "zephon_torch", tmp_path / "none")
     assert import_circles() == [["zephon.a", "zephon.b", "zephon.c"]]
     (package / "c.py").write_text("")
     assert import_circles() == []
+
+
+def test_adapters_import_only_the_public_modules():
+    """Every zephon module an adapter imports is in ``zephon.PUBLIC_MODULES``, and every
+    listed module exists."""
+    from zephon import PUBLIC_MODULES
+
+    modules = module_files()
+    assert [m for m in PUBLIC_MODULES if m not in modules] == []
+    found = {f"{path.relative_to(ROOT)} imports {module}"
+             for directory in ADAPTERS for path in directory.rglob("*.py")
+             for module in imported_modules(path)
+             if module.split(".")[0] == "zephon" and module in modules
+             and module not in PUBLIC_MODULES}
+    assert sorted(found) == []

@@ -5,6 +5,9 @@ Public API::
     from zephon import Pipeline, SampleBatch
     from zephon.io import Dataset, CacheOptions, StoreOptions
     from zephon.work import MixtureSpec, StaticMixtureWorkSource, TokenEstimation
+
+:data:`PUBLIC_MODULES` lists every module whose names are public; framework adapters import
+only these (a test holds them to it), and :mod:`zephon.integration` is where they start.
 """
 
 from zephon.batch import SampleBatch
@@ -15,7 +18,28 @@ from zephon.report import PipelineReport
 
 __version__ = "0.3.0.dev0"
 
+PUBLIC_MODULES = (
+    "zephon",
+    "zephon.integration",  # what every framework adapter needs: geometry, lanes, a session
+    "zephon.recipe",  # DataRecipe, TrainingPreset
+    "zephon.preflight",  # check_recipe
+    "zephon.errors",
+    "zephon.io",  # Dataset, CacheOptions, StoreOptions
+    "zephon.io.indexed",  # Megatron's indexed datasets
+    "zephon.work",  # StaticMixtureWorkSource, MixtureSpec, TokenEstimation
+    "zephon.ops",  # operator specs, for custom operators
+    "zephon.ops.pretokenized",
+    "zephon.options",  # LoaderOptions, DEFAULT_LANES_PER_READER
+    "zephon.tokenizer",  # load_tokenizer, resolve_encoder
+    "zephon.distributed",  # the process-wide gloo group, launcher stores
+    "zephon.meter",  # LoaderMeter, the zephon/ metrics
+    "zephon.trace",  # trace lines: what was in step N
+    "zephon.demo.assets",  # the bundled corpus and tokenizer
+)
+"""Modules whose public names (those without a leading underscore) are the API."""
+
 __all__ = [
+    "PUBLIC_MODULES",
     "ConfigError",
     "DataError",
     "DocSpan",

@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from zephon.errors import ConfigError
-from zephon.options import DEFAULT_LANES_PER_READER
+from zephon.integration import choose_lanes
 from zephon_megatron.errors import ZephonArgumentError
 from zephon_megatron.geometry import data_parallel_size, rampup
 from zephon_megatron.preset import MEGATRON, PRESET_LAYOUT
@@ -508,11 +508,10 @@ def default_lanes(args: argparse.Namespace, state_dir: str | None,
                   world_size: int | None) -> int:
     """Lanes when neither the recipe nor ``--zephon-lanes`` sets them: the saved run's lanes
     on resume, else ``DEFAULT_LANES_PER_READER`` x this launch's data-parallel size."""
+    saved = None
     if state_dir and getattr(args, "load", None):
-        found = saved_lanes(state_dir, args.load, getattr(args, "ckpt_step", None))
-        if found is not None:
-            return found
-    return DEFAULT_LANES_PER_READER * data_parallel_size(args, world_size)
+        saved = saved_lanes(state_dir, args.load, getattr(args, "ckpt_step", None))
+    return choose_lanes(data_parallel_size(args, world_size), saved=saved).lanes
 
 
 def load_recipes(recipe: str | None, valid_recipe: str | None,

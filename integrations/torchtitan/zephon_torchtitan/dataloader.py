@@ -45,8 +45,8 @@ from torchtitan.components.dataloader import BaseDataLoader
 from torchtitan.tools.logging import logger
 
 from zephon import ConfigError, StateMismatchError
+from zephon.integration import choose_lanes
 from zephon.meter import LoaderMeter
-from zephon.options import DEFAULT_LANES_PER_READER
 from zephon.recipe import DataRecipe, TrainingPreset
 from zephon.trace import trace_line
 
@@ -342,9 +342,8 @@ def default_lanes(dp_world_size: int) -> tuple[int, str]:
     found = checkpointed_lanes()
     if found is not None and found[1]:
         return max(found[1]) + 1, f"those of the checkpoint {found[0]}"
-    lanes = DEFAULT_LANES_PER_READER * dp_world_size
-    return lanes, (f"{DEFAULT_LANES_PER_READER} per data-parallel rank: resumable at any "
-                   f"data-parallel size dividing {lanes}")
+    choice = choose_lanes(dp_world_size)
+    return choice.lanes, choice.why
 
 
 def _geometry(seq_len: int | None, local_batch_size: int | None,

@@ -1,0 +1,180 @@
+"""What a framework adapter needs from Zephon, in one public module.
+
+An adapter translates between its framework and four things here:
+
+- :class:`RunGeometry`: this process's data-parallel rank and size, as the framework gives
+  them or (pure data parallelism) from ``torch.distributed`` or the launcher's environment.
+- :func:`choose_lanes`: the lane count of a run and why. The recipe's ``lanes``, else the
+  adapter's option, else the lanes of the checkpoint the run resumes from, else
+  :data:`~zephon.options.DEFAULT_LANES_PER_READER` per data-parallel rank of the first launch.
+  Every data-parallel size dividing the lanes reads the same global batches, so a run started
+  on 12 readers (96 lanes) resumes exactly on 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48 or 96.
+- :func:`merge_states`: the lane-keyed states of several ranks as one state, which a run at
+  any data-parallel size dividing the lanes loads (each rank takes its own lanes).
+- :class:`LoaderSession`: one rank's pipeline as the training loop consumes it: microbatches
+  as ``SampleBatch.to_training`` tensors, the lane-keyed state of what was consumed, and the
+  job-wide ``zephon/`` metrics of :mod:`zephon.meter`.
+
+Nothing here reads process globals or changes the environment; adapters pass what their
+framework knows.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from zephon.errors import ConfigError, StateMismatchError
+from zephon.meter import LoaderMeter
+from zephon.options import DEFAULT_LANES_PER_READER
+from zephon.pipeline import Pipeline
+
+
+@dataclass(frozen=True)
+class RunGeometry:
+    """Where this process reads in the data-parallel job."""
+
+    dp_rank: int = 0
+    """This reader's data-parallel rank, ``0 <= dp_rank < dp_size``."""
+    dp_size: int = 1
+    """Data-parallel readers of the job."""
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.dp_size, int) and self.dp_size >= 1
+                and isinstance(self.dp_rank, int) and 0 <= self.dp_rank < self.dp_size):
+            raise ConfigError(f"data-parallel rank {self.dp_rank!r} of size {self.dp_size!r}: "
+                              "the size must be >= 1 and the rank in 0..size-1")
+
+    @classmethod
+    def from_environment(cls) -> RunGeometry:
+        """Pure data parallelism: every process is a reader. The rank and size of the default
+        ``torch.distributed`` group when it is initialized, else the launcher's ``RANK`` and
+        ``WORLD_SIZE`` (torchrun, accelerate), else one reader."""
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                return cls(dist.get_rank(), dist.get_world_size())
+        except ImportError:
+            pass
+        try:
+            return cls(int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")))
+        except ValueError:
+            raise ConfigError(f"RANK={os.environ.get('RANK')!r}, WORLD_SIZE="
+                              f"{os.environ.get('WORLD_SIZE')!r}: not integers") from None
+
+
+@dataclass(frozen=True)
+class LaneChoice:
+    """The lanes of a run and where the number came from, for the start-up log line."""
+
+    lanes: int
+    why: str
+
+
+def choose_lanes(dp_size: int, *, recipe: int | None = None, option: int | None = None,
+                 option_name: str = "the lanes option", saved: int | None = None,
+                 source: str = "the recipe") -> LaneChoice:
+    """The lanes of a run (see the module docstring for the order). ``recipe`` and
+    ``option`` must agree where both are given; ``saved`` is the lane count of the checkpoint
+    being resumed (None: a first launch). :func:`lanes_problem` says whether ``dp_size``
+    readers can share them; adapters report it with their other launch problems."""
+    if recipe is not None and option is not None and recipe != option:
+        raise ConfigError(f"{source}: lanes = {recipe} conflicts with {option_name} {option}; "
+                          "remove one or make them agree")
+    if recipe is not None:
+        choice = LaneChoice(recipe, f"lanes = {recipe} in {source}")
+    elif option is not None:
+        choice = LaneChoice(option, f"{option_name} {option}")
+    elif saved is not None:
+        choice = LaneChoice(saved, "those of the checkpoint the run resumes from")
+    else:
+        lanes = DEFAULT_LANES_PER_READER * dp_size
+        choice = LaneChoice(lanes, f"{DEFAULT_LANES_PER_READER} per data-parallel reader: "
+                                   f"resumable at any data-parallel size dividing {lanes}")
+    return choice
+
+
+def lanes_problem(lanes: int, dp_size: int) -> str | None:
+    """Why ``dp_size`` readers cannot share ``lanes``, naming the sizes that can; else None."""
+    if lanes >= 1 and dp_size >= 1 and lanes % dp_size == 0:
+        return None
+    divisors = [d for d in range(1, lanes + 1) if lanes % d == 0] if lanes >= 1 else []
+    return (f"{lanes} lanes cannot be shared by {dp_size} data-parallel readers: the data-"
+            f"parallel size must divide the lanes ({divisors[:24]})")
+
+
+def merge_states(states: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The lane-keyed states of several ranks (``{"lane_<l>": entry}`` each) as one. A lane
+    found twice must hold the same entry: two different ones come from different runs or
+    steps, an error naming the lane."""
+    merged: dict[str, Any] = {}
+    for state in states:
+        for key, entry in state.items():
+            if key in merged and merged[key] != entry:
+                raise StateMismatchError(f"two loader states hold different entries for "
+                                         f"{key!r}: they were written by different runs or at "
+                                         "different steps")
+            merged[key] = entry
+    return merged
+
+
+class LoaderSession:
+    """One rank's pipeline as the training loop consumes it.
+
+    Iterating yields one microbatch at a time as ``batch.to_training(**training)``, and
+    records what was handed out (tokens, padding, labels that count, the seconds the loop
+    waited) for :meth:`metrics`. :meth:`state_dict` describes the microbatches handed out so
+    far, never those the prefetch thread prepared, so a resume from it continues with the next
+    one, token for token. Iterating again after the end of the data starts the data over
+    (:meth:`Pipeline.reset`)."""
+
+    def __init__(self, pipeline: Pipeline, training: Mapping[str, Any] | None = None, *,
+                 metrics_group: Any = None) -> None:
+        self.pipeline = pipeline
+        self.training = dict(training or {})
+        """``SampleBatch.to_training`` options."""
+        self.meter = LoaderMeter(metrics_group)
+        """Totals of this rank; :meth:`metrics` sums them over ``metrics_group``."""
+        self._ended = False
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self._ended:
+            self.pipeline.reset()
+        self._ended = False
+        start = time.perf_counter()
+        for batch in self.pipeline:
+            out = batch.to_training(**self.training)
+            self._record(out, time.perf_counter() - start)
+            yield out
+            start = time.perf_counter()
+        self._ended = True
+
+    def _record(self, out: Mapping[str, Any], wait_s: float) -> None:
+        tokens = int(out["input_ids"].numel())
+        padding = int(out["padding_mask"].sum()) if "padding_mask" in out else 0
+        if "num_valid_tokens" in out:
+            valid = int(out["num_valid_tokens"].sum())
+        elif "loss_mask" in out:
+            valid = int(out["loss_mask"].sum())
+        else:
+            valid = tokens - padding
+        self.meter.record(tokens, padding, valid, wait_s)
+
+    def metrics(self) -> dict[str, float]:
+        """``zephon/...`` figures of the window since the last call; a collective over
+        ``metrics_group`` when one was given (call it on every rank at the same step)."""
+        return self.meter.window(self.pipeline.report())
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"lane_<l>": entry}`` for this rank's lanes: plain data (JSON-safe)."""
+        return self.pipeline.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from a state holding (at least) this rank's lanes, written at any
+        data-parallel size dividing the lanes (see :func:`merge_states`)."""
+        self.pipeline.load_state_dict(dict(state))
+        self._ended = False

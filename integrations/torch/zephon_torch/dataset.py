@@ -1,0 +1,172 @@
+"""A data recipe as a ``torch.utils.data.IterableDataset`` of microbatches, with state.
+
+Each item is one microbatch of this reader: the dict ``SampleBatch.to_training`` returns under
+the recipe's ``[to_training]`` options (``input_ids``, ``labels``, ... as
+``[microbatch_size, seq_len]`` tensors unless the recipe flattens). The recipe batches, so a
+``DataLoader`` takes it with ``batch_size=None``. Microbatch ``m`` of the job goes to reader
+``m % dp_size``: the same global microbatches at every data-parallel size dividing the lanes.
+
+The translation to :mod:`zephon.integration`:
+
+- readers: ``geometry``, else :meth:`RunGeometry.from_environment` (the default process group,
+  else ``RANK``/``WORLD_SIZE``); several readers need ``torch.distributed`` initialized, whose
+  ranks agree on the end of the data and sum the metrics over a gloo group;
+- lanes: :func:`choose_lanes` (the recipe's, ``lanes=``, a loaded state's, else 8 per reader);
+- the pipeline is built on first use, in the process that iterates: a ``DataLoader`` worker
+  builds its own;
+- state: :meth:`ZephonIterableDataset.state_dict` describes the microbatches handed out.
+  ``state_scope="rank"`` (default) gives this reader's lanes, for frameworks that save a state
+  per rank (torchdata's ``StatefulDataLoader``, DCP); merge them with
+  :func:`zephon.integration.merge_states` to resume at another size. ``state_scope="job"``
+  gathers every reader's lanes on each rank (a collective: call it on all ranks at once), for
+  frameworks that save one file from the main process (``accelerate``'s ``save_state``).
+
+Limits: one ``DataLoader`` worker at most (the recipe's ``workers`` runs the document
+operators in processes); model-parallel layouts pass their ``geometry``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import IterableDataset, get_worker_info
+
+from zephon.distributed import world_gloo_group
+from zephon.errors import ConfigError
+from zephon.integration import (
+    LoaderSession,
+    RunGeometry,
+    choose_lanes,
+    lanes_problem,
+    merge_states,
+)
+from zephon.recipe import DataRecipe
+
+STATE_SCOPES = ("rank", "job")
+
+
+class ZephonIterableDataset(IterableDataset):
+    """A data recipe's microbatches for this reader; see the module docstring."""
+
+    def __init__(self, recipe: str | os.PathLike[str] | DataRecipe, *,
+                 seq_len: int | None = None, microbatch_size: int | None = None,
+                 lanes: int | None = None, geometry: RunGeometry | None = None,
+                 prefetch: int | None = None, infinite: bool = False,
+                 state_scope: str = "rank") -> None:
+        """``seq_len``: tokens per row the model takes (rows are packed to ``seq_len + 1``)
+        unless the recipe's ``[pack] max_length`` fixes it; ``microbatch_size``: rows per
+        item unless ``[batch] microbatch_size`` does (given both, they must agree).
+        ``infinite``: start the data over at its end instead of ending the iteration."""
+        if state_scope not in STATE_SCOPES:
+            raise ConfigError(f"state_scope must be one of {STATE_SCOPES}, got {state_scope!r}")
+        self.recipe = recipe if isinstance(recipe, DataRecipe) else DataRecipe.from_toml(recipe)
+        self.seq_len, self.microbatch_size = seq_len, microbatch_size
+        self.lanes, self.geometry, self.prefetch = lanes, geometry, prefetch
+        self.infinite, self.state_scope = infinite, state_scope
+        self._session: LoaderSession | None = None
+        self._pending: dict[str, Any] | None = None
+
+    # -- iteration -------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        session = self._open()
+        while True:
+            yield from session
+            if not self.infinite:
+                return
+
+    def _open(self) -> LoaderSession:
+        if self._session is not None:
+            return self._session
+        worker = get_worker_info()
+        if worker is not None and worker.num_workers > 1:
+            raise ConfigError(
+                f"ZephonIterableDataset in a DataLoader with num_workers={worker.num_workers}: "
+                "each worker would read the same lanes. Use num_workers=0 or 1, and the "
+                "recipe's `workers` to run tokenizing in processes")
+        geometry = self.geometry or RunGeometry.from_environment()
+        choice = choose_lanes(geometry.dp_size, recipe=self.recipe.lanes, option=self.lanes,
+                              option_name="ZephonIterableDataset(lanes=...)",
+                              saved=_lanes_of(self._pending), source=self.recipe.source)
+        problem = lanes_problem(choice.lanes, geometry.dp_size)
+        if problem:
+            raise ConfigError(f"{problem}; the lanes are {choice.why}")
+        group = self._group(geometry)
+        pipeline = self.recipe.build(
+            seq_len=self.seq_len, microbatch_size=self.microbatch_size,
+            dp_rank=geometry.dp_rank, dp_world_size=geometry.dp_size, lanes=choice.lanes,
+            prefetch=self.prefetch, process_group=group)
+        session = LoaderSession(pipeline, self.recipe.to_training, metrics_group=group)
+        if self._pending is not None:
+            session.load_state_dict(self._pending)
+            self._pending = None
+        self._session = session
+        return session
+
+    @staticmethod
+    def _group(geometry: RunGeometry) -> Any:
+        if geometry.dp_size == 1:
+            return None
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ConfigError(f"{geometry.dp_size} data-parallel readers need "
+                              "torch.distributed initialized (init_process_group) before the "
+                              "dataset is iterated: the readers agree on the end of the data")
+        return world_gloo_group()
+
+    def metrics(self) -> dict[str, float]:
+        """The job's ``zephon/`` figures since the last call (see :mod:`zephon.meter`); with
+        several readers a collective: call it on every rank at the same step."""
+        return self._open().metrics()
+
+    # -- state -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """``{"lane_<l>": entry}`` of the microbatches handed out: this reader's lanes, or
+        every reader's under ``state_scope="job"`` (a collective)."""
+        if self._session is None and self._pending is not None and self.state_scope == "rank":
+            return dict(self._pending)
+        state = self._open().state_dict()
+        if self.state_scope == "rank" or not _distributed():
+            return state
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, state, group=world_gloo_group())
+        return merge_states(gathered)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume after the microbatches ``state`` describes. It must hold this reader's
+        lanes; one written at another data-parallel size resumes too (merged states, or a
+        ``"job"`` state)."""
+        if self._session is None:
+            self._pending = dict(state)
+        else:
+            self._session.load_state_dict(state)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy (a DataLoader worker's) resumes where this one is; it builds its own
+        pipeline."""
+        copied = dict(self.__dict__)
+        if self._session is not None:
+            copied["_pending"] = self._session.state_dict()
+        copied["_session"] = None
+        return copied
+
+
+def _lanes_of(state: dict[str, Any] | None) -> int | None:
+    """The lane count a loaded state was written with (its fingerprint), or None."""
+    if not state:
+        return None
+    entry = next(iter(state.values()))
+    try:
+        return int(entry["fingerprint"]["lanes"])
+    except (TypeError, KeyError, ValueError):
+        return None  # the restore names what is wrong with the entry
+
+
+def _distributed() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
