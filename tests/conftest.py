@@ -83,3 +83,24 @@ def killed_after(process, seconds: float, kill=None) -> Iterator[None]:
         yield
     finally:
         timer.cancel()
+
+
+@pytest.fixture
+def read_counts(tmp_path, monkeypatch):
+    """Count each recipe read and dataset listing of every process a test starts: returns a
+    function giving ``{pid: Counter of lines}`` (see ``tests/read_counter``)."""
+    import collections
+    import os
+
+    directory = tmp_path / "read-counts"
+    directory.mkdir()
+    counter = Path(__file__).with_name("read_counter")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(counter), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    monkeypatch.setenv("ZEPHON_TEST_READ_COUNTS", str(directory))
+
+    def counts() -> dict[str, collections.Counter]:
+        return {path.stem: collections.Counter(path.read_text().splitlines())
+                for path in directory.glob("*.log")}
+
+    return counts

@@ -116,7 +116,7 @@ def _check_fields(recipe: DataRecipe) -> list[str]:
         if spec is None:
             continue
         try:
-            files = recipe._dataset(entry).files()
+            files = recipe.dataset(entry).files()
         except ZephonError:
             continue  # reported when the recipe was read
         for data_file in files:
@@ -272,7 +272,7 @@ def describe(path: str | os.PathLike[str]) -> str:
     for entry in recipe.datasets:
         if not entry.path.startswith("hf://"):
             with contextlib.suppress(ConfigError, DataError):
-                files += len(recipe._dataset(entry).files())
+                files += len(recipe.dataset(entry).files())
     tokenizer = Path(recipe.tokenizer).name if recipe.tokenizer else "token ids"
     return (f"{len(recipe.datasets)} dataset(s), {files} local file(s), tokenizer {tokenizer}, "
             f"lanes {recipe.lanes if recipe.lanes is not None else 'unset'}")

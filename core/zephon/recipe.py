@@ -185,10 +185,14 @@ class TrainingPreset:
     """``{to_training key: the value the adapter passes}``."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class DataRecipe:
     """A validated data recipe; build a Pipeline with :meth:`build`. Sections hold the values
-    the recipe gave, checked against :func:`recipe_schema`."""
+    the recipe gave, checked against :func:`recipe_schema`.
+
+    A recipe is not changed once read (``dataclasses.replace`` makes a variant). Each dataset
+    is listed once (its files, sizes and tail digests) and the listing is shared by the
+    recipe's variants: validating, checking and building a recipe lists the data once."""
 
     datasets: list[DatasetEntry]
     seed: int = 0
@@ -212,6 +216,9 @@ class DataRecipe:
     """Where the recipe came from, for error messages."""
     preset: TrainingPreset | None = None
     """The ``[to_training]`` values the framework that runs this recipe fixes."""
+    listed: dict[tuple[Any, ...], Any] = field(default_factory=dict, repr=False,
+                                                compare=False)
+    """Datasets already listed, by entry (see :meth:`dataset`); shared with variants."""
 
     # -- loading ---------------------------------------------------------------------------
     @classmethod
@@ -324,7 +331,7 @@ class DataRecipe:
                               ("workers", self.workers)) if v is not None})))
         for entry in self.datasets:
             if not entry.path.startswith("hf://"):
-                found.attempt(lambda entry=entry: self._dataset(entry).files(),
+                found.attempt(lambda entry=entry: self.dataset(entry).files(),
                               prefix=f"{self.source}: dataset {entry.name!r}: ")
         tokenizer = self.tokenize.get("tokenizer")
         kinds = {e.kind or self.tokenize.get("kind", "text") for e in self.datasets}
@@ -381,10 +388,16 @@ class DataRecipe:
                 "exclude_fields": tuple(options.get("exclude_fields", ()))})))
         return found.problems
 
-    def _dataset(self, entry: DatasetEntry) -> Any:
+    def dataset(self, entry: DatasetEntry) -> Any:
+        """The :class:`~zephon.io.Dataset` of ``entry``, one per entry for this recipe and its
+        variants, so its files are listed once."""
         from zephon.io.dataset import Dataset
 
-        return Dataset.from_path(entry.name, entry.path, entry.fmt, **_documents(entry))
+        key = (entry.name, entry.path, entry.fmt, tuple(entry.documents or ()))
+        if key not in self.listed:
+            self.listed[key] = Dataset.from_path(entry.name, entry.path, entry.fmt,
+                                                 **_documents(entry))
+        return self.listed[key]
 
     def _mixture_problems(self) -> list[str]:
         """The mixture and work-source options against the dataset names (a repeated name,
@@ -464,11 +477,10 @@ class DataRecipe:
         """A Pipeline for this rank. ``seq_len`` packs rows to ``seq_len + 1`` tokens unless
         the recipe fixes ``[pack] max_length``; the framework's values win over the recipe's
         only where the recipe leaves them open, and a conflict is an error."""
-        from zephon.io import Dataset, StoreOptions
+        from zephon.io import StoreOptions
         from zephon.pipeline import Pipeline
 
-        datasets = [Dataset.from_path(e.name, e.path, e.fmt, **_documents(e))
-                    for e in self.datasets]
+        datasets = [self.dataset(e) for e in self.datasets]
         source = self._work_source(datasets)
         chosen_lanes = _agree("lanes", self.lanes, lanes, self.source)
         pipeline = Pipeline(source).options(
@@ -647,6 +659,33 @@ def _read_tokenize(table: Any, source: str, found: _Collector) -> dict[str, Any]
     if wrong:
         raise ConfigError(f"{source}: [tokenize] {wrong} do not apply to kind={kind!r}")
     return found.read(table, own, source, "tokenize")
+
+
+_READ_ONCE: dict[tuple[Any, ...], DataRecipe] = {}
+
+
+def load_recipe(path: str | os.PathLike[str],
+                preset: TrainingPreset | None = None) -> DataRecipe:
+    """``DataRecipe.from_toml(path, preset)``, read and validated once per process while the
+    file is unchanged (its resolved path, size and modification time key the copy kept).
+
+    A framework meets its recipe several times before training (its config, the preflight,
+    the model's vocabulary, the loader); they all get the same recipe, whose datasets are then
+    listed once (a TorchTitan launch read and listed it 7 times per process). Recipes are
+    immutable, so sharing one is safe. A failed read is not kept. Limit: data files added
+    after the first read in the same process are not seen by later loaders (changed ones are
+    refused when read)."""
+    resolved = Path(path).resolve()
+    try:
+        stat = resolved.stat()
+    except OSError:
+        return DataRecipe.from_toml(path, preset)  # names what is wrong with the path
+    key = (str(resolved), stat.st_size, stat.st_mtime_ns,
+           None if preset is None else (preset.framework, repr(sorted(preset.fixed.items()))))
+    found = _READ_ONCE.get(key)
+    if found is None:
+        found = _READ_ONCE[key] = DataRecipe.from_toml(path, preset)
+    return found
 
 
 def read_toml(path: str | os.PathLike[str], what: str = "recipe") -> dict[str, Any]:

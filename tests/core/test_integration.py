@@ -28,7 +28,7 @@ def test_lanes_come_from_the_recipe_the_option_the_checkpoint_then_the_readers()
     first = choose_lanes(3)
     assert first.lanes == 24 and "dividing 24" in first.why
     assert choose_lanes(2, recipe=8, option=8).lanes == 8
-    with pytest.raises(ConfigError, match="r.toml: lanes = 8 conflicts with --lanes 4"):
+    with pytest.raises(ConfigError, match=r"r\.toml: lanes = 8 conflicts with --lanes 4"):
         choose_lanes(2, recipe=8, option=4, option_name="--lanes", source="r.toml")
 
 

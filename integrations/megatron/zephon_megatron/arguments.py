@@ -293,11 +293,11 @@ def resolve_masking(to_training: dict[str, Any], source: str, *, reset_position_
 
 
 def _load_recipe(path: str, flag: str) -> Any:
-    from zephon.recipe import DataRecipe
+    from zephon.recipe import load_recipe
 
     if not Path(path).is_file():
         raise ZephonArgumentError(f"{flag} {path!r}: no such file")
-    return DataRecipe.from_toml(path, preset=MEGATRON)
+    return load_recipe(path, preset=MEGATRON)
 
 
 def _agree_recipe(recipe: Any, name: str, value: Any, flag: str, given: Any) -> None:

@@ -35,6 +35,7 @@ Megatron-LM); it must not name ``[[datasets]]``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -216,12 +217,56 @@ def per_split_entries(blends: Mapping[str, Sequence[str] | None],
     return entries
 
 
+_BLENDS: dict[tuple[Any, ...], dict[str, DataRecipe | None]] = {}
+
+
 def blend_recipes(data_path: Sequence[str] | None, split: str | None,
                   options_recipe: str | None, *, lanes: int | None, seed: int,
                   seq_length: int, per_split: Mapping[str, Sequence[str] | None] | None = None
                   ) -> dict[str, DataRecipe | None]:
     """The train/valid/test recipes of a ``--data-path`` run, or of a per-split blend
-    (``per_split``; ``data_path`` and ``split`` unused); None where a split has no data."""
+    (``per_split``; ``data_path`` and ``split`` unused); None where a split has no data.
+
+    Made once per process for the same flags (and unchanged options recipe and ``.idx``
+    files): the entry, the preflight, the provider and the loss all ask for them, and each
+    making reads every index and lists every dataset."""
+    key = (tuple(data_path or ()), split, _file_key(options_recipe), seed, seq_length,
+           None if per_split is None else tuple(sorted(
+               (role, tuple(blend or ())) for role, blend in per_split.items())))
+    prefixes = [value for value in key[0] if not _is_number(value)] + [
+        value for _, blend in (key[-1] or ()) for value in blend if not _is_number(value)]
+    key += tuple(_file_key(f"{prefix}.idx") for prefix in prefixes)
+    if key not in _BLENDS:
+        _BLENDS[key] = _blend_recipes(data_path, split, options_recipe, seed=seed,
+                                      seq_length=seq_length, per_split=per_split)
+    return {role: recipe if recipe is None or lanes is None or recipe.lanes is not None
+            else dataclasses.replace(recipe, lanes=lanes)
+            for role, recipe in _BLENDS[key].items()}
+
+
+def _file_key(path: str | None) -> tuple[Any, ...] | None:
+    """(path, size, modification time) of a file, or None (no file: not kept apart)."""
+    if not path:
+        return None
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return (path,)
+    return (os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
+
+
+def _is_number(value: str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _blend_recipes(data_path: Sequence[str] | None, split: str | None,
+                   options_recipe: str | None, *, seed: int,
+                   seq_length: int, per_split: Mapping[str, Sequence[str] | None] | None
+                   ) -> dict[str, DataRecipe | None]:
     if per_split is not None:
         entries = per_split_entries(per_split, seq_length)
         described = "--per-split-data-args-path"
@@ -239,8 +284,6 @@ def blend_recipes(data_path: Sequence[str] | None, split: str | None,
         raise BlendError(f"{source}: with {described} the data is token ids; set [tokenize] "
                          "kind = \"pretokenized\" (or leave [tokenize] out)")
     options.setdefault("seed", seed)
-    if lanes is not None:
-        options.setdefault("lanes", lanes)
     options.setdefault("mixture", {"by": "tokens", "repeat": True})
     base_dir = os.path.dirname(os.path.abspath(options_recipe)) if options_recipe else None
     recipes: dict[str, DataRecipe | None] = {}

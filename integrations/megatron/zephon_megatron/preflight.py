@@ -52,6 +52,7 @@ after the model is built:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import os
 from pathlib import Path
@@ -88,7 +89,7 @@ def recipe_problems(args: argparse.Namespace, recipes: dict[str, Any], lanes: in
             continue  # the test split may read the validation recipe again
         seen.add(id(recipe))
         if lanes is not None:
-            recipe.lanes = lanes
+            recipe = dataclasses.replace(recipe, lanes=lanes)
         for problem in check_recipe(recipe, world_size=dp, seq_len=args.seq_length,
                                     microbatch_size=args.micro_batch_size,
                                     vocab_size=getattr(args, "vocab_size", None),

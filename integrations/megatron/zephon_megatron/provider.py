@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import dataclasses
 import json
 import os
 import time
@@ -414,8 +415,7 @@ class ZephonDatasetsProvider:
             return None, None, None
         topology = self._topology()
         recipes = training_recipes(settings)
-        recipe = recipes["train"]
-        _check_vocab(recipe, args)
+        recipe = _check_vocab(recipes["train"], args)
         check_tokenizers(recipe, args, megatron_tokenizer())
         train = build_iterator(recipe, settings, topology)
         restore_for_resume(train, settings, int(getattr(args, "iteration", 0) or 0),
@@ -429,17 +429,19 @@ class ZephonDatasetsProvider:
                     settings.micro_batch_size * topology.dp_size)
             for role in evaluation:
                 if recipes[role] is not None:
-                    _check_vocab(recipes[role], args)
                     evaluation[role] = iterator = build_iterator(
-                        recipes[role], settings, topology, role=role, restart_every=window)
+                        _check_vocab(recipes[role], args), settings, topology, role=role,
+                        restart_every=window)
                     iterator.check_window()
         return train, evaluation["valid"], evaluation["test"]
 
 
-def _check_vocab(recipe: Any, args: argparse.Namespace) -> None:
+def _check_vocab(recipe: Any, args: argparse.Namespace) -> Any:
+    """``recipe`` checked against the model's vocabulary (``--padded-vocab-size``); token-id
+    recipes without ``[tokenize] vocab_size`` come back with the model's as their bound."""
     padded = getattr(args, "padded_vocab_size", None)
     if not padded:
-        return
+        return recipe
     if recipe.tokenizer is None:  # token ids already: every id must fit the model
         limit = recipe.tokenize.get("vocab_size")
         if limit is not None and limit > padded:
@@ -447,8 +449,9 @@ def _check_vocab(recipe: Any, args: argparse.Namespace) -> None:
                 f"{recipe.source}: [tokenize] vocab_size = {limit} is larger than the model's "
                 f"vocabulary ({padded}); size the model for it with --vocab-size {limit} (or "
                 "lower the recipe's vocab_size to the ids the data holds)")
-        recipe.tokenize.setdefault("vocab_size", padded)
-        return
+        if limit is not None:
+            return recipe
+        return dataclasses.replace(recipe, tokenize={**recipe.tokenize, "vocab_size": padded})
     from zephon.tokenizer import load_tokenizer
 
     size = len(load_tokenizer(recipe.tokenizer))
@@ -456,3 +459,4 @@ def _check_vocab(recipe: Any, args: argparse.Namespace) -> None:
         raise ZephonArgumentError(
             f"{recipe.source}: its tokenizer has {size} tokens but the model's vocabulary has "
             f"{padded}; set --vocab-size/--tokenizer-model to match the recipe's tokenizer")
+    return recipe

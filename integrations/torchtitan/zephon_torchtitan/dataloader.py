@@ -47,7 +47,7 @@ from torchtitan.tools.logging import logger
 from zephon import ConfigError, StateMismatchError
 from zephon.integration import choose_lanes
 from zephon.meter import LoaderMeter
-from zephon.recipe import DataRecipe, TrainingPreset
+from zephon.recipe import DataRecipe, TrainingPreset, load_recipe
 from zephon.trace import trace_line
 
 # The seed's TorchTitan preset; a recipe may restate these values but not contradict them.
@@ -60,8 +60,9 @@ DEFAULTS = {"eos_mask_loss": True}
 
 
 def read_recipe(path: str) -> DataRecipe:
-    """A data recipe as TorchTitan runs it: the preset's keys may be left out."""
-    return DataRecipe.from_toml(path, preset=TrainingPreset("TorchTitan", PRESET))
+    """A data recipe as TorchTitan runs it (the preset's keys may be left out), read once per
+    process however many of TorchTitan's steps ask for it."""
+    return load_recipe(path, preset=TrainingPreset("TorchTitan", PRESET))
 
 
 class ZephonDataLoader(BaseDataLoader):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from typing import Any
 
 from zephon import ConfigError
@@ -100,9 +101,10 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None) -> None
             problems += getattr(exc, "problems", [str(exc)])
             continue
         if loader.lanes is not None and recipe.lanes is None:
-            recipe.lanes = loader.lanes
+            recipe = replace(recipe, lanes=loader.lanes)
         elif recipe.lanes is None and values.get("world_size"):
-            recipe.lanes = default_lanes(values["world_size"])[0]  # as the loader will
+            # the lanes the loader will choose
+            recipe = replace(recipe, lanes=default_lanes(values["world_size"])[0])
         run = dict(values)
         if where != "dataloader":
             run.pop("microbatch_size", None)
