@@ -132,12 +132,14 @@ def test_megatrons_index_cache_beside_the_prefix_is_not_read(indexed):
     assert next(train)["tokens"].shape == (2, 64)
 
 
-def test_a_data_path_blend_builds_split_recipes(indexed):
+def test_a_data_path_blend_builds_split_recipes(indexed, capsys):
     args = args_for("--data-path", "0.7", indexed["web"], "0.3", indexed["code"],
                     "--split", "90,10,0", "--eval-iters", "2")
     settings = settings_from_args(args)
     assert settings.data_path and settings.recipe is None
     train, valid, test = ZephonDatasetsProvider(lambda: args, lambda: Topology())([0, 0, 0])
+    said = capsys.readouterr().out
+    assert said.count("unlike Megatron it mixes tokens, not samples") == 1, said
     assert test is None  # the split gives test no documents
     tokens = Counter()
     for _ in range(80):

@@ -67,6 +67,12 @@ from zephon_megatron.state_files import (
 )
 from zephon_megatron.tokenizer_checks import check_tokenizers, eod_id, megatron_tokenizer
 
+BLEND_DIFFERENCES = (
+    "zephon: the blend keeps Megatron's weights (by size where none are given) and --split "
+    "cuts documents with Megatron's rounding; unlike Megatron it mixes tokens, not samples of "
+    "--seq-length, packs documents across samples, and repeats each dataset when it runs out")
+"""What a ``--data-path`` run does otherwise than Megatron's own loader, said at start-up."""
+
 
 @dataclass(frozen=True)
 class Topology:
@@ -415,6 +421,8 @@ class ZephonDatasetsProvider:
             return None, None, None
         topology = self._topology()
         recipes = training_recipes(settings)
+        if (settings.data_path or settings.per_split) and _global_rank() == 0:
+            print(BLEND_DIFFERENCES, flush=True)
         recipe = _check_vocab(recipes["train"], args)
         check_tokenizers(recipe, args, megatron_tokenizer())
         train = build_iterator(recipe, settings, topology)
