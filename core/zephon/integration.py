@@ -27,6 +27,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from zephon.batch import SampleBatch
 from zephon.errors import ConfigError, StateMismatchError
 from zephon.meter import LoaderMeter
 from zephon.options import DEFAULT_LANES_PER_READER
@@ -133,15 +134,22 @@ class LoaderSession:
     (:meth:`Pipeline.reset`)."""
 
     def __init__(self, pipeline: Pipeline, training: Mapping[str, Any] | None = None, *,
-                 metrics_group: Any = None) -> None:
+                 metrics_group: Any = None, replicas: int = 1) -> None:
+        """``replicas``: ranks that read each data-parallel rank's lanes within
+        ``metrics_group`` (tensor-parallel peers reading alike), whose figures count once."""
         self.pipeline = pipeline
         self.training = dict(training or {})
         """``SampleBatch.to_training`` options."""
-        self.meter = LoaderMeter(metrics_group)
+        self.meter = LoaderMeter(metrics_group, replicas)
         """Totals of this rank; :meth:`metrics` sums them over ``metrics_group``."""
         self._ended = False
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        return (out for _, out in self.batches())
+
+    def batches(self) -> Iterator[tuple[SampleBatch, dict[str, Any]]]:
+        """Each microbatch and its training tensors, for adapters that also need the
+        records (traces); iterating the session gives the tensors alone."""
         if self._ended:
             self.pipeline.reset()
         self._ended = False
@@ -149,7 +157,7 @@ class LoaderSession:
         for batch in self.pipeline:
             out = batch.to_training(**self.training)
             self._record(out, time.perf_counter() - start)
-            yield out
+            yield batch, out
             start = time.perf_counter()
         self._ended = True
 

@@ -36,7 +36,6 @@ import inspect
 import json
 import os
 import pickle
-import time
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -45,8 +44,7 @@ from torchtitan.components.dataloader import BaseDataLoader
 from torchtitan.tools.logging import logger
 
 from zephon import ConfigError, StateMismatchError
-from zephon.integration import choose_lanes
-from zephon.meter import LoaderMeter
+from zephon.integration import LoaderSession, choose_lanes
 from zephon.recipe import DataRecipe, TrainingPreset, load_recipe
 from zephon.trace import trace_line
 
@@ -181,17 +179,18 @@ class ZephonDataLoader(BaseDataLoader):
             seq_len=self._seq_len, microbatch_size=self._rows, dp_rank=dp_rank,
             dp_world_size=dp_world_size, lanes=lanes, prefetch=config.prefetch,
             process_group=_agreement_process_group(dp_world_size))
+        group, replicas = _metrics_group(dp_world_size)
+        self._session = LoaderSession(self._pipeline, self.options, metrics_group=group,
+                                      replicas=replicas)
         self.lanes = self._pipeline.lanes
         self._pipeline.fingerprint()  # plans the lanes now: a bad dp size fails at build time
         self._forward_keys = _forward_keys()
         self._trace = _open_trace(config.trace_dir)
         self._started = False  # iterated or restored: state_dict() is then for saving
         self._summarized = False
-        self._meter = LoaderMeter(*_metrics_group(dp_world_size))
         from zephon_torchtitan.metrics import register
 
         register(self)
-        self._since_report = time.perf_counter()
         logger.info(
             f"zephon: recipe {recipe.source}, lanes {self.lanes}, dp rank {dp_rank} of "
             f"{dp_world_size}, {self._rows} rows x {self._seq_len} tokens per microbatch, "
@@ -202,23 +201,18 @@ class ZephonDataLoader(BaseDataLoader):
     def __iter__(self):
         self._started = True
         while True:
-            start = time.perf_counter()
-            for batch in self._pipeline:
-                item = self._convert(batch, time.perf_counter() - start)
-                yield item
-                start = time.perf_counter()
+            for batch, out in self._session.batches():
+                yield self._convert(batch, out)
             if not self.config.infinite:
                 if not self.summarize("end of data"):
                     logger.info(f"zephon: end of data after "
-                                f"{int(self._meter.totals['microbatches'])} microbatches on "
-                                "this rank")
+                                f"{int(self._session.meter.totals['microbatches'])} "
+                                "microbatches on this rank")
                 return
             logger.info("zephon: end of data; infinite=True, starting over")
-            self._pipeline.reset()
 
-    def _convert(self, batch: Any, wait_s: float) -> tuple[dict[str, torch.Tensor],
-                                                           torch.Tensor]:
-        out = batch.to_training(**self.options)
+    def _convert(self, batch: Any, out: dict[str, torch.Tensor]
+                 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         rows, width = len(batch), self._seq_len
         if self.config.check_batches:
             _check_batch(out, rows, width)
@@ -233,22 +227,17 @@ class ZephonDataLoader(BaseDataLoader):
         input_dict = {"input": inputs}
         if "positions" in self._forward_keys:
             input_dict["positions"] = positions
-        self._account(out, rows * width, wait_s)
+        every = self.config.report_every
+        if every and self._session.meter.totals["microbatches"] % every == 0:
+            logger.info(f"zephon: {self.report()}")
         if self._trace is not None:
             self._write_trace(batch, input_dict, labels, out)
         return input_dict, labels
 
     # -- reporting -------------------------------------------------------------------------
-    def _account(self, out: dict[str, torch.Tensor], tokens: int, wait_s: float) -> None:
-        self._meter.record(tokens, int(out["padding_mask"].sum()),
-                           int(out["num_valid_tokens"].sum()), wait_s)
-        every = self.config.report_every
-        if every and self._meter.totals["microbatches"] % every == 0:
-            logger.info(f"zephon: {self.report()}")
-
     def metrics(self) -> dict[str, float]:
         """``zephon/...`` metrics since the last call (see :mod:`zephon.meter`)."""
-        return self._meter.window(self._pipeline.report())
+        return self._session.metrics()
 
     def final_report(self) -> str:
         """This rank's totals and the pipeline report (per dataset, drops, leftovers)."""
@@ -259,7 +248,8 @@ class ZephonDataLoader(BaseDataLoader):
         global rank 0, whichever way the run ends: its last step (the metrics processor's
         close), the end of the data, or an interruption (an exit hook). Returns whether it
         was logged now."""
-        if self._summarized or not self._meter.totals["microbatches"] or _global_rank() != 0:
+        handed = self._session.meter.totals["microbatches"]
+        if self._summarized or not handed or _global_rank() != 0:
             return False
         self._summarized = True
         logger.info(f"zephon: end of run ({why}):\n{self.final_report()}")
@@ -268,10 +258,10 @@ class ZephonDataLoader(BaseDataLoader):
     def stats(self) -> dict[str, float]:
         """Totals since construction: microbatches, tokens, padding and valid (loss-bearing)
         tokens, and the seconds the trainer waited for the loader."""
-        return dict(self._meter.totals)
+        return dict(self._session.meter.totals)
 
     def report(self) -> str:
-        return self._meter.summary()
+        return self._session.meter.summary()
 
     def _write_trace(self, batch: Any, input_dict: dict[str, torch.Tensor],
                      labels: torch.Tensor, out: dict[str, torch.Tensor]) -> None:
