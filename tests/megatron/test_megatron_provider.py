@@ -123,6 +123,18 @@ def test_one_rank_state_is_not_enough_at_another_size(tmp_path: Path) -> None:
         iterator().restore_state(read_dataloader_states(tmp_path, 1))
 
 
+def test_states_that_disagree_on_a_lane_are_refused() -> None:
+    """A stale file of another step among a checkpoint's: its lanes differ from the rest."""
+    it = iterator()
+    take(it, 2)
+    early = it.save_state()
+    take(it, 2)
+    late = it.save_state()
+    with pytest.raises(StateMismatchError, match="different entries for 'lane_0'"):
+        iterator().restore_state([late, early])
+    iterator().restore_state([late, late])  # the same lanes twice (tensor-parallel peers)
+
+
 def test_consumed_samples_must_match_the_checkpoint(tmp_path: Path) -> None:
     it = iterator()
     take(it, 4)

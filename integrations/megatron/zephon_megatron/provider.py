@@ -51,6 +51,7 @@ from typing import Any
 import torch
 
 from zephon.errors import ConfigError, StateMismatchError
+from zephon.integration import merge_states
 from zephon.meter import LoaderMeter, metrics_line
 from zephon.trace import trace_line
 from zephon_megatron.arguments import (
@@ -247,7 +248,7 @@ class ZephonDataIterator:
 
     def restore_state(self, states: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
         """Resume from one state or from the states of all ranks of the saving run."""
-        merged: dict[str, Any] = {}
+        lanes: list[dict[str, Any]] = []
         for state in [states] if isinstance(states, dict) else list(states):
             if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
                 found = state.get("format") if isinstance(state, dict) else type(state).__name__
@@ -260,7 +261,8 @@ class ZephonDataIterator:
                     f"the loader state was written with --micro-batch-size "
                     f"{state['micro_batch_size']}, this run has {self.micro_batch_size}; the "
                     "microbatches of every lane would differ")
-            merged.update(state["pipeline"])
+            lanes.append(state["pipeline"])
+        merged = merge_states(lanes)  # a lane written twice must agree: no stale files
         if not merged:
             raise StateMismatchError("restore_state got no loader state")
         self.close()
