@@ -126,7 +126,8 @@ def test_a_bad_option_value_stops_the_launcher_before_torchtitan(tmp_path, recip
     assert "Building llama3" not in output
 
 
-def test_a_changed_lane_count_at_resume_is_refused_in_zephons_words(tmp_path, recipes):
+def test_a_changed_lane_count_or_seed_at_resume_is_refused_before_the_model(tmp_path,
+                                                                           recipes):
     data = recipes.write(tmp_path / "data.toml", datasets=recipes.demo(), lanes=2)
     data.write_text(data.read_text().replace("lanes = 2\n", ""))  # lanes from the loader
     (tmp_path / "launch.toml").write_text(LAUNCH.format(vocab='vocab_size = "tokenizer"')
@@ -138,9 +139,18 @@ def test_a_changed_lane_count_at_resume_is_refused_in_zephons_words(tmp_path, re
     code, output, _ = run_training(["--toml", str(tmp_path / "launch.toml"),
                                     "--training.steps", "4", "--dataloader.lanes", "4"],
                                    cwd=tmp_path, timeout=300)
-    assert code != 0
-    assert "holds loader state for 2 lanes, this run has 4" in output, output[-3000:]
+    assert_refused_before_the_model(code, output,
+                                    "holds loader state for 2 lanes, this run has 4")
     assert "Missing key" not in output
+    code, output, _ = run_training(["--toml", str(tmp_path / "launch.toml"),
+                                    "--training.steps", "4", "--dataloader.seed", "8"],
+                                   cwd=tmp_path, timeout=300)
+    assert_refused_before_the_model(code, output, "written by a different pipeline: the seed",
+                                    "--checkpoint.exclude_from_loading dataloader")
+    code, output, losses = run_training(["--toml", str(tmp_path / "launch.toml"),
+                                         "--training.steps", "4"], cwd=tmp_path, timeout=300)
+    assert code == 0, output[-4000:]  # the same loader resumes
+    assert sorted(losses) == [3, 4]
 
 
 def test_the_model_follows_a_recipe_named_on_the_command_line(tmp_path, recipes,

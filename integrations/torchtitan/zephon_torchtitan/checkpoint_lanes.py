@@ -16,15 +16,18 @@ CHECKPOINT_FOLDER: dict[str, str] = {}
 on): where a resuming loader looks for the lanes of the checkpoint it is about to load."""
 
 
-def checkpointed_lanes() -> tuple[str, set[int]] | None:
-    """(checkpoint path, lanes with loader state in it) of the newest DCP checkpoint of the
-    run, or None when there is none to resume."""
-    folder = CHECKPOINT_FOLDER.get("folder")
+def checkpointed_lanes(folder: str | None = None,
+                       load_step: int = -1) -> tuple[str, set[int]] | None:
+    """(checkpoint path, lanes with loader state in it) of the DCP checkpoint a run resumes
+    from (``folder``: the one the preflight recorded; ``load_step`` -1: the newest), or None
+    when there is none to resume."""
+    folder = folder or CHECKPOINT_FOLDER.get("folder")
     if not folder or not os.path.isdir(folder):
         return None
     steps = [(int(m.group(1)), name) for name in os.listdir(folder)
              if (m := re.fullmatch(r"step-(\d+)", name))
-             and os.path.isfile(os.path.join(folder, name, ".metadata"))]
+             and os.path.isfile(os.path.join(folder, name, ".metadata"))
+             and load_step in (-1, int(m.group(1)))]
     if not steps:
         return None
     path = os.path.join(folder, max(steps)[1])
@@ -34,3 +37,22 @@ def checkpointed_lanes() -> tuple[str, set[int]] | None:
     lanes = {int(m.group(1)) for key in keys if (m := re.fullmatch(r"dataloader\.lane_(\d+)",
                                                                     key))}
     return path, lanes
+
+
+def checkpointed_entry(path: str, lane: int) -> dict | None:
+    """The loader state entry of ``lane`` in the DCP checkpoint ``path`` (read alone, in
+    this process, before any process group exists), or None where it cannot be read."""
+    import pickle
+    import warnings
+
+    try:
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+    except ImportError:  # another torch: the restore still checks it, after the model
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "assuming the intent is to load in a single process"
+        found = _load_state_dict_from_keys({f"dataloader.lane_{lane}"}, checkpoint_id=path)
+    value = found.get("dataloader", {}).get(f"lane_{lane}")
+    if isinstance(value, (bytes, bytearray)):
+        value = pickle.loads(value)
+    return value if isinstance(value, dict) else None

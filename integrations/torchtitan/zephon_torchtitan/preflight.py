@@ -26,7 +26,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from zephon import ConfigError
+from zephon import ConfigError, StateMismatchError
 from zephon_torchtitan import checkpoint_lanes
 
 PREFLIGHT_IMPORT = "zephon_torchtitan.override.zephon_preflight"
@@ -108,7 +108,10 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None) -> None
         run = dict(values)
         if where != "dataloader":
             run.pop("microbatch_size", None)
-        problems += [f"[{where}] {p}" for p in check_recipe(recipe, **run, flags=FLAGS)]
+        found = [f"[{where}] {p}" for p in check_recipe(recipe, **run, flags=FLAGS)]
+        if where == "dataloader" and not found:
+            found = [f"[{where}] {p}" for p in resume_problems(root, loader, recipe, values)]
+        problems += found
     if problems:
         raise ConfigError("zephon preflight found problems before the model is built:\n"
                           + "\n".join(f"  - {p}" for p in problems))
@@ -117,6 +120,42 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None) -> None
     logger.info("zephon: preflight passed for %s (%s)", ", ".join(checked),
                 ", ".join(f"{k} {v}" for k, v in values.items() if v is not None)
                 or "recipe only")
+
+
+def resume_problems(root: Any, loader: Any, recipe: Any, values: dict[str, Any]) -> list[str]:
+    """The loader state of the checkpoint this run resumes from, against the loader it will
+    build: its lane count and fingerprint (seed, datasets, mixture, operators), read before
+    the model is built (the checkpointer would load it after). Nothing to say without a
+    checkpoint, with the dataloader excluded from loading, or without the run's shape."""
+    checkpoint = getattr(root, "checkpoint", None)
+    if checkpoint is None or not getattr(checkpoint, "enable", False) \
+            or "dataloader" in getattr(checkpoint, "exclude_from_loading", []) \
+            or not (values.get("world_size") and values.get("seq_len")):
+        return []
+    found = checkpoint_lanes.checkpointed_lanes(
+        os.path.join(root.dump_folder, checkpoint.folder), getattr(checkpoint, "load_step", -1))
+    if found is None or not found[1]:
+        return []
+    path, saved = found
+    advice = ("resume with the recipe, seed and lanes that wrote it, or start the data over "
+              "with --checkpoint.exclude_from_loading dataloader")
+    if recipe.lanes is not None and recipe.lanes != max(saved) + 1:
+        return [f"{recipe.source}: the checkpoint {path} holds loader state for "
+                f"{max(saved) + 1} lanes, this run has {recipe.lanes}; {advice}"]
+    entry = checkpoint_lanes.checkpointed_entry(path, min(saved))
+    if entry is None:
+        return []
+    if loader.seed is not None:
+        recipe = replace(recipe, seed=loader.seed)
+    pipeline = recipe.build(seq_len=values["seq_len"], microbatch_size=values["microbatch_size"],
+                            dp_world_size=values["world_size"], lanes=max(saved) + 1,
+                            prefetch=0)
+    try:
+        pipeline.check_state({f"lane_{min(saved)}": entry})
+    except StateMismatchError as exc:
+        return [f"cannot resume the Zephon dataloader from {path}: {exc} To keep the model "
+                "and start the data over: --checkpoint.exclude_from_loading dataloader"]
+    return []
 
 
 def add_preflight(config: Any) -> Any:
