@@ -55,6 +55,10 @@ def test_launcher_route(tmp_path, recipes):
         "data-parallel size 2", "[pack] max_length = 33 conflicts",
         "(--training.seq_len)", "microbatch_size = 3 conflicts with the framework's 8 "
         "(--training.local_batch_size)")
+    # rank 0 lists the problems (its traceback, and torchrun's summary when it failed first);
+    # rank 1 only points there (every rank used to list them: 4 copies with 2 ranks)
+    assert output.count("a.jsonl: has no field 'text'") <= 2, output[-6000:]
+    assert "found 4 problem(s) before the model is built; global rank 0 lists them" in output
 
 
 def test_override_route_refuses_a_tokenizer_larger_than_the_model(tmp_path, recipes):

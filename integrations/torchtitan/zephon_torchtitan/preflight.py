@@ -113,6 +113,9 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None) -> None
             found = [f"[{where}] {p}" for p in resume_problems(root, loader, recipe, values)]
         problems += found
     if problems:
+        if os.environ.get("RANK", "0") != "0":  # every rank finds them: rank 0 lists them
+            raise ConfigError(f"zephon preflight found {len(problems)} problem(s) before the "
+                              "model is built; global rank 0 lists them")
         raise ConfigError("zephon preflight found problems before the model is built:\n"
                           + "\n".join(f"  - {p}" for p in problems))
     checked = [loader.recipe for _, loader in loaders
