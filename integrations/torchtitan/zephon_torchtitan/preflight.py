@@ -150,9 +150,10 @@ def resume_problems(root: Any, loader: Any, recipe: Any, values: dict[str, Any])
         return []
     if loader.seed is not None:
         recipe = replace(recipe, seed=loader.seed)
+    # one reader: the fingerprint does not depend on the data-parallel size, and a build of
+    # the whole job on every rank must not take part in the ranks' cross-check
     pipeline = recipe.build(seq_len=values["seq_len"], microbatch_size=values["microbatch_size"],
-                            dp_world_size=values["world_size"], lanes=max(saved) + 1,
-                            prefetch=0)
+                            lanes=max(saved) + 1, prefetch=0)
     try:
         pipeline.check_state({f"lane_{min(saved)}": entry})
     except StateMismatchError as exc:
