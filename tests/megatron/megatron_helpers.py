@@ -5,12 +5,20 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import pytest
+
+from zephon_megatron.pretrain_gpt import missing_megatron_lm
+
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes" / "megatron"
 PACKED = RECIPES / "pretrain_packed.toml"
 CONTINUOUS = RECIPES / "pretrain_continuous.toml"
 VALIDATION = RECIPES / "validation.toml"
 PACKED_FLAGS = ["--reset-position-ids", "--reset-attention-mask", "--eod-mask-loss"]
+NEEDS_PRETRAIN = pytest.mark.skipif(bool(missing_megatron_lm()), reason=(
+    f"Megatron-LM's pretrain() is not importable (missing: {', '.join(missing_megatron_lm())}"
+    "): megatron-core 0.19+ ships it; for 0.16 put a core_v0.16.1 checkout on PYTHONPATH"))
+"""Skips a test that runs Megatron-LM's own pretrain() where it cannot be imported."""
 
 
 def megatron_argv(recipe: Path = PACKED, *extra: str, seq: int = 64, mbs: int = 2,

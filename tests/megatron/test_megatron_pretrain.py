@@ -14,16 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from megatron_helpers import PACKED, VALIDATION
+from megatron_helpers import NEEDS_PRETRAIN, PACKED, VALIDATION
 
-from zephon_megatron.pretrain_gpt import missing_megatron_lm
-
-pytestmark = [
-    pytest.mark.multiprocess,
-    pytest.mark.skipif(bool(missing_megatron_lm()), reason=(
-        f"Megatron-LM's pretrain() is not importable (missing: {', '.join(missing_megatron_lm())}"
-        "): megatron-core 0.19+ ships it; for 0.16 put a core_v0.16.1 checkout on PYTHONPATH")),
-]
+pytestmark = [pytest.mark.multiprocess, NEEDS_PRETRAIN]
 
 MODEL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
          "--seq-length", "64", "--max-position-embeddings", "64", "--lr", "3e-3",

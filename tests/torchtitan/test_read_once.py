@@ -5,23 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from tests.torchtitan.test_preflight import LAUNCH
 from zephon_torchtitan.demo import run_training
 
 pytestmark = pytest.mark.slow
 
-LAUNCH = """\
-dump_folder = "out"
-[base]
-module = "llama3"
-config = "llama3_debugmodel"
-vocab_size = "tokenizer"
-[training]
-seq_len = 64
-steps = 2
-[dataloader]
-name = "zephon"
-recipe = "data.toml"
-"""
 CPU = ["--training.disable_cuda_graphs", "--parallelism.spmd_backend", "partial_dtensor"]
 
 
@@ -35,7 +23,7 @@ def assert_once_per_process(counts: dict, recipes: int) -> None:
 
 def test_the_launcher_route(tmp_path, recipes, read_counts):
     recipes.write(tmp_path / "data.toml", datasets=recipes.demo())
-    (tmp_path / "launch.toml").write_text(LAUNCH)
+    (tmp_path / "launch.toml").write_text(LAUNCH.format(vocab='vocab_size = "tokenizer"'))
     code, output, _ = run_training(["--toml", str(tmp_path / "launch.toml")], cwd=tmp_path,
                                    timeout=300)
     assert code == 0, output[-3000:]
