@@ -143,27 +143,49 @@ class LoaderSession:
         self.meter = LoaderMeter(metrics_group, replicas)
         """Totals of this rank; :meth:`metrics` sums them over ``metrics_group``."""
         self._ended = False
+        self._active: Iterator[tuple[SampleBatch, dict[str, Any]]] | None = None
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return (out for _, out in self.batches())
 
     def batches(self) -> Iterator[tuple[SampleBatch, dict[str, Any]]]:
         """Each microbatch and its training tensors, for adapters that also need the
-        records (traces); iterating the session gives the tensors alone."""
+        records (traces); iterating the session gives the tensors alone. A new call closes
+        the previous iterator (one consumer at a time)."""
+        self.close()
         if self._ended:
             self.pipeline.reset()
         self._ended = False
+        self._active = self._hand_out()
+        return self._active
+
+    def _hand_out(self) -> Iterator[tuple[SampleBatch, dict[str, Any]]]:
         start = time.perf_counter()
         for batch in self.pipeline:
             out = batch.to_training(**self.training)
-            self._record(out, time.perf_counter() - start)
+            self._record(batch, out, time.perf_counter() - start)
             yield batch, out
             start = time.perf_counter()
         self._ended = True
 
-    def _record(self, out: Mapping[str, Any], wait_s: float) -> None:
-        tokens = int(out["input_ids"].numel())
-        padding = int(out["padding_mask"].sum()) if "padding_mask" in out else 0
+    def close(self) -> None:
+        """Stop the prefetch of the current iterator; the consumed state stays as it is."""
+        active, self._active = self._active, None
+        if active is not None:
+            active.close()
+
+    def restart(self) -> None:
+        """Start over from the beginning of the data at the next :meth:`batches`."""
+        self.close()
+        self._ended = True
+
+    def _record(self, batch: SampleBatch, out: Mapping[str, Any], wait_s: float) -> None:
+        ids = out["input_ids"] if "input_ids" in out else out["tokens"]  # Megatron's name
+        tokens = int(ids.numel())
+        if "padding_mask" in out:
+            padding = int(out["padding_mask"].sum())
+        else:
+            padding = sum(int(r.meta.get("padding", 0)) for r in batch.records)
         if "num_valid_tokens" in out:
             valid = int(out["num_valid_tokens"].sum())
         elif "loss_mask" in out:
@@ -184,5 +206,6 @@ class LoaderSession:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from a state holding (at least) this rank's lanes, written at any
         data-parallel size dividing the lanes (see :func:`merge_states`)."""
+        self.close()
         self.pipeline.load_state_dict(dict(state))
         self._ended = False

@@ -41,6 +41,9 @@ def test_a_lane_problem_names_the_sizes_that_fit():
 def test_geometry_is_checked_and_read_from_the_launcher(monkeypatch):
     with pytest.raises(ConfigError, match="rank 2 of size 2"):
         RunGeometry(2, 2)
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)  # a group left by another test
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "4")
     assert RunGeometry.from_environment() == RunGeometry(3, 4)
@@ -93,3 +96,16 @@ def test_states_of_two_readers_merge_into_one_reader(two_datasets, tokenizer_dir
     one = session(two_datasets, tokenizer_dir)
     one.load_state_dict(merge_states(reader.state_dict() for reader in readers))
     assert ids(one) == reference[4:]
+
+
+def test_restart_starts_over_and_a_new_iterator_continues(two_datasets, tokenizer_dir):
+    reference = ids(session(two_datasets, tokenizer_dir))
+    reader = session(two_datasets, tokenizer_dir)
+    first = reader.batches()
+    assert ids(out for _, out in islice(first, 2)) == reference[:2]
+    second = reader.batches()  # closes the first: one consumer at a time
+    assert list(first) == []
+    assert ids(out for _, out in islice(second, 1)) == reference[2:3]
+    reader.restart()
+    assert ids(out for _, out in islice(reader.batches(), 2)) == reference[:2]
+    assert reader.meter.totals["microbatches"] == 5

@@ -42,7 +42,6 @@ import atexit
 import dataclasses
 import json
 import os
-import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -51,7 +50,7 @@ from typing import Any
 import torch
 
 from zephon.errors import ConfigError, StateMismatchError
-from zephon.integration import merge_states
+from zephon.integration import LoaderSession, merge_states
 from zephon.meter import LoaderMeter, metrics_line
 from zephon.trace import trace_line
 from zephon_megatron.arguments import (
@@ -112,10 +111,11 @@ class ZephonDataIterator:
                  restart_every: int | None = None, cycle: bool = False,
                  log_every: tuple[StepClock, int] | None = None, announce: bool = True,
                  metrics_group: Any = None, trace: Any = None):
+        self.session = LoaderSession(pipeline, to_training, metrics_group=metrics_group)
+        """The pipeline as the loop consumes it: tensors, job figures over ``metrics_group``
+        (the readers' data-parallel gloo group, see :mod:`zephon.meter`), lane-keyed state."""
         self.pipeline = pipeline
-        self.meter = LoaderMeter(metrics_group)
-        """Job figures over ``metrics_group``, the readers' data-parallel gloo group (see
-        :mod:`zephon.meter`)."""
+        self.meter = self.session.meter
         self.log_every = log_every
         """(Megatron's iteration of each microbatch, Megatron's --log-interval)."""
         self.announce = announce
@@ -126,7 +126,6 @@ class ZephonDataIterator:
             weakref.finalize(self, self._report.print, "end of training").atexit = False
         self.trace = trace
         """A text file taking a :func:`zephon.trace.trace_line` per microbatch, or None."""
-        self.options = dict(to_training)
         self.micro_batch_size = micro_batch_size
         self.role = role
         self.source = source
@@ -140,15 +139,15 @@ class ZephonDataIterator:
         return self
 
     def _restart(self) -> None:
-        self.close()
-        self.pipeline.reset()
+        self._iterator = None
+        self.session.restart()
         self._since_start = 0
 
-    def _next_batch(self) -> Any:
+    def _next_batch(self) -> tuple[Any, dict[str, Any]]:
         if self.restart_every and self._since_start >= self.restart_every:
             self._restart()
         if self._iterator is None:
-            self._iterator = iter(self.pipeline)
+            self._iterator = self.session.batches()
         try:
             return next(self._iterator)
         except StopIteration:
@@ -161,7 +160,7 @@ class ZephonDataIterator:
             if not self.cycle:
                 raise
         self._restart()
-        self._iterator = iter(self.pipeline)
+        self._iterator = self.session.batches()
         try:
             return next(self._iterator)
         except StopIteration:
@@ -169,19 +168,13 @@ class ZephonDataIterator:
                               f"{self.micro_batch_size} rows") from None
 
     def __next__(self) -> dict[str, torch.Tensor]:
-        start = time.perf_counter()
         try:
-            batch = self._next_batch()
+            batch, out = self._next_batch()
         except StopIteration:
             self.summarize("end of data")
             raise
-        waited = time.perf_counter() - start
         self._since_start += 1
         self.last_global_microbatch = batch.index * self.pipeline.lanes + batch.lane
-        out = batch.to_training(**self.options)
-        tokens = int(out["tokens"].numel())
-        padding = sum(int(r.meta.get("padding", 0)) for r in batch.records)
-        self.meter.record(tokens, padding, int(out["loss_mask"].sum()), waited)
         if self.trace is not None:
             self._write_trace(batch, out)
         self._maybe_log()
@@ -212,7 +205,7 @@ class ZephonDataIterator:
         iteration = clock.tick()
         if iteration is None or interval <= 0 or iteration % interval:
             return
-        metrics = self.meter.window(self.pipeline.report())
+        metrics = self.session.metrics()
         from zephon_megatron.metrics import write
 
         write(metrics, iteration)
@@ -227,11 +220,8 @@ class ZephonDataIterator:
 
     def close(self) -> None:
         """Stop the prefetch thread; the consumed state stays as it is."""
-        if self._iterator is not None:
-            close = getattr(self._iterator, "close", None)
-            if close is not None:
-                close()
-            self._iterator = None
+        self._iterator = None
+        self.session.close()
 
     @property
     def consumed_samples(self) -> int:
@@ -265,8 +255,8 @@ class ZephonDataIterator:
         merged = merge_states(lanes)  # a lane written twice must agree: no stale files
         if not merged:
             raise StateMismatchError("restore_state got no loader state")
-        self.close()
-        self.pipeline.load_state_dict(merged)
+        self._iterator = None
+        self.session.load_state_dict(merged)
         self._since_start = 0
         if self.log_every is not None:  # iterations already done, for the metrics' steps
             self.log_every[0].seek(self.consumed_samples)
