@@ -15,7 +15,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from zephon import ConfigError, StateMismatchError
-from zephon_torchtitan import checkpoint_lanes, preflight
+from zephon_torchtitan import preflight
 from zephon_torchtitan.dataloader import ZephonDataLoader
 
 
@@ -128,13 +128,13 @@ def test_lanes_left_open_are_eight_per_rank_and_a_resume_keeps_the_checkpoints(
     recipe = recipes.write(tmp_path / "open.toml", datasets=recipes.demo(), lanes=2)
     recipe.write_text(recipe.read_text().replace("lanes = 2\n", ""))
     folder = tmp_path / "checkpoint"
-    monkeypatch.setitem(checkpoint_lanes.CHECKPOINT_FOLDER, "folder", str(folder))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        ranks = [build(recipe, rank=r, world=2) for r in range(2)]
+        ranks = [build(recipe, rank=r, world=2, checkpoint_folder=str(folder))
+                 for r in range(2)]
     assert not [w for w in caught if "lanes" in str(w.message)]
     assert [dl.lanes for dl in ranks] == [16, 16]
-    assert build(recipe).lanes == 8  # no checkpoint yet: a new run at one rank
+    assert build(recipe, checkpoint_folder=str(folder)).lanes == 8  # no checkpoint yet
     iters = [iter(dl) for dl in ranks]
     for _ in range(3):
         for it in iters:
@@ -142,14 +142,15 @@ def test_lanes_left_open_are_eight_per_rank_and_a_resume_keeps_the_checkpoints(
     state = {**ranks[0].state_dict(), **ranks[1].state_dict()}
     dcp.save({"dataloader": state}, checkpoint_id=str(folder / "step-3"))
     expected = [next(it) for _ in range(2) for it in iters]
-    single = build(recipe)
+    assert build(recipe).lanes == 8  # a loader not told where the checkpoints are
+    single = build(recipe, checkpoint_folder=str(folder))
     assert single.lanes == 16
     single.load_state_dict(state)
     for (want, want_labels), (got, got_labels) in zip(expected, take(single, 4), strict=True):
         assert torch.equal(want["input"], got["input"])
         assert torch.equal(want_labels, got_labels)
     with pytest.raises(ConfigError, match="does not divide lanes=16"):
-        build(recipe, rank=0, world=3)
+        build(recipe, rank=0, world=3, checkpoint_folder=str(folder))
 
 
 def test_incompatible_resumes_are_refused(demo_recipe, tmp_path, recipes):

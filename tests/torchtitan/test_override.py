@@ -10,7 +10,6 @@ from torchtitan.config.manager import ConfigManager
 from torchtitan.config.override import apply_overrides
 
 from zephon import ConfigError
-from zephon_torchtitan import checkpoint_lanes
 from zephon_torchtitan.dataloader import ZephonDataLoader
 
 
@@ -54,8 +53,6 @@ def test_open_lanes_that_a_resume_cannot_divide_are_refused_before_the_model(
         tmp_path, small_tokenizer, recipes, monkeypatch):
     """The preflight gives open lanes the value the loader will (those of the checkpoint to
     resume), so a data-parallel size they do not divide fails before the model is built."""
-    # the preflight records the run's checkpoint folder here
-    monkeypatch.setattr(checkpoint_lanes, "CHECKPOINT_FOLDER", {})
     train = recipes.write(tmp_path / "train.toml", datasets=recipes.demo(), lanes=2,
                           tokenizer=small_tokenizer)
     train.write_text(train.read_text().replace("lanes = 2\n", ""))
@@ -69,3 +66,4 @@ def test_open_lanes_that_a_resume_cannot_divide_are_refused_before_the_model(
         apply_overrides(config.override, config)
     monkeypatch.setenv("WORLD_SIZE", "4")
     apply_overrides(config.override, config)
+    assert config.dataloader.checkpoint_folder == str(tmp_path / "out" / "checkpoint")

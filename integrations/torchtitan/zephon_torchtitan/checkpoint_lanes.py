@@ -1,9 +1,10 @@
 """The lanes a resuming TorchTitan run's newest checkpoint holds loader state for.
 
-The preflight records the run's checkpoint folder (it sees the whole config); the loader,
-which TorchTitan builds without it, reads the lanes from there before DCP loads its state, so a
-lane count that differs from the checkpoint's is refused in zephon's words instead of as a
-missing DCP key.
+The preflight (it sees the whole config) writes the run's checkpoint folder into the loader
+config it checks (``ZephonDataLoader.Config.checkpoint_folder``); the loader, which TorchTitan
+builds without the rest of the config, reads the lanes from there before DCP loads its state,
+so a lane count that differs from the checkpoint's is refused in Zephon's words instead of as
+a missing DCP key.
 """
 
 from __future__ import annotations
@@ -11,17 +12,12 @@ from __future__ import annotations
 import os
 import re
 
-CHECKPOINT_FOLDER: dict[str, str] = {}
-"""``{"folder": dump_folder/checkpoint.folder}`` of the run the preflight saw (checkpointing
-on): where a resuming loader looks for the lanes of the checkpoint it is about to load."""
 
-
-def checkpointed_lanes(folder: str | None = None,
+def checkpointed_lanes(folder: str | None,
                        load_step: int = -1) -> tuple[str, set[int]] | None:
     """(checkpoint path, lanes with loader state in it) of the DCP checkpoint a run resumes
-    from (``folder``: the one the preflight recorded; ``load_step`` -1: the newest), or None
-    when there is none to resume."""
-    folder = folder or CHECKPOINT_FOLDER.get("folder")
+    from (``folder``: ``dump_folder/checkpoint.folder``; ``load_step`` -1: the newest), or
+    None when there is none to resume."""
     if not folder or not os.path.isdir(folder):
         return None
     steps = [(int(m.group(1)), name) for name in os.listdir(folder)

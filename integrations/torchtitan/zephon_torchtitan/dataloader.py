@@ -126,6 +126,15 @@ class ZephonDataLoader(BaseDataLoader):
         """Log padding share, valid tokens and loader throughput every this many microbatches
         (0: never)."""
 
+        checkpoint_folder: str = ""
+        """Where the run's DCP checkpoints are (``dump_folder/checkpoint.folder``), and
+        ``checkpoint_step`` the step it loads (-1: the newest). The preflight fills both when
+        checkpointing is on: a resuming loader takes its open lane count from there and
+        refuses another one before DCP loads its state."""
+
+        checkpoint_step: int = -1
+        """See ``checkpoint_folder``."""
+
         trace_dir: str = ""
         """If set, each rank appends one JSON line per microbatch it hands out to
         ``<trace_dir>/rank<r>.jsonl``: global microbatch index, lane, record ids and SHA-256 of
@@ -172,7 +181,7 @@ class ZephonDataLoader(BaseDataLoader):
             _check_tokenizer(recipe, tokenizer)
         lanes = config.lanes
         if lanes is None and recipe.lanes is None:
-            lanes, why = default_lanes(dp_world_size)
+            lanes, why = default_lanes(dp_world_size, config)
             logger.info(f"zephon: lanes = {lanes} ({why}; neither the recipe nor "
                         "--dataloader.lanes sets them)")
         self._pipeline = recipe.build(
@@ -286,7 +295,7 @@ class ZephonDataLoader(BaseDataLoader):
         would only say that a key is missing)."""
         from zephon_torchtitan.checkpoint_lanes import checkpointed_lanes
 
-        found = checkpointed_lanes()
+        found = checkpointed_lanes(self.config.checkpoint_folder, self.config.checkpoint_step)
         if found is None or not found[1]:
             return
         path, lanes = found
@@ -324,16 +333,18 @@ class ZephonDataLoader(BaseDataLoader):
 
 
 # -- helpers ---------------------------------------------------------------------------------
-def default_lanes(dp_world_size: int) -> tuple[int, str]:
+def default_lanes(dp_world_size: int, config: ZephonDataLoader.Config) -> tuple[int, str]:
     """(lanes, why) when neither the recipe nor the loader config sets them: those of the
-    checkpoint the run resumes from, else ``DEFAULT_LANES_PER_READER`` per data-parallel rank,
+    checkpoint the run resumes from (``config.checkpoint_folder``), else
+    ``DEFAULT_LANES_PER_READER`` per data-parallel rank (:func:`zephon.integration.choose_lanes`),
     so that the run resumes with the same data at any data-parallel size dividing them."""
     from zephon_torchtitan.checkpoint_lanes import checkpointed_lanes
 
-    found = checkpointed_lanes()
-    if found is not None and found[1]:
-        return max(found[1]) + 1, f"those of the checkpoint {found[0]}"
-    choice = choose_lanes(dp_world_size)
+    found = checkpointed_lanes(config.checkpoint_folder, config.checkpoint_step)
+    saved = max(found[1]) + 1 if found is not None and found[1] else None
+    choice = choose_lanes(dp_world_size, saved=saved)
+    if saved is not None:
+        return choice.lanes, f"{choice.why}, {found[0]}"
     return choice.lanes, choice.why
 
 

@@ -45,8 +45,7 @@ def zephon_dataloader(config: BaseDataLoader.Config, **options: Any) -> ZephonDa
     loader = _zephon_config(options, "zephon_dataloader")
     if root is not None:
         root.metrics = as_zephon_metrics(root.metrics)  # zephon/ metrics in TensorBoard
-    preflight(root, replacing={"dataloader": loader})
-    return loader
+    return preflight(root, replacing={"dataloader": loader})["dataloader"]
 
 
 @override(target=BaseDataLoader.Config, fqns=["validator.dataloader"],
@@ -54,8 +53,7 @@ def zephon_dataloader(config: BaseDataLoader.Config, **options: Any) -> ZephonDa
 def zephon_validation_dataloader(config: BaseDataLoader.Config,
                                  **options: Any) -> ZephonDataLoader.Config:
     loader = _zephon_config(options, "zephon_validation_dataloader")
-    preflight(replacing={"validator.dataloader": loader})
-    return loader
+    return preflight(replacing={"validator.dataloader": loader})["validator.dataloader"]
 
 
 @override(target=MetricsProcessor.Config, fqns=["metrics"],
@@ -67,8 +65,7 @@ def zephon_metrics(config: MetricsProcessor.Config) -> MetricsProcessor.Config:
 @override(target=ZephonDataLoader.Config, fqns=["dataloader"],
           description="Check the Zephon recipes against the run before the model is built")
 def zephon_preflight(config: ZephonDataLoader.Config) -> ZephonDataLoader.Config:
-    preflight()
-    return config
+    return preflight(replacing={"dataloader": config})["dataloader"]
 
 
 def _zephon_config(options: dict[str, Any], name: str) -> ZephonDataLoader.Config:

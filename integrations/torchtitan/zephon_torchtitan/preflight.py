@@ -65,10 +65,14 @@ def run_values(root: Any) -> dict[str, int | None]:
             "vocab_size": getattr(model, "vocab_size", None)}
 
 
-def preflight(root: Any = None, replacing: dict[str, Any] | None = None) -> None:
+def preflight(root: Any = None, replacing: dict[str, Any] | None = None) -> dict[str, Any]:
     """Check every Zephon loader of ``root`` (a ``Trainer.Config``; found on the stack when
     None) against the run; raise a ConfigError listing every problem. ``replacing`` maps
-    ``"dataloader"`` / ``"validator.dataloader"`` to a loader config about to be installed."""
+    ``"dataloader"`` / ``"validator.dataloader"`` to a loader config about to be installed.
+
+    Returns the Zephon loader configs by place, the training loader's with the run's
+    checkpoint folder filled in (``checkpoint_folder``, ``checkpoint_step``): the configs
+    the caller installs."""
     from torchtitan.tools.logging import logger
 
     from zephon.preflight import check_recipe
@@ -76,14 +80,6 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None) -> None
     from zephon_torchtitan.vocab import follow_recipe_tokenizer
 
     root = root if root is not None else trainer_config_in_progress()
-    train_loader = (replacing or {}).get("dataloader", getattr(root, "dataloader", None))
-    if root is not None and isinstance(train_loader, ZephonDataLoader.Config):
-        follow_recipe_tokenizer(root, train_loader, logger)
-    values = run_values(root)
-    checkpoint = getattr(root, "checkpoint", None)
-    if checkpoint is not None and getattr(checkpoint, "enable", False):
-        folder = os.path.join(root.dump_folder, checkpoint.folder)
-        checkpoint_lanes.CHECKPOINT_FOLDER["folder"] = folder
     replacing = replacing or {}
     loaders = [("dataloader", replacing.get("dataloader", getattr(root, "dataloader", None)))]
     validator = getattr(root, "validator", None)
@@ -91,9 +87,20 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None) -> None
                                                and getattr(validator, "enable", False)):
         loaders.append(("validator.dataloader", replacing.get(
             "validator.dataloader", getattr(validator, "dataloader", None))))
+    loaders = [(where, loader) for where, loader in loaders
+               if isinstance(loader, ZephonDataLoader.Config)]
+    checkpoint = getattr(root, "checkpoint", None)
+    if checkpoint is not None and getattr(checkpoint, "enable", False):
+        loaders = [(where, replace(loader, checkpoint_folder=os.path.join(
+            root.dump_folder, checkpoint.folder), checkpoint_step=getattr(
+            checkpoint, "load_step", -1)) if where == "dataloader" else loader)
+                   for where, loader in loaders]
+    if root is not None and loaders and loaders[0][0] == "dataloader":
+        follow_recipe_tokenizer(root, loaders[0][1], logger)
+    values = run_values(root)
     problems: list[str] = []
     for where, loader in loaders:
-        if not isinstance(loader, ZephonDataLoader.Config) or not loader.recipe:
+        if not loader.recipe:
             continue
         try:
             recipe = read_recipe(loader.recipe)
@@ -104,7 +111,7 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None) -> None
             recipe = replace(recipe, lanes=loader.lanes)
         elif recipe.lanes is None and values.get("world_size"):
             # the lanes the loader will choose
-            recipe = replace(recipe, lanes=default_lanes(values["world_size"])[0])
+            recipe = replace(recipe, lanes=default_lanes(values["world_size"], loader)[0])
         run = dict(values)
         if where != "dataloader":
             run.pop("microbatch_size", None)
@@ -118,11 +125,11 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None) -> None
                               "model is built; global rank 0 lists them")
         raise ConfigError("zephon preflight found problems before the model is built:\n"
                           + "\n".join(f"  - {p}" for p in problems))
-    checked = [loader.recipe for _, loader in loaders
-               if isinstance(loader, ZephonDataLoader.Config) and loader.recipe]
+    checked = [loader.recipe for _, loader in loaders if loader.recipe]
     logger.info("zephon: preflight passed for %s (%s)", ", ".join(checked),
                 ", ".join(f"{k} {v}" for k, v in values.items() if v is not None)
                 or "recipe only")
+    return dict(loaders)
 
 
 def resume_problems(root: Any, loader: Any, recipe: Any, values: dict[str, Any]) -> list[str]:
@@ -131,12 +138,12 @@ def resume_problems(root: Any, loader: Any, recipe: Any, values: dict[str, Any])
     the model is built (the checkpointer would load it after). Nothing to say without a
     checkpoint, with the dataloader excluded from loading, or without the run's shape."""
     checkpoint = getattr(root, "checkpoint", None)
-    if checkpoint is None or not getattr(checkpoint, "enable", False) \
+    if not loader.checkpoint_folder \
             or "dataloader" in getattr(checkpoint, "exclude_from_loading", []) \
             or not (values.get("world_size") and values.get("seq_len")):
         return []
-    found = checkpoint_lanes.checkpointed_lanes(
-        os.path.join(root.dump_folder, checkpoint.folder), getattr(checkpoint, "load_step", -1))
+    found = checkpoint_lanes.checkpointed_lanes(loader.checkpoint_folder,
+                                                loader.checkpoint_step)
     if found is None or not found[1]:
         return []
     path, saved = found
