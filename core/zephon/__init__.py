@@ -10,11 +10,11 @@ Public API::
 only these (a test holds them to it), and :mod:`zephon.integration` is where they start.
 """
 
-from zephon.batch import SampleBatch
 from zephon.errors import ConfigError, DataError, StateMismatchError, WorkerError, ZephonError
 from zephon.pipeline import Pipeline
 from zephon.records import DocSpan, Record
 from zephon.report import PipelineReport
+from zephon.sample_batch import SampleBatch
 
 __version__ = "0.3.0.dev0"
 
@@ -22,14 +22,14 @@ PUBLIC_MODULES = (
     "zephon",
     "zephon.integration",  # what every framework adapter needs: geometry, lanes, a session
     "zephon.recipe",  # DataRecipe, TrainingPreset
-    "zephon.preflight",  # check_recipe
+    "zephon.recipe_checks",  # check_recipe
     "zephon.errors",
     "zephon.io",  # Dataset, CacheOptions, StoreOptions
     "zephon.io.indexed",  # Megatron's indexed datasets
     "zephon.work",  # StaticMixtureWorkSource, MixtureSpec, TokenEstimation
     "zephon.ops",  # operator specs, for custom operators
     "zephon.ops.pretokenized",
-    "zephon.options",  # LoaderOptions, DEFAULT_LANES_PER_READER
+    "zephon.loader_options",  # LoaderOptions, DEFAULT_LANES_PER_READER
     "zephon.tokenizer",  # load_tokenizer, resolve_encoder
     "zephon.distributed",  # the process-wide gloo group, launcher stores
     "zephon.meter",  # LoaderMeter, the zephon/ metrics

@@ -2,7 +2,7 @@
 
 - ``zephon schema [SECTION]``: every recipe key with its type, default and meaning.
 - ``zephon check RECIPE [--world-size W --seq-len S --vocab-size V --microbatch-size M]``:
-  the preflight (:mod:`zephon.preflight`): every problem, exit 1 when there is one.
+  the preflight (:mod:`zephon.recipe_checks`): every problem, exit 1 when there is one.
 - ``zephon preview RECIPE [--rows N] [--out batch.png|batch.html] [--seq-len S]``: the first
   microbatch as a picture (:mod:`zephon.preview`), in the terminal without ``--out``.
 - ``zephon stats RECIPE [--tokens 1T]``: files, documents and tokens per dataset, targets,
@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from zephon.preflight import check_recipe, describe
+    from zephon.recipe_checks import check_recipe, describe
 
     problems = check_recipe(args.recipe, world_size=args.world_size, seq_len=args.seq_len,
                             vocab_size=args.vocab_size, microbatch_size=args.microbatch_size)
@@ -271,7 +271,7 @@ def _text_decoder(tokenizer: str | None):
 
 def _cache(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from zephon.io.hub.cache import cache_entries, prune_cache, verify_cache
-    from zephon.io.options import default_cache_root
+    from zephon.io.store_options import default_cache_root
 
     if not args.root:
         args.root = str(default_cache_root())

@@ -6,7 +6,8 @@ An adapter translates between its framework and four things here:
   them or (pure data parallelism) from ``torch.distributed`` or the launcher's environment.
 - :func:`choose_lanes`: the lane count of a run and why. The recipe's ``lanes``, else the
   adapter's option, else the lanes of the checkpoint the run resumes from, else
-  :data:`~zephon.options.DEFAULT_LANES_PER_READER` per data-parallel rank of the first launch.
+  :data:`~zephon.loader_options.DEFAULT_LANES_PER_READER` per data-parallel rank of the first
+  launch.
   Every data-parallel size dividing the lanes reads the same global batches, so a run started
   on 12 readers (96 lanes) resumes exactly on 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48 or 96.
 - :func:`merge_states`: the lane-keyed states of several ranks as one state, which a run at
@@ -27,11 +28,11 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from zephon.batch import SampleBatch
 from zephon.errors import ConfigError, StateMismatchError
+from zephon.loader_options import DEFAULT_LANES_PER_READER
 from zephon.meter import LoaderMeter
-from zephon.options import DEFAULT_LANES_PER_READER
 from zephon.pipeline import Pipeline
+from zephon.sample_batch import SampleBatch
 
 
 @dataclass(frozen=True)

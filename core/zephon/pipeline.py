@@ -24,9 +24,9 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Concatenate, ParamSpec
 
-from zephon.batch import SampleBatch
 from zephon.errors import ConfigError
-from zephon.io.options import StoreOptions
+from zephon.io.store_options import StoreOptions
+from zephon.loader_options import LoaderOptions
 from zephon.ops.base import OperatorSpec, check_order
 from zephon.ops.batch import BatchSpec
 from zephon.ops.filter import FilterSpec
@@ -36,11 +36,11 @@ from zephon.ops.pretokenized import PretokenizedSpec
 from zephon.ops.shuffle import ShuffleSpec
 from zephon.ops.tokenize import TokenizeSpec
 from zephon.ops.tokenize_chat import TokenizeChatSpec
-from zephon.options import LoaderOptions
 from zephon.report import PipelineReport
 from zephon.runtime import Loader
+from zephon.sample_batch import SampleBatch
 from zephon.work.estimation import DatasetEstimate
-from zephon.work.source import StaticMixtureWorkSource
+from zephon.work.static_mixture import StaticMixtureWorkSource
 
 P = ParamSpec("P")
 
@@ -114,8 +114,9 @@ class Pipeline:
 
     def options(self, io_options: StoreOptions | None = None, **options: Any) -> Pipeline:
         """Storage, lanes, read-ahead and this process's place among the data-parallel ranks;
-        the keywords are :class:`zephon.options.LoaderOptions` fields (``lanes``, ``dp_rank``,
-        ``dp_world_size``, ``prefetch``, ``process_group``). Unset ones keep their value."""
+        the keywords are :class:`zephon.loader_options.LoaderOptions` fields (``lanes``,
+        ``dp_rank``, ``dp_world_size``, ``prefetch``, ``process_group``). Unset ones keep
+        their value."""
         if io_options is not None:
             options["io_options"] = io_options
         known = {f.name for f in dataclasses.fields(LoaderOptions)}

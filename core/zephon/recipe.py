@@ -71,7 +71,8 @@ from pathlib import Path
 from typing import Any
 
 from zephon.errors import ConfigError, DataError
-from zephon.io.options import CacheOptions
+from zephon.io.store_options import CacheOptions
+from zephon.loader_options import LoaderOptions
 from zephon.ops.base import OperatorSpec, check_order
 from zephon.ops.batch import BatchSpec
 from zephon.ops.pack import PackSpec
@@ -80,12 +81,11 @@ from zephon.ops.registry import operator_spec_class
 from zephon.ops.shuffle import ShuffleSpec
 from zephon.ops.tokenize import TokenizeSpec
 from zephon.ops.tokenize_chat import TokenizeChatSpec
-from zephon.options import LoaderOptions
 from zephon.schema import Key, dataclass_keys, parameter_keys, read_table_parts
 from zephon.tokenizer import looks_local
 from zephon.training import TrainingOptions
 from zephon.work.estimation import TokenEstimation
-from zephon.work.source import StaticMixtureWorkSource
+from zephon.work.static_mixture import StaticMixtureWorkSource
 
 _MIX_SOURCE_KEYS = ("repeat", "on_exhausted")
 _WORK_SOURCE_KEYS = ("shuffle_units", "shuffle_rows", "unit_bytes", "arrow_unit_rows")

@@ -13,13 +13,12 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from zephon.batch import SampleBatch
 from zephon.engine.agreement import RoundAgreement, check_agreement_group
+from zephon.engine.dataset_source import Offload, projected_columns
 from zephon.engine.document_threads import DocumentThreads
 from zephon.engine.lane import LanePlan, restored_lane
 from zephon.engine.rank import RankStream, rounds_ahead
 from zephon.engine.rank_check import check_ranks_agree, plan_digests
-from zephon.engine.source import Offload, projected_columns
 from zephon.engine.state import (
     STATE_VERSION,
     check_fingerprint,
@@ -32,6 +31,7 @@ from zephon.engine.state import (
 from zephon.engine.transform import transform_documents
 from zephon.engine.workers import DocumentWorkers
 from zephon.errors import ConfigError, StateMismatchError
+from zephon.loader_options import LoaderOptions
 from zephon.ops.base import (
     BuildContext,
     DocumentOperator,
@@ -42,13 +42,13 @@ from zephon.ops.base import (
 )
 from zephon.ops.batch import BatchSpec
 from zephon.ops.pack import PackSpec
-from zephon.options import LoaderOptions
 from zephon.progress import progress
 from zephon.records import Doc
 from zephon.redact import get_logger
 from zephon.report import PipelineReport, build_report, sum_stats
+from zephon.sample_batch import SampleBatch
 from zephon.work.estimation import DatasetEstimate, TokenEstimation, estimate_dataset
-from zephon.work.source import StaticMixtureWorkSource
+from zephon.work.static_mixture import StaticMixtureWorkSource
 
 log = get_logger(__name__)
 

@@ -11,8 +11,8 @@ import pytest
 from tests.conftest import write_jsonl
 from zephon import Pipeline
 from zephon.demo.assets import make_documents
+from zephon.engine import dataset_source as source_module
 from zephon.engine import document_threads
-from zephon.engine import source as source_module
 from zephon.engine.document_threads import DocumentThreads, threads_for_this_rank
 from zephon.engine.workers import DocumentWorkers
 from zephon.errors import DataError

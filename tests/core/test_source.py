@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from zephon import Pipeline
-from zephon.engine import source as source_module
+from zephon.engine import dataset_source as source_module
 from zephon.io import Dataset
 from zephon.ops.tokenize import DocumentTokenizer
 from zephon.work import MixtureSpec, StaticMixtureWorkSource

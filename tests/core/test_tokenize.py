@@ -177,7 +177,7 @@ def test_a_long_document_resumes_inside_itself_exactly(tokenizer_dir, tmp_path,
     import zephon.tokenizer as tokenizer_module
     from tests.conftest import write_jsonl
     from zephon import Pipeline
-    from zephon.engine.source import DatasetSource, _LazyRow
+    from zephon.engine.dataset_source import DatasetSource, _LazyRow
     from zephon.io import Dataset
     from zephon.work import StaticMixtureWorkSource
 

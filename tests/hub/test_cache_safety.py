@@ -26,7 +26,7 @@ from zephon.errors import ConfigError, DataError
 from zephon.io import CacheOptions
 from zephon.io.hub.cache import CachedFile, ShardCache, cache_entries, prune_cache, verify_cache
 from zephon.io.hub.locks import FileLock
-from zephon.io.options import default_cache_root
+from zephon.io.store_options import default_cache_root
 
 
 def item(name: str, content: bytes) -> CachedFile:

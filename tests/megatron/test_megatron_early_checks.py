@@ -11,8 +11,8 @@ from megatron_helpers import PACKED, megatron_argv, parse
 
 from zephon.io.indexed import write_indexed_dataset
 from zephon.recipe import DataRecipe
+from zephon_megatron.args_checks import build_pipeline, megatron_ramps
 from zephon_megatron.arguments import ZephonArgumentError, settings_from_args
-from zephon_megatron.preflight import build_pipeline, megatron_ramps
 
 TRAIN = ("--eval-interval", "10")
 

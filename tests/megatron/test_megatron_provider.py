@@ -373,7 +373,7 @@ def megatron_iterations(microbatches: int) -> dict[int, int]:
 
 def logged_iterations(it, microbatches: int, monkeypatch) -> dict[int, int]:
     """{microbatches handed out: iteration} of the metrics the iterator writes."""
-    from zephon_megatron import metrics
+    from zephon_megatron import step_metrics as metrics
 
     steps: list[int] = []
     writer = type("Writer", (), {"add_scalar": lambda self, tag, value, step: steps.append(

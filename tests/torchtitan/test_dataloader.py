@@ -15,7 +15,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from zephon import ConfigError, StateMismatchError
-from zephon_torchtitan import preflight
+from zephon_torchtitan import config_checks as preflight
 from zephon_torchtitan.dataloader import ZephonDataLoader
 
 

@@ -20,13 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from zephon.batch import SampleBatch
+from zephon.engine.dataset_source import DatasetSource, Offload
 from zephon.engine.mixer import MixNode
-from zephon.engine.source import DatasetSource, Offload
 from zephon.engine.state import from_portable
 from zephon.ops.base import BufferedNode, DocumentOperator, Node, RowOperator, applies_to
 from zephon.ops.batch import BatchNode
 from zephon.records import Doc, Record, doc_as_record
+from zephon.sample_batch import SampleBatch
 from zephon.state_checks import (
     StateFieldError,
     item,
@@ -35,7 +35,7 @@ from zephon.state_checks import (
     need_list,
     within,
 )
-from zephon.work.source import StaticMixtureWorkSource
+from zephon.work.static_mixture import StaticMixtureWorkSource
 
 
 class DocumentRows(Node):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from zephon.engine.source import DatasetSource
+from zephon.engine.dataset_source import DatasetSource
 from zephon.ops.base import Node
 from zephon.records import Doc
 from zephon.state_checks import (

@@ -50,7 +50,6 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from zephon.batch import SampleBatch
 from zephon.engine.agreement import RoundAgreement
 from zephon.engine.empty_run import empty_run_message
 from zephon.engine.lane import Lane, LanePlan
@@ -58,6 +57,7 @@ from zephon.errors import DataError, ZephonError
 from zephon.io import cancel
 from zephon.records import record_counts
 from zephon.redact import get_logger
+from zephon.sample_batch import SampleBatch
 
 log = get_logger(__name__)
 

@@ -39,7 +39,7 @@ from zephon.engine import state
 from zephon.engine.state import first_difference, short, to_portable
 from zephon.errors import ConfigError
 from zephon.redact import get_logger
-from zephon.work.source import StaticMixtureWorkSource
+from zephon.work.static_mixture import StaticMixtureWorkSource
 
 log = get_logger(__name__)
 

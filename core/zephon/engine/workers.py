@@ -25,7 +25,7 @@ per-document Python work or tokenization dominates and cores are free; each work
 operators (the tokenizer) once, which takes about half a second to start, and holds its own
 copy of them: about 80 MiB at the start and 96 MiB at peak per worker on the benchmark (whose
 main module imports no torch), the difference mostly the tokenizer's working memory for one
-read-ahead batch (``CHUNK_CHARS`` in :mod:`zephon.engine.source`). Operators and their
+read-ahead batch (``CHUNK_CHARS`` in :mod:`zephon.engine.dataset_source`). Operators and their
 functions must pickle (module-level functions, not lambdas); :class:`DocumentWorkers` checks
 that when it is built and names the operator.
 

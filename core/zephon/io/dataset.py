@@ -46,7 +46,7 @@ from zephon.errors import ConfigError, DataError
 from zephon.io import local_glob
 from zephon.io.formats import FORMATS, PlanHints, UnitSpec, compression_of, detect_format
 from zephon.io.indexed import prefix_of
-from zephon.io.options import StoreOptions
+from zephon.io.store_options import StoreOptions
 from zephon.redact import get_logger
 
 log = get_logger(__name__)

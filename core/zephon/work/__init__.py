@@ -2,6 +2,6 @@
 
 from zephon.work.estimation import DatasetEstimate, TokenEstimation
 from zephon.work.mixture import MixtureSpec
-from zephon.work.source import StaticMixtureWorkSource
+from zephon.work.static_mixture import StaticMixtureWorkSource
 
 __all__ = ["DatasetEstimate", "MixtureSpec", "StaticMixtureWorkSource", "TokenEstimation"]

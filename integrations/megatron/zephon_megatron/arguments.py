@@ -318,7 +318,7 @@ def check_megatron_dataloader(args: argparse.Namespace) -> None:
 def settings_from_args(args: argparse.Namespace,
                        world_size: int | None = None) -> ZephonSettings:
     """Validate a parsed command line for ``--dataloader zephon`` and preflight its recipes
-    against the run (:mod:`zephon_megatron.preflight`; ``world_size`` defaults to
+    against the run (:mod:`zephon_megatron.args_checks`; ``world_size`` defaults to
     ``WORLD_SIZE``); raise naming every problem."""
     if getattr(args, "dataloader", "megatron") != "zephon":
         check_megatron_dataloader(args)
@@ -428,7 +428,7 @@ def settings_from_args(args: argparse.Namespace,
                                                   "the training lanes", lanes))
         collect(lambda valid=valid: masking_of(valid))
         collect(lambda valid=valid: _check_shapes(valid, args))
-    from zephon_megatron.preflight import batch_problems, recipe_problems
+    from zephon_megatron.args_checks import batch_problems, recipe_problems
 
     ramp = collect(lambda: rampup(args))
     problems += batch_problems(args, world_size, ramp)

@@ -59,12 +59,12 @@ from zephon_megatron.arguments import (
     settings_from_args,
     training_recipes,
 )
-from zephon_megatron.metrics import StepClock, global_batch_schedule
 from zephon_megatron.state_files import (
     STATE_FORMAT,
     STATE_VERSION,
     read_dataloader_states,
 )
+from zephon_megatron.step_metrics import StepClock, global_batch_schedule
 from zephon_megatron.tokenizer_checks import check_tokenizers, eod_id, megatron_tokenizer
 
 BLEND_DIFFERENCES = (
@@ -206,7 +206,7 @@ class ZephonDataIterator:
         if iteration is None or interval <= 0 or iteration % interval:
             return
         metrics = self.session.metrics()
-        from zephon_megatron.metrics import write
+        from zephon_megatron.step_metrics import write
 
         write(metrics, iteration)
         if self.announce:

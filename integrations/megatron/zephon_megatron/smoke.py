@@ -212,7 +212,7 @@ def run_worker(options: argparse.Namespace, megatron_argv: list[str]) -> None:
     if args.tensorboard_dir and rank == world - 1:
         from torch.utils.tensorboard import SummaryWriter
 
-        from zephon_megatron.metrics import set_writer
+        from zephon_megatron.step_metrics import set_writer
 
         writer = SummaryWriter(args.tensorboard_dir)
         set_writer(writer)

@@ -27,8 +27,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from zephon_torchtitan.config_checks import add_preflight
 from zephon_torchtitan.dataloader import ZephonDataLoader
-from zephon_torchtitan.preflight import add_preflight
 from zephon_torchtitan.vocab import follow_recipe_tokenizer
 
 RECIPES = Path(os.environ.get("ZEPHON_TORCHTITAN_RECIPES",
@@ -51,7 +51,7 @@ def with_zephon(config: Any, recipe: str, *, validation: str | None = None,
     (:mod:`zephon_torchtitan.vocab`).
     ``validation`` names a finite, unshuffled recipe for ``validator.dataloader``; the
     validator stays off until ``--validator.enable``. The recipes are checked against the run
-    before TorchTitan builds the model (:mod:`zephon_torchtitan.preflight`).
+    before TorchTitan builds the model (:mod:`zephon_torchtitan.config_checks`).
     """
     from zephon.distributed import single_process_env
 

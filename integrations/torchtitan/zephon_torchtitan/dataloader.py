@@ -197,7 +197,7 @@ class ZephonDataLoader(BaseDataLoader):
         self._trace = _open_trace(config.trace_dir)
         self._started = False  # iterated or restored: state_dict() is then for saving
         self._summarized = False
-        from zephon_torchtitan.metrics import register
+        from zephon_torchtitan.metrics_processor import register
 
         register(self)
         logger.info(

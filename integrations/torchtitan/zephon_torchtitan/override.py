@@ -17,7 +17,7 @@ tokenizer (the preflight refuses a larger tokenizer before the model is built) a
 ``--dataloader.no-check-tokenizer``).
 
 TorchTitan applies overrides before it builds the model, so both run the preflight
-(:mod:`zephon_torchtitan.preflight`) as they install the loader; ``zephon_preflight`` runs it
+(:mod:`zephon_torchtitan.config_checks`) as they install the loader; ``zephon_preflight`` runs it
 alone, for configs whose loader is Zephon's already (the launcher and the config registry add
 it for you).
 """
@@ -30,9 +30,9 @@ from torchtitan.components.dataloader import BaseDataLoader
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.config.override import override
 
+from zephon_torchtitan.config_checks import preflight, trainer_config_in_progress
 from zephon_torchtitan.dataloader import ZephonDataLoader
-from zephon_torchtitan.metrics import as_zephon_metrics
-from zephon_torchtitan.preflight import preflight, trainer_config_in_progress
+from zephon_torchtitan.metrics_processor import as_zephon_metrics
 
 
 @override(target=BaseDataLoader.Config, fqns=["dataloader"],

@@ -135,7 +135,7 @@ def prepare(data: dict[str, Any], source: str, cpu: bool) -> Any:
         from zephon_torchtitan.cpu_shims import apply_cpu_config
 
         apply_cpu_config(config)
-    from zephon_torchtitan.preflight import add_preflight
+    from zephon_torchtitan.config_checks import add_preflight
 
     return add_preflight(config)
 

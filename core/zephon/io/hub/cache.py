@@ -72,7 +72,7 @@ from zephon.io.hub.cachefs import (
     write_fresh,
 )
 from zephon.io.hub.locks import FileLock, is_locked
-from zephon.io.options import CacheOptions, default_cache_root
+from zephon.io.store_options import CacheOptions, default_cache_root
 from zephon.redact import get_logger
 
 log = get_logger(__name__)

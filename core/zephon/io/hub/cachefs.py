@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from zephon.errors import ConfigError, DataError, ZephonError
-from zephon.io.options import default_cache_root
+from zephon.io.store_options import default_cache_root
 
 NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 READ_ONLY = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})

@@ -35,7 +35,7 @@ from zephon.io.hub.client import HubClient
 from zephon.io.hub.path import HubPath, parse_hub_path
 from zephon.io.hub.resolve import Resolution, resolve
 from zephon.io.hub.retry import RetryPolicy
-from zephon.io.options import StoreOptions
+from zephon.io.store_options import StoreOptions
 
 _CACHE_HINT = ("StoreOptions(cache=CacheOptions(enabled=True, root='/local/disk/zephon-cache', "
                "limit_bytes=50 << 30))")

@@ -79,7 +79,7 @@ def recipe_problems(args: argparse.Namespace, recipes: dict[str, Any], lanes: in
                     world_size: int | None = None) -> list[str]:
     """Every problem of ``recipes`` (train/valid/test; None skipped) in this run; where the
     recipes have none, the training data against the run (see the module docstring)."""
-    from zephon.preflight import check_recipe
+    from zephon.recipe_checks import check_recipe
 
     dp = data_parallel_size(args, world_size)
     problems: list[str] = []
@@ -262,9 +262,9 @@ def batch_problems(args: argparse.Namespace, world_size: int | None = None,
 
 # -- amount of training data --------------------------------------------------------------------
 def _schedule(args: argparse.Namespace, dp: int) -> Any:
-    """A :class:`~zephon_megatron.metrics.StepClock` of Megatron's running global batch size
+    """A :class:`~zephon_megatron.step_metrics.StepClock` of Megatron's running global batch size
     (megatron-core's ramp rule, without importing megatron.core)."""
-    from zephon_megatron.metrics import StepClock
+    from zephon_megatron.step_metrics import StepClock
 
     mbs = args.micro_batch_size
     rows = mbs * dp
@@ -377,7 +377,7 @@ def data_shortfall(args: argparse.Namespace, recipe: Any, pipeline: Any,
 
 def _indexed_rows(pipeline: Any, row: int, mbs: int) -> int:
     """The rows one non-repeated indexed dataset, packed with ``wrap``, hands to Megatron:
-    each lane's units (:meth:`~zephon.work.source.StaticMixtureWorkSource.unit_at`) give it
+    each lane's units (:meth:`~zephon.work.static_mixture.StaticMixtureWorkSource.unit_at`) give it
     ``T_l`` tokens, so ``ceil(T_l / row)`` rows (only the last is padded) and ``k_l = rows //
     mbs`` microbatches. Readers hand out rounds of one microbatch per lane (global microbatch
     ``m`` is lane ``m % L``'s) and all stop at the first round a lane cannot fill, so the run

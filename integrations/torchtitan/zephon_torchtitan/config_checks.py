@@ -10,7 +10,7 @@ and before "Building <model>". All three routes run :func:`preflight` there:
 - the launcher and the config registry add ``zephon_torchtitan.override.zephon_preflight``
   to ``override.imports`` of the config they return (``with_zephon`` does it).
 
-It runs :func:`zephon.preflight.check_recipe` for the training and validation recipes with
+It runs :func:`zephon.recipe_checks.check_recipe` for the training and validation recipes with
 the run's values: data-parallel size (``WORLD_SIZE`` over tensor x pipeline x context
 parallel degrees), ``training.seq_len``, ``training.local_batch_size`` and the model's
 vocabulary, and raises one ConfigError listing every problem. TorchTitan hands an override
@@ -75,7 +75,7 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None) -> dict
     the caller installs."""
     from torchtitan.tools.logging import logger
 
-    from zephon.preflight import check_recipe
+    from zephon.recipe_checks import check_recipe
     from zephon_torchtitan.dataloader import ZephonDataLoader, default_lanes, read_recipe
     from zephon_torchtitan.vocab import follow_recipe_tokenizer
 
@@ -171,7 +171,7 @@ def resume_problems(root: Any, loader: Any, recipe: Any, values: dict[str, Any])
 
 def add_preflight(config: Any) -> Any:
     """Have TorchTitan run :func:`preflight` before it builds the model of ``config``, and
-    log the loader's metrics with its own (:mod:`zephon_torchtitan.metrics`)."""
+    log the loader's metrics with its own (:mod:`zephon_torchtitan.metrics_processor`)."""
     imports = list(config.override.imports)
     for name in (PREFLIGHT_IMPORT, METRICS_IMPORT):
         if name not in imports:

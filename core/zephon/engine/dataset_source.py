@@ -54,7 +54,7 @@ from zephon.io.formats import RowLabel, UnitSpec, read_unit
 from zephon.ops.base import DocumentOperator, LazyPieces
 from zephon.records import Doc
 from zephon.state_checks import StateFieldError, item, need_counts, need_fields, need_int, need_list
-from zephon.work.source import StaticMixtureWorkSource
+from zephon.work.static_mixture import StaticMixtureWorkSource
 
 Position = tuple[int, int, int]
 Offload = DocumentWorkers | DocumentThreads

@@ -31,7 +31,7 @@ import numpy as np
 from zephon.errors import ConfigError
 from zephon.io.dataset import Dataset
 from zephon.io.formats import PlanHints, UnitSpec
-from zephon.io.options import StoreOptions
+from zephon.io.store_options import StoreOptions
 from zephon.redact import get_logger
 from zephon.work.estimation import TokenEstimation
 from zephon.work.mixture import MixtureSpec

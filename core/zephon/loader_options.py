@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zephon.errors import ConfigError
-from zephon.io.options import StoreOptions
+from zephon.io.store_options import StoreOptions
 
 DEFAULT_LANES_PER_READER = 8
 """Lanes per data-parallel rank that the framework adapters choose when nothing fixes the
