@@ -12,6 +12,10 @@ An adapter translates between its framework and four things here:
   on 12 readers (96 lanes) resumes exactly on 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48 or 96.
 - :func:`merge_states`: the lane-keyed states of several ranks as one state, which a run at
   any data-parallel size dividing the lanes loads (each rank takes its own lanes).
+- :class:`FrameworkValues` and :func:`check_recipe`: the values the framework owns (sequence
+  length, microbatch rows, data-parallel size, lanes, vocabulary), which fill a recipe's holes
+  (:meth:`DataRecipe.resolve <zephon.recipe.DataRecipe.resolve>`), and the preflight: every
+  problem of a recipe in this run, listed before the model is built.
 - :class:`LoaderSession`: one rank's pipeline as the training loop consumes it: microbatches
   as ``SampleBatch.to_training`` tensors, the lane-keyed state of what was consumed, and the
   job-wide ``zephon/`` metrics of :mod:`zephon.meter`.
@@ -32,8 +36,12 @@ from zephon.errors import ConfigError, StateMismatchError
 from zephon.loader_options import DEFAULT_LANES_PER_READER
 from zephon.meter import LoaderMeter
 from zephon.pipeline import Pipeline
+from zephon.recipe import FrameworkValues, ResolvedRecipe
+from zephon.recipe_checks import check_recipe
 from zephon.sample_batch import SampleBatch
 
+__all__ = ["FrameworkValues", "LaneChoice", "LoaderSession", "ResolvedRecipe", "RunGeometry",
+           "check_recipe", "choose_lanes", "lanes_problem", "merge_states"]
 
 @dataclass(frozen=True)
 class RunGeometry:

@@ -19,17 +19,11 @@ texts that tail is a large share of the call, and a second call in flight fills 
 than turns would. The encoder gives each call its texts longest first, so that the tail is
 made of the shortest texts (:meth:`zephon.tokenizer.TextEncoder.encode`).
 
-Measured with ``benchmarks/throughput.py`` on 2 cores (two document threads, calls of about
-100 texts of 1-13 KB), medians of side-by-side pairs against the bare tokenizer: 0.95-0.96x
-without turns, 0.96-0.97x with turns alone, 0.96x with the longest-first order alone,
-and 0.98-0.99x with both, the cores 1.95 of 2 busy instead of 1.91 (4-5 pairs each). With
-documents of 9-50 KB (about 30 texts a call): 0.96x without, 0.98x with (3 pairs).
-
-The fast engine (fastokens, :mod:`zephon.fast_engine`) does not take turns: its own threads
-serve concurrent calls with each caller working on its own call's texts, so no call waits for
-another's. Pipelines over ``benchmarks/throughput.py``'s corpus (12M tokens, 2 cores, medians
-of 3): 17.8M tokens/s without turns, 17.7M with; over 3,000 of its documents, 12.3M without
-and 11.3M with.
+Turns and the longest-first order each close part of the gap to the bare tokenizer, and
+together most of it; the fast engine (fastokens, :mod:`zephon.fast_engine`) does not take
+turns: its own threads serve concurrent calls, each caller working on its own call's texts,
+so no call waits for another's. ``python -m benchmarks.throughput`` prints the figures; the
+README (Behaviour worth knowing) keeps the measured ones.
 
 Limits: the turns are per process, as the pool is; a caller that does not go through them
 (another library calling the same tokenizer) can still share the pool with a turn. After a

@@ -75,7 +75,7 @@ from zephon.io.store_options import CacheOptions
 from zephon.loader_options import LoaderOptions
 from zephon.ops.base import OperatorSpec, check_order
 from zephon.ops.batch import BatchSpec
-from zephon.ops.pack import PackSpec
+from zephon.ops.pack import PackFlatSpec, PackSequencesSpec, PackSpec
 from zephon.ops.pretokenized import PretokenizedSpec
 from zephon.ops.registry import operator_spec_class
 from zephon.ops.shuffle import ShuffleSpec
@@ -470,52 +470,67 @@ class DataRecipe:
             (after if options.pop("after_tokenize", False) else before).append(cls(**options))
         return before, after
 
+    def resolve(self, values: FrameworkValues | None = None) -> ResolvedRecipe:
+        """This recipe with the holes a framework owns filled from ``values``: the row
+        length (``seq_len + 1``), the microbatch rows and the lanes. A value the recipe fixes
+        must agree with the framework's; every disagreement is listed in one
+        :class:`RecipeProblems`. The datasets are listed here, once for the recipe and its
+        variants; a hole neither side fills stays open and only :meth:`ResolvedRecipe.build`
+        needs it."""
+        values = values or FrameworkValues()
+        problems: list[str] = []
+        pack = dict(self.pack) if self.pack is not None else None
+        max_length = pack.get("max_length") if pack is not None else None
+        if pack is not None and values.seq_len is not None:
+            if max_length not in (None, values.seq_len + 1):
+                problems.append(
+                    f"{self.source}: [pack] max_length = {max_length} conflicts with the "
+                    f"framework's sequence length {values.seq_len}{values.named('seq_len')} "
+                    f"(rows are seq_len + 1 = {values.seq_len + 1} tokens); remove it or make "
+                    "them agree")
+            max_length = values.seq_len + 1
+        rows = self.batch.get("microbatch_size")
+        if values.microbatch_size is not None:
+            if rows not in (None, values.microbatch_size):
+                problems.append(
+                    f"{self.source}: [batch] microbatch_size = {rows} conflicts with the "
+                    f"framework's {values.microbatch_size}{values.named('microbatch_size')}; "
+                    "remove it from the recipe or make them agree")
+            rows = values.microbatch_size
+        lanes = self.lanes if self.lanes is not None else values.lanes
+        if self.lanes is not None and values.lanes not in (None, self.lanes):
+            problems.append(f"{self.source}: lanes = {self.lanes} conflicts with the "
+                            f"framework's {values.lanes}{values.named('lanes')}; remove it "
+                            "from the recipe or make them agree")
+        if problems:
+            raise RecipeProblems(self.source, problems)
+        before, after = self._op_specs()
+        specs: list[OperatorSpec] = [*before, *self._tokenize_specs(), *after]
+        if pack is not None and max_length is not None:
+            pack["max_length"] = max_length
+            if pack.pop("flat", True):
+                specs.append(PackFlatSpec(**pack))
+            else:
+                pack.pop("pad_token_id", None)
+                specs.append(PackSequencesSpec(**pack))
+        if self.shuffle:
+            specs.append(ShuffleSpec(**self.shuffle))
+        if rows is not None:
+            specs.append(BatchSpec(**{**self.batch, "microbatch_size": rows}))
+        return ResolvedRecipe(self, values, tuple(self.dataset(e) for e in self.datasets),
+                              tuple(specs), lanes=lanes, max_length=max_length,
+                              microbatch_size=rows)
+
     def build(self, *, seq_len: int | None = None, microbatch_size: int | None = None,
               dp_rank: int = 0, dp_world_size: int = 1, lanes: int | None = None,
               process_group: Any = None, prefetch: int | None = None,
               workers: int | None = None) -> Any:
-        """A Pipeline for this rank. ``seq_len`` packs rows to ``seq_len + 1`` tokens unless
-        the recipe fixes ``[pack] max_length``; the framework's values win over the recipe's
-        only where the recipe leaves them open, and a conflict is an error."""
-        from zephon.io import StoreOptions
-        from zephon.pipeline import Pipeline
-
-        datasets = [self.dataset(e) for e in self.datasets]
-        source = self._work_source(datasets)
-        chosen_lanes = _agree("lanes", self.lanes, lanes, self.source)
-        pipeline = Pipeline(source).options(
-            io_options=StoreOptions(cache=CacheOptions(enabled=True, **self.cache))
-            if self.cache else None,
-            lanes=chosen_lanes, dp_rank=dp_rank, dp_world_size=dp_world_size,
-            prefetch=prefetch if prefetch is not None else self.prefetch,
-            read_ahead_tokens=self.read_ahead_tokens,
-            workers=workers if workers is not None else self.workers,
-            process_group=process_group)
-        before, after = self._op_specs()
-        for spec in (*before, *self._tokenize_specs(), *after):
-            pipeline = pipeline.apply(spec)
-        if self.pack is not None:
-            pack = dict(self.pack)
-            flat = pack.pop("flat", True)
-            max_length = _agree("[pack] max_length", pack.pop("max_length", None),
-                                seq_len + 1 if seq_len is not None else None, self.source)
-            if max_length is None:
-                raise ConfigError(f"{self.source}: [pack] max_length is not set and the "
-                                  "framework gave no sequence length")
-            if flat:
-                pipeline = pipeline.pack_flat(max_length, **pack)
-            else:
-                pack.pop("pad_token_id", None)
-                pipeline = pipeline.pack_sequences(max_length, **pack)
-        if self.shuffle:
-            pipeline = pipeline.shuffle(**self.shuffle)
-        batch = dict(self.batch)
-        size = _agree("[batch] microbatch_size", batch.pop("microbatch_size", None),
-                      microbatch_size, self.source)
-        if size is None:
-            raise ConfigError(f"{self.source}: [batch] microbatch_size is not set and the "
-                              "framework gave none")
-        return pipeline.batch(size, **batch)
+        """A Pipeline for this rank: :meth:`resolve` with the framework's values, then
+        :meth:`ResolvedRecipe.build`."""
+        values = FrameworkValues(seq_len=seq_len, microbatch_size=microbatch_size,
+                                 dp_size=dp_world_size, lanes=lanes)
+        return self.resolve(values).build(dp_rank=dp_rank, process_group=process_group,
+                                          prefetch=prefetch, workers=workers)
 
     def eos_token_id(self) -> int:
         """``[to_training] eos_token_id``, else the recipe tokenizer's EOS id."""
@@ -539,6 +554,80 @@ class DataRecipe:
         else:  # an EOS id given for frameworks that decide the masking themselves
             options.pop("eos_token_id", None)
         return options
+
+
+@dataclass(frozen=True)
+class FrameworkValues:
+    """The values a framework owns. A recipe leaves them open (holes that
+    :meth:`DataRecipe.resolve` fills) or fixes them, and then must agree."""
+
+    seq_len: int | None = None
+    """Tokens of input per row; rows are packed to ``seq_len + 1`` (the last label)."""
+    microbatch_size: int | None = None
+    """Rows per microbatch."""
+    dp_size: int | None = None
+    """Data-parallel readers of the job; they must divide the lanes."""
+    lanes: int | None = None
+    """The adapter's lanes where the recipe leaves them open: its own option, those of the
+    checkpoint it resumes, or its default (:func:`zephon.integration.choose_lanes`)."""
+    vocab_size: int | None = None
+    """The model's vocabulary, which must hold every id of the recipe's tokenizer."""
+    flags: dict[str, str] = field(default_factory=dict, compare=False)
+    """The framework's option behind each value (``{"seq_len": "--training.seq_len"}``),
+    named where a recipe disagrees."""
+
+    def named(self, value: str) -> str:
+        """`` (the option)`` behind ``value``, or nothing."""
+        return f" ({self.flags[value]})" if value in self.flags else ""
+
+
+@dataclass(frozen=True)
+class ResolvedRecipe:
+    """A recipe with the framework's values filled in: its datasets (listed), the operator
+    specs in order and the lanes, ready to build a rank's Pipeline. Preflight checks and
+    pipelines take it; it is made by :meth:`DataRecipe.resolve` and never changed."""
+
+    recipe: DataRecipe
+    values: FrameworkValues
+    datasets: tuple[Any, ...]
+    """The :class:`~zephon.io.Dataset` of each ``[[datasets]]`` entry, in order."""
+    operators: tuple[OperatorSpec, ...]
+    """Every operator spec: ``[[ops]]``, tokenizing, packing, shuffle, batch."""
+    lanes: int | None
+    """None: open (the pipeline's default)."""
+    max_length: int | None
+    """Tokens per packed row; None: no packing, or no sequence length yet."""
+    microbatch_size: int | None
+    """Rows per microbatch; None: no value from either side yet."""
+
+    @property
+    def source(self) -> str:
+        return self.recipe.source
+
+    def build(self, *, dp_rank: int = 0, process_group: Any = None,
+              prefetch: int | None = None, workers: int | None = None) -> Any:
+        """The Pipeline of data-parallel rank ``dp_rank`` of ``values.dp_size``."""
+        from zephon.io import StoreOptions
+        from zephon.pipeline import Pipeline
+
+        recipe = self.recipe
+        if recipe.pack is not None and self.max_length is None:
+            raise ConfigError(f"{self.source}: [pack] max_length is not set and the "
+                              "framework gave no sequence length")
+        if self.microbatch_size is None:
+            raise ConfigError(f"{self.source}: [batch] microbatch_size is not set and the "
+                              "framework gave none")
+        pipeline = Pipeline(recipe._work_source(list(self.datasets))).options(
+            io_options=StoreOptions(cache=CacheOptions(enabled=True, **recipe.cache))
+            if recipe.cache else None,
+            lanes=self.lanes, dp_rank=dp_rank, dp_world_size=self.values.dp_size or 1,
+            prefetch=prefetch if prefetch is not None else recipe.prefetch,
+            read_ahead_tokens=recipe.read_ahead_tokens,
+            workers=workers if workers is not None else recipe.workers,
+            process_group=process_group)
+        for spec in self.operators:
+            pipeline = pipeline.apply(spec)
+        return pipeline
 
 
 class RecipeProblems(ConfigError):
@@ -696,15 +785,6 @@ def read_toml(path: str | os.PathLike[str], what: str = "recipe") -> dict[str, A
         raise ConfigError(f"{what} {str(path)!r} does not exist") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{what} {str(path)!r} is not valid TOML: {exc}") from None
-
-
-def _agree(name: str, recipe_value: Any, framework_value: Any, source: str) -> Any:
-    if recipe_value is None:
-        return framework_value
-    if framework_value is not None and framework_value != recipe_value:
-        raise ConfigError(f"{source}: {name} = {recipe_value} conflicts with the framework's "
-                          f"{framework_value}; remove it from the recipe or make them agree")
-    return recipe_value
 
 
 def _demo_asset(kind: str) -> str:

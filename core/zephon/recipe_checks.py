@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from zephon.errors import ConfigError, DataError, ZephonError
 from zephon.ops.base import applies_to
 from zephon.ops.pack import MAX_ROW_TOKENS
-from zephon.recipe import DataRecipe, RecipeProblems
+from zephon.recipe import DataRecipe, FrameworkValues, RecipeProblems, ResolvedRecipe
 
 MAX_BATCH_TOKENS = 1 << 31
 """The most tokens in one microbatch (8 GiB of int32 ids): far above what one accelerator
@@ -43,14 +43,24 @@ _EXPECTED = {"tokenize": "text", "tokenize_chat": "a conversation (a list of mes
              "pretokenized": "a list of integer token ids"}
 
 
-def check_recipe(recipe: str | os.PathLike[str] | DataRecipe, *, world_size: int | None = None,
-                 seq_len: int | None = None, vocab_size: int | None = None,
-                 microbatch_size: int | None = None,
-                 flags: Mapping[str, str] | None = None) -> list[str]:
+def check_recipe(recipe: str | os.PathLike[str] | DataRecipe | ResolvedRecipe, *,
+                 world_size: int | None = None, seq_len: int | None = None,
+                 vocab_size: int | None = None, microbatch_size: int | None = None,
+                 flags: Mapping[str, str] | None = None,
+                 values: FrameworkValues | None = None) -> list[str]:
     """Every problem found (an empty list when the recipe is ready); see the module doc.
-    ``flags`` names the framework's option behind each run value (``{"microbatch_size":
-    "--training.local_batch_size"}``), so that a conflict says which two values disagree."""
-    flags = flags or {}
+    The run's values fill the recipe's holes (:meth:`DataRecipe.resolve`); a
+    :class:`ResolvedRecipe` brings its own, and ``values`` gives them all at once (lanes
+    included) in place of the keywords. ``flags`` names the framework's option behind
+    each value (``{"microbatch_size": "--training.local_batch_size"}``), so that a conflict
+    says which two values disagree."""
+    if isinstance(recipe, ResolvedRecipe):
+        values = recipe.values
+        recipe = recipe.recipe
+    elif values is None:
+        values = FrameworkValues(seq_len=seq_len, microbatch_size=microbatch_size,
+                                 dp_size=world_size, vocab_size=vocab_size,
+                                 flags=dict(flags or {}))
     if not isinstance(recipe, DataRecipe):
         try:
             recipe = DataRecipe.from_toml(recipe)
@@ -61,30 +71,27 @@ def check_recipe(recipe: str | os.PathLike[str] | DataRecipe, *, world_size: int
     problems: list[str] = []
     src = recipe.source
     problems += _check_fields(recipe)
-    problems += _check_tokenizer(recipe, vocab_size)
-    lanes = recipe.lanes
-    if world_size is not None and lanes is not None and lanes % world_size:
+    problems += _check_tokenizer(recipe, values.vocab_size)
+    lanes = recipe.lanes if recipe.lanes is not None else values.lanes
+    rows = recipe.batch.get("microbatch_size") or values.microbatch_size
+    row_tokens = (recipe.pack or {}).get("max_length") or (
+        values.seq_len + 1 if values.seq_len is not None else None)
+    unbuildable = []
+    try:
+        resolved = recipe.resolve(values)
+        lanes, row_tokens, rows = resolved.lanes, resolved.max_length, resolved.microbatch_size
+    except RecipeProblems as exc:
+        problems += exc.problems
+    except ZephonError as exc:  # a spec refusing the framework's values
+        unbuildable.append(f"{src}: {exc}")
+    world = values.dp_size
+    if world is not None and lanes is not None and lanes % world:
         divisors = [d for d in range(1, lanes + 1) if lanes % d == 0]
         problems.append(f"{src}: lanes = {lanes} is not divisible by the data-parallel size "
-                        f"{world_size}; sizes that work with {lanes} lanes: {divisors}")
-    pack = recipe.pack or {}
-    if seq_len is not None and pack.get("max_length") not in (None, seq_len + 1):
-        problems.append(f"{src}: [pack] max_length = {pack['max_length']} conflicts with the "
-                        f"framework's sequence length {seq_len}{_flag(flags, 'seq_len')} (rows "
-                        f"are seq_len + 1 = {seq_len + 1} tokens); remove it or make them agree")
-    size = recipe.batch.get("microbatch_size")
-    if microbatch_size is not None and size not in (None, microbatch_size):
-        problems.append(f"{src}: [batch] microbatch_size = {size} conflicts with the "
-                        f"framework's {microbatch_size}{_flag(flags, 'microbatch_size')}; "
-                        "remove it from the recipe or make them agree")
-    problems += _size_problems(src, pack.get("max_length") or (seq_len + 1 if seq_len else None),
-                               size or microbatch_size)
+                        f"{world}; sizes that work with {lanes} lanes: {divisors}")
+    problems += _size_problems(src, row_tokens, rows) or unbuildable
     problems += _check_hub(recipe)
     return problems
-
-
-def _flag(flags: Mapping[str, str], value: str) -> str:
-    return f" ({flags[value]})" if value in flags else ""
 
 
 def _size_problems(src: str, row_tokens: int | None, rows: int | None) -> list[str]:

@@ -29,9 +29,8 @@ load a 128k-token vocabulary); an encoder sent to a worker process prepares it a
 
 fastokens calls do not take turns (:mod:`zephon.pool_turns`): fastokens spreads each call over
 threads of its own (one per core unless ``FASTOKENS_BPE_THREADS`` says otherwise) with the
-caller taking part, and concurrent calls share them without one waiting for another's texts.
-Pipelines over ``benchmarks/throughput.py``'s corpus (12M tokens, 2 cores, medians of 3):
-17.8M tokens/s without turns, 17.7M with; over 3,000 of its documents, 12.3M and 11.3M.
+caller taking part, and concurrent calls share them without one waiting for another's texts
+(``python -m benchmarks.throughput`` measures both ways).
 
 Special-token text (``"<|eos|>"`` typed into a document) is encoded as the tokenizer's control
 token or, with ``split_special_tokens``, as plain text, by the backend's own switch
@@ -581,16 +580,11 @@ class _Preparation:
     ``early`` (a vocabulary of at most :data:`EARLY_VOCAB` tokens) the calls after the first
     wait for it instead: it is ready sooner than ``tokenizers`` would encode them.
 
-    Measured on 2 cores with ``benchmarks/throughput.py``'s corpus (12M tokens, medians of 3
-    to 5 runs). Its 8k-token vocabulary loads in 31-37 ms and checks in 20-30 ms, where a
-    ``tokenizers`` call of 256 of its documents takes about 170 ms. Loaded from the start, as
-    the encoder is built, it delays the first batch by the contention on the cores: 0.09-0.10
-    s instead of 0.07-0.08; started after the first call, 0.08 s. Calls that do not wait keep
-    the pipeline on ``tokenizers`` for the calls already made: 12.5-14.9M tokens/s over the
-    corpus, 18.0M with waiting (18.9M with ``engine="fastokens"``). A 128k-token vocabulary
-    loads in 0.63 s, allocating 143 MiB: loading alongside the first call, even at the lowest
-    priority (:func:`_lowest_priority`), made the first batch come after 0.54 s instead of
-    0.40; started after it, 0.38-0.39 s against 0.36-0.38 with ``tokenizers``.
+    The trade-off: loading and checking a small vocabulary takes a fraction of one
+    ``tokenizers`` call, so waiting for it costs nothing; a large one (128k tokens) loads in
+    about as long as the first batch takes, so it starts after the first call rather than
+    competing with it for the cores. The figures are in the README (Start-up) and
+    ``python -m benchmarks.startup`` prints them.
 
     The thread is not a daemon: one that Python stops at exit while fastokens runs aborts the
     process (``FATAL: exception not rethrown``); exit waits for it instead (at most the

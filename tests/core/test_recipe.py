@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from zephon.errors import ConfigError, DataError
-from zephon.recipe import DataRecipe
+from zephon.recipe import DataRecipe, FrameworkValues, RecipeProblems
 
 RECIPE = """
 seed = 3
@@ -86,9 +88,41 @@ def test_framework_values_conflicting_with_recipe(recipe_file):
     recipe_file.write_text(recipe_file.read_text().replace(
         '[pack]\nalgorithm = "best_fit"', '[pack]\nalgorithm = "best_fit"\nmax_length = 33'))
     recipe = DataRecipe.from_toml(recipe_file)
-    with pytest.raises(ConfigError, match="max_length = 33 conflicts with the framework's 65"):
+    with pytest.raises(ConfigError, match="max_length = 33 conflicts with the framework's "
+                       r"sequence length 64 \(rows are seq_len \+ 1 = 65"):
         recipe.build(seq_len=64, microbatch_size=2)
     assert recipe.build(seq_len=32, microbatch_size=2) is not None
+
+
+def test_resolve_fills_the_framework_holes_and_lists_every_conflict(recipe_file):
+    """Holes (row length, microbatch rows, lanes) are filled from the framework; values the
+    recipe fixes must agree, and every disagreement is listed at once, naming the option."""
+    recipe = dataclasses.replace(DataRecipe.from_toml(recipe_file), lanes=None)
+    assert "max_length" not in recipe.pack and "microbatch_size" not in recipe.batch
+    open_recipe = recipe.resolve()
+    assert open_recipe.max_length is None and open_recipe.microbatch_size is None
+    assert [s.op_name for s in open_recipe.operators] == ["tokenize", "shuffle"]
+    with pytest.raises(ConfigError, match="framework gave no sequence length"):
+        open_recipe.build()
+    resolved = recipe.resolve(FrameworkValues(seq_len=31, microbatch_size=2, dp_size=2,
+                                              lanes=4))
+    assert (resolved.max_length, resolved.microbatch_size, resolved.lanes) == (32, 2, 4)
+    assert [s.op_name for s in resolved.operators] == ["tokenize", "pack_flat", "shuffle",
+                                                          "batch"]
+    assert resolved.datasets[0] is recipe.resolve().datasets[0], "datasets are listed once"
+    pipeline = resolved.build(dp_rank=1)
+    assert (pipeline.lanes, pipeline.loader_options.dp_world_size) == (4, 2)
+    first = next(iter(pipeline))
+    assert first.lane == 1 and len(first) == 2
+    assert all(len(r.payload["input_ids"]) == 32 for r in first.records)
+    fixed = dataclasses.replace(recipe, lanes=8, pack={**recipe.pack, "max_length": 65},
+                                batch={"microbatch_size": 3})
+    with pytest.raises(RecipeProblems) as caught:
+        fixed.resolve(FrameworkValues(seq_len=31, microbatch_size=2, lanes=4,
+                                      flags={"microbatch_size": "--mbs"}))
+    assert len(caught.value.problems) == 3
+    assert "microbatch_size = 3 conflicts with the framework's 2 (--mbs)" in str(caught.value)
+    assert fixed.resolve(FrameworkValues(seq_len=64, microbatch_size=3)).lanes == 8
 
 
 def test_chat_recipe(tmp_path):

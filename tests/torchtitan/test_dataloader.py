@@ -208,17 +208,18 @@ def test_validation_loaders_built_and_dropped_each_run_leave_nothing_behind(tmp_
         "prefetch = 0", f"prefetch = 4\nworkers = {workers}"))
     config = ZephonDataLoader.Config(recipe=str(recipe))
     threads, shm = set(threading.enumerate()), set(Path("/dev/shm").iterdir())
+    others = set(multiprocessing.active_children())  # left by earlier tests, exiting
     for _ in range(3):
         loader = replace(config, infinite=False).build(
             dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=64, local_batch_size=2)
         take(loader, 3)
-        assert len(multiprocessing.active_children()) == workers
+        assert len(set(multiprocessing.active_children()) - others) == workers
         del loader
         gc.collect()
         for thread in set(threading.enumerate()) - threads:
             thread.join(10)
         assert set(threading.enumerate()) <= threads
-        assert multiprocessing.active_children() == []
+        assert set(multiprocessing.active_children()) <= others
         assert set(Path("/dev/shm").iterdir()) <= shm
 
 

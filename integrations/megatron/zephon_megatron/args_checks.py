@@ -52,7 +52,6 @@ after the model is built:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib.util
 import os
 from pathlib import Path
@@ -79,7 +78,7 @@ def recipe_problems(args: argparse.Namespace, recipes: dict[str, Any], lanes: in
                     world_size: int | None = None) -> list[str]:
     """Every problem of ``recipes`` (train/valid/test; None skipped) in this run; where the
     recipes have none, the training data against the run (see the module docstring)."""
-    from zephon.recipe_checks import check_recipe
+    from zephon.integration import FrameworkValues, check_recipe
 
     dp = data_parallel_size(args, world_size)
     problems: list[str] = []
@@ -88,12 +87,10 @@ def recipe_problems(args: argparse.Namespace, recipes: dict[str, Any], lanes: in
         if recipe is None or id(recipe) in seen:
             continue  # the test split may read the validation recipe again
         seen.add(id(recipe))
-        if lanes is not None:
-            recipe = dataclasses.replace(recipe, lanes=lanes)
-        for problem in check_recipe(recipe, world_size=dp, seq_len=args.seq_length,
-                                    microbatch_size=args.micro_batch_size,
-                                    vocab_size=getattr(args, "vocab_size", None),
-                                    flags=FLAGS):
+        values = FrameworkValues(seq_len=args.seq_length, microbatch_size=args.micro_batch_size,
+                                 dp_size=dp, lanes=lanes, flags=dict(FLAGS),
+                                 vocab_size=getattr(args, "vocab_size", None))
+        for problem in check_recipe(recipe, values=values):
             problems.append(f"[{role}] {problem}")
     if problems or lanes is None or recipes.get("train") is None:
         return problems

@@ -46,7 +46,7 @@ def trainer_config_in_progress() -> Any:
 
 
 FLAGS = {"seq_len": "--training.seq_len", "microbatch_size": "--training.local_batch_size",
-         "vocab_size": "the model's vocab_size"}
+         "vocab_size": "the model's vocab_size", "lanes": "--dataloader.lanes"}
 """The TorchTitan options behind each run value, named in conflicts."""
 
 
@@ -75,7 +75,7 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None) -> dict
     the caller installs."""
     from torchtitan.tools.logging import logger
 
-    from zephon.recipe_checks import check_recipe
+    from zephon.integration import FrameworkValues, check_recipe
     from zephon_torchtitan.dataloader import ZephonDataLoader, default_lanes, read_recipe
     from zephon_torchtitan.vocab import follow_recipe_tokenizer
 
@@ -107,15 +107,16 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None) -> dict
         except ConfigError as exc:
             problems += getattr(exc, "problems", [str(exc)])
             continue
-        if loader.lanes is not None and recipe.lanes is None:
-            recipe = replace(recipe, lanes=loader.lanes)
-        elif recipe.lanes is None and values.get("world_size"):
-            # the lanes the loader will choose
-            recipe = replace(recipe, lanes=default_lanes(values["world_size"], loader)[0])
-        run = dict(values)
-        if where != "dataloader":
-            run.pop("microbatch_size", None)
-        found = [f"[{where}] {p}" for p in check_recipe(recipe, **run, flags=FLAGS)]
+        lanes = loader.lanes
+        if lanes is None and recipe.lanes is None and values.get("world_size"):
+            lanes = default_lanes(values["world_size"], loader)[0]  # the loader's choice
+        run = FrameworkValues(seq_len=values.get("seq_len"), dp_size=values.get("world_size"),
+                              microbatch_size=values.get("microbatch_size")
+                              if where == "dataloader" else None,
+                              vocab_size=values.get("vocab_size"), lanes=lanes, flags=FLAGS)
+        found = [f"[{where}] {p}" for p in check_recipe(recipe, values=run)]
+        if lanes is not None and recipe.lanes is None:
+            recipe = replace(recipe, lanes=lanes)
         if where == "dataloader" and not found:
             found = [f"[{where}] {p}" for p in resume_problems(root, loader, recipe, values)]
         problems += found
