@@ -1,28 +1,26 @@
 """The data recipe checked against the run, after TorchTitan parsed its config and before it
-builds the model.
+builds the model, and the Zephon loaders installed into the config.
 
 TorchTitan builds the dataloader last (after the model, parallelization, the optimizer and,
-on a cluster, the checkpoint load), so a recipe problem found there costs minutes. TorchTitan
-applies ``--override.imports`` earlier: inside ``Trainer.__init__``, after the process group
-and before "Building <model>". All three routes run :func:`preflight` there:
+on a cluster, the checkpoint load), so a recipe problem found there costs minutes.
+:func:`install_loaders` runs earlier on every route:
 
-- the override route: ``zephon_dataloader`` checks as it installs the loader;
-- the launcher and the config registry add ``zephon_torchtitan.override.zephon_preflight``
-  to ``override.imports`` of the config they return (``with_zephon`` does it).
+- the launcher and the config registry: ``ZephonTrainer.__init__``
+  (:mod:`zephon_torchtitan.trainer`), with the parsed config, before TorchTitan initializes
+  the process group;
+- the override route (TorchTitan's own ``Trainer``): ``zephon_dataloader`` as it installs the
+  loader, and ``zephon_preflight`` for a config whose loader is Zephon's already, inside
+  ``Trainer.__init__`` before "Building <model>" (:mod:`zephon_torchtitan.override`).
 
-It runs :func:`zephon.recipe_checks.check_recipe` for the training and validation recipes with
-the run's values: data-parallel size (``WORLD_SIZE`` over tensor x pipeline x context
-parallel degrees), ``training.seq_len``, ``training.local_batch_size`` and the model's
-vocabulary, and raises one ConfigError listing every problem. TorchTitan hands an override
-only the node it replaces; the whole config comes from the ``apply_overrides`` call that is
-running it (found on the call stack), and without it (another TorchTitan version) the recipe
-is checked without the run's values.
+:func:`preflight` runs :func:`zephon.integration.check_recipe` for the training and
+validation recipes with the run's values: data-parallel size (``WORLD_SIZE`` over tensor x
+pipeline x context parallel degrees), ``training.seq_len``, ``training.local_batch_size`` and
+the model's vocabulary, and raises one ConfigError listing every problem.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import replace
 from typing import Any
 
@@ -30,19 +28,6 @@ from zephon import ConfigError, StateMismatchError
 from zephon_torchtitan import checkpoint_lanes
 
 PREFLIGHT_IMPORT = "zephon_torchtitan.override.zephon_preflight"
-METRICS_IMPORT = "zephon_torchtitan.override.zephon_metrics"
-
-
-def trainer_config_in_progress() -> Any:
-    """The ``Trainer.Config`` that TorchTitan's ``apply_overrides`` is applying, if any."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_name == "apply_overrides":
-            root = frame.f_locals.get("config_root")
-            if root is not None and hasattr(root, "training"):
-                return root
-        frame = frame.f_back
-    return None
 
 
 FLAGS = {"seq_len": "--training.seq_len", "microbatch_size": "--training.local_batch_size",
@@ -65,10 +50,12 @@ def run_values(root: Any) -> dict[str, int | None]:
             "vocab_size": getattr(model, "vocab_size", None)}
 
 
-def preflight(root: Any = None, replacing: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Check every Zephon loader of ``root`` (a ``Trainer.Config``; found on the stack when
-    None) against the run; raise a ConfigError listing every problem. ``replacing`` maps
-    ``"dataloader"`` / ``"validator.dataloader"`` to a loader config about to be installed.
+def preflight(root: Any = None, replacing: dict[str, Any] | None = None, *,
+              only: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Check every Zephon loader of ``root`` (a ``Trainer.Config``; None: the recipes alone)
+    against the run; raise a ConfigError listing every problem. ``replacing`` maps
+    ``"dataloader"`` / ``"validator.dataloader"`` to a loader config about to be installed;
+    ``only`` limits the check to those places.
 
     Returns the Zephon loader configs by place, the training loader's with the run's
     checkpoint folder filled in (``checkpoint_folder``, ``checkpoint_step``): the configs
@@ -79,7 +66,6 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None) -> dict
     from zephon_torchtitan.dataloader import ZephonDataLoader, default_lanes, read_recipe
     from zephon_torchtitan.vocab import follow_recipe_tokenizer
 
-    root = root if root is not None else trainer_config_in_progress()
     replacing = replacing or {}
     loaders = [("dataloader", replacing.get("dataloader", getattr(root, "dataloader", None)))]
     validator = getattr(root, "validator", None)
@@ -88,7 +74,8 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None) -> dict
         loaders.append(("validator.dataloader", replacing.get(
             "validator.dataloader", getattr(validator, "dataloader", None))))
     loaders = [(where, loader) for where, loader in loaders
-               if isinstance(loader, ZephonDataLoader.Config)]
+               if isinstance(loader, ZephonDataLoader.Config)
+               and (only is None or where in only)]
     checkpoint = getattr(root, "checkpoint", None)
     if checkpoint is not None and getattr(checkpoint, "enable", False):
         loaders = [(where, replace(loader, checkpoint_folder=os.path.join(
@@ -170,12 +157,32 @@ def resume_problems(root: Any, loader: Any, recipe: Any, values: dict[str, Any])
     return []
 
 
+def install_loaders(root: Any, replacing: dict[str, Any] | None = None, *,
+                    only: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """:func:`preflight`, then the checked loader configs put in place in ``root`` (a
+    ``Trainer.Config``), and its metrics processor made a
+    :class:`~zephon_torchtitan.metrics_processor.ZephonMetricsProcessor` linked to the
+    training loader (``zephon/`` metrics in TensorBoard and W&B). Returns the installed
+    loader configs by place."""
+    from zephon_torchtitan.metrics_processor import LoaderLink, as_zephon_metrics
+
+    installed = preflight(root, replacing, only=only)
+    if "dataloader" in installed:
+        link = LoaderLink()
+        installed["dataloader"] = replace(installed["dataloader"], metrics_link=link)
+        root.metrics = as_zephon_metrics(root.metrics, link)
+    for where, loader in installed.items():
+        parent = root.validator if where == "validator.dataloader" else root
+        parent.dataloader = loader
+    return installed
+
+
 def add_preflight(config: Any) -> Any:
-    """Have TorchTitan run :func:`preflight` before it builds the model of ``config``, and
-    log the loader's metrics with its own (:mod:`zephon_torchtitan.metrics_processor`)."""
+    """Have TorchTitan run :func:`install_loaders` (through
+    ``zephon_torchtitan.override.zephon_preflight``) before it builds the model of
+    ``config``: for configs of a ``Trainer`` other than ``ZephonTrainer``."""
     imports = list(config.override.imports)
-    for name in (PREFLIGHT_IMPORT, METRICS_IMPORT):
-        if name not in imports:
-            imports.append(name)
+    if PREFLIGHT_IMPORT not in imports:
+        imports.append(PREFLIGHT_IMPORT)
     config.override.imports = imports
     return config

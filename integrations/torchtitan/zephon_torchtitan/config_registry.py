@@ -1,24 +1,27 @@
 """Config-registry route: ``--module zephon_torchtitan --config <function>``.
 
 TorchTitan's ``ConfigManager`` imports ``zephon_torchtitan.config_registry`` and calls the
-named function, which returns a ``Trainer.Config`` whose dataloader (and validation
-dataloader) is a :class:`ZephonDataLoader`. The rest of the command line is parsed by tyro
-against it, so every Zephon option is a flag: ``--dataloader.recipe``, ``--dataloader.lanes``,
-``--dataloader.eos_mask_loss``, ...
+named function, which returns a ``ZephonTrainer.Config`` (:mod:`zephon_torchtitan.trainer`)
+whose dataloader (and validation dataloader) is a :class:`ZephonDataLoader`. The rest of
+the command line is parsed by tyro against it, so every Zephon option is a flag:
+``--dataloader.recipe``, ``--dataloader.lanes``, ``--dataloader.eos_mask_loss``, ...
 
 The functions here train TorchTitan's llama3 debug model on the recipes in
 ``recipes/torchtitan/`` of a source checkout (the bundled demo corpus and tokenizer); write
 your own with :func:`with_zephon`::
 
-    def my_run() -> Trainer.Config:
+    def my_run() -> ZephonTrainer.Config:
         config = llama3_8b()            # any stock or custom config
         return with_zephon(config, "recipes/my_data.toml", validation="recipes/my_val.toml")
+
+Use the returned config: ``with_zephon`` turns a ``Trainer.Config`` into a
+``ZephonTrainer.Config``.
 
 On CPU, run TorchTitan's entry point through the shims (the debug functions then apply the
 CPU settings of :func:`zephon_torchtitan.cpu_shims.apply_cpu_config` themselves):
 ``python -m zephon_torchtitan.cpu_shims -m torchtitan.train --module zephon_torchtitan
---config zephon_llama3_debugmodel`` (one process as written; under torchrun for several).
-Without torchrun, :func:`with_zephon` sets the one-process rendezvous variables.
+--config zephon_llama3_debugmodel`` (one process as written: the shims' entry point sets the
+one-process rendezvous variables that torchrun would; under torchrun for several).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any
 
 from zephon_torchtitan.config_checks import add_preflight
 from zephon_torchtitan.dataloader import ZephonDataLoader
+from zephon_torchtitan.trainer import as_zephon_trainer
 from zephon_torchtitan.vocab import follow_recipe_tokenizer
 
 RECIPES = Path(os.environ.get("ZEPHON_TORCHTITAN_RECIPES",
@@ -42,7 +46,10 @@ def recipe_path(name: str) -> str:
 
 def with_zephon(config: Any, recipe: str, *, validation: str | None = None,
                 fit_vocab: bool = True, **options: Any) -> Any:
-    """Make ``config`` (a ``Trainer.Config``) train on a Zephon data recipe.
+    """``config`` (a ``Trainer.Config``) made to train on a Zephon data recipe: a
+    ``ZephonTrainer.Config`` with the same values, which installs the loaders when TorchTitan
+    builds it (a config of another ``Trainer`` subclass keeps its trainer and is changed in
+    place, with the preflight override added).
 
     ``options`` are :class:`ZephonDataLoader.Config` fields. With ``fit_vocab`` the model's
     vocabulary is sized to the recipe's tokenizer, and ``hf_assets_path`` points at that
@@ -53,23 +60,20 @@ def with_zephon(config: Any, recipe: str, *, validation: str | None = None,
     validator stays off until ``--validator.enable``. The recipes are checked against the run
     before TorchTitan builds the model (:mod:`zephon_torchtitan.config_checks`).
     """
-    from zephon.distributed import single_process_env
-
-    single_process_env()  # run without torchrun: one process, as the launcher does
     config.dataloader = ZephonDataLoader.Config(recipe=recipe, fit_vocab=fit_vocab,
                                                 tokenizer_from_recipe=fit_vocab, **options)
     if validation is not None:
         config.validator.dataloader = ZephonDataLoader.Config(recipe=validation)
-    add_preflight(config)
     follow_recipe_tokenizer(config, config.dataloader)
-    return config
+    trainer = as_zephon_trainer(config)
+    return trainer if trainer is not None else add_preflight(config)
 
 
 def _debug(recipe: str, **training: Any) -> Any:
     from torchtitan.models.llama3.config_registry import llama3_debugmodel
 
-    config = llama3_debugmodel()
-    with_zephon(config, recipe_path(recipe), validation=recipe_path("data/validation.toml"))
+    config = with_zephon(llama3_debugmodel(), recipe_path(recipe),
+                         validation=recipe_path("data/validation.toml"))
     config.training.seq_len = 128
     config.training.local_batch_size = 4
     config.training.steps = 20

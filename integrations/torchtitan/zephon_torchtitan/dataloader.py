@@ -37,9 +37,10 @@ import json
 import os
 import pickle
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
+import tyro
 from torchtitan.components.dataloader import BaseDataLoader
 from torchtitan.tools.logging import logger
 
@@ -47,6 +48,7 @@ from zephon import ConfigError, StateMismatchError
 from zephon.integration import LoaderSession, choose_lanes
 from zephon.recipe import DataRecipe, TrainingPreset, load_recipe
 from zephon.trace import trace_line
+from zephon_torchtitan.metrics_processor import LoaderLink
 
 # The seed's TorchTitan preset; a recipe may restate these values but not contradict them.
 PRESET = {"return_labels": True, "return_padding_mask": True, "return_num_valid_tokens": True,
@@ -140,6 +142,11 @@ class ZephonDataLoader(BaseDataLoader):
         ``<trace_dir>/rank<r>.jsonl``: global microbatch index, lane, record ids and SHA-256 of
         the exact input, positions and labels tensors. For audits and resume tests."""
 
+        metrics_link: Annotated[LoaderLink | None, tyro.conf.Suppress] = None
+        """Where the trainer's metrics processor finds this loader (set with the metrics
+        config by :func:`zephon_torchtitan.config_checks.install_loaders`; not a
+        command-line option)."""
+
         def __post_init__(self) -> None:
             # Fail while the config is parsed, before any process group or model exists.
             if self.dataset not in ("zephon", ""):
@@ -197,9 +204,8 @@ class ZephonDataLoader(BaseDataLoader):
         self._trace = _open_trace(config.trace_dir)
         self._started = False  # iterated or restored: state_dict() is then for saving
         self._summarized = False
-        from zephon_torchtitan.metrics_processor import register
-
-        register(self)
+        if config.metrics_link is not None:
+            config.metrics_link.attach(self)
         logger.info(
             f"zephon: recipe {recipe.source}, lanes {self.lanes}, dp rank {dp_rank} of "
             f"{dp_world_size}, {self._rows} rows x {self._seq_len} tokens per microbatch, "

@@ -17,22 +17,30 @@ tokenizer (the preflight refuses a larger tokenizer before the model is built) a
 ``--dataloader.no-check-tokenizer``).
 
 TorchTitan applies overrides before it builds the model, so both run the preflight
-(:mod:`zephon_torchtitan.config_checks`) as they install the loader; ``zephon_preflight`` runs it
-alone, for configs whose loader is Zephon's already (the launcher and the config registry add
-it for you).
+(:func:`zephon_torchtitan.config_checks.install_loaders`) as they install the loader;
+``zephon_preflight`` runs it alone, for configs of TorchTitan's ``Trainer`` whose loader is
+Zephon's already (``with_zephon`` adds it to configs of a ``Trainer`` subclass other than
+``ZephonTrainer``).
+
+TorchTitan 0.3.0 hands an override factory only the node it replaces, and refuses a factory
+that claims the root config. The run's values (sequence length, batch, parallelism, model
+vocabulary, checkpoint folder) and the metrics config live elsewhere in the tree, so this
+module finds the whole config on the call stack, in the ``apply_overrides`` call running the
+factory (:func:`trainer_config_in_progress`); the launcher and the config registry do not
+need it (:mod:`zephon_torchtitan.trainer`). Under a TorchTitan without that call the recipe
+is checked without the run's values and the metrics are not linked.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from torchtitan.components.dataloader import BaseDataLoader
-from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.config.override import override
 
-from zephon_torchtitan.config_checks import preflight, trainer_config_in_progress
+from zephon_torchtitan.config_checks import install_loaders, preflight
 from zephon_torchtitan.dataloader import ZephonDataLoader
-from zephon_torchtitan.metrics_processor import as_zephon_metrics
 
 
 @override(target=BaseDataLoader.Config, fqns=["dataloader"],
@@ -43,9 +51,7 @@ def zephon_dataloader(config: BaseDataLoader.Config, **options: Any) -> ZephonDa
         default = type(root).__dataclass_fields__["hf_assets_path"].default
         options["tokenizer_from_recipe"] = root.hf_assets_path == default
     loader = _zephon_config(options, "zephon_dataloader")
-    if root is not None:
-        root.metrics = as_zephon_metrics(root.metrics)  # zephon/ metrics in TensorBoard
-    return preflight(root, replacing={"dataloader": loader})["dataloader"]
+    return _install(root, {"dataloader": loader})["dataloader"]
 
 
 @override(target=BaseDataLoader.Config, fqns=["validator.dataloader"],
@@ -53,19 +59,33 @@ def zephon_dataloader(config: BaseDataLoader.Config, **options: Any) -> ZephonDa
 def zephon_validation_dataloader(config: BaseDataLoader.Config,
                                  **options: Any) -> ZephonDataLoader.Config:
     loader = _zephon_config(options, "zephon_validation_dataloader")
-    return preflight(replacing={"validator.dataloader": loader})["validator.dataloader"]
-
-
-@override(target=MetricsProcessor.Config, fqns=["metrics"],
-          description="TorchTitan's metrics with the Zephon loader's (zephon/ in TensorBoard)")
-def zephon_metrics(config: MetricsProcessor.Config) -> MetricsProcessor.Config:
-    return as_zephon_metrics(config)
+    return _install(trainer_config_in_progress(),
+                    {"validator.dataloader": loader})["validator.dataloader"]
 
 
 @override(target=ZephonDataLoader.Config, fqns=["dataloader"],
           description="Check the Zephon recipes against the run before the model is built")
 def zephon_preflight(config: ZephonDataLoader.Config) -> ZephonDataLoader.Config:
-    return preflight(replacing={"dataloader": config})["dataloader"]
+    return _install(trainer_config_in_progress(), {"dataloader": config})["dataloader"]
+
+
+def trainer_config_in_progress() -> Any:
+    """The ``Trainer.Config`` that TorchTitan's ``apply_overrides`` is applying, if any."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "apply_overrides":
+            root = frame.f_locals.get("config_root")
+            if root is not None and hasattr(root, "training"):
+                return root
+        frame = frame.f_back
+    return None
+
+
+def _install(root: Any, replacing: dict[str, Any]) -> dict[str, Any]:
+    """Check and install the loaders of ``replacing`` (and only those)."""
+    only = tuple(replacing)
+    return install_loaders(root, replacing, only=only) if root is not None \
+        else preflight(None, replacing, only=only)
 
 
 def _zephon_config(options: dict[str, Any], name: str) -> ZephonDataLoader.Config:

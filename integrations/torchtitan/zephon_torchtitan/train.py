@@ -103,7 +103,7 @@ def base_config(module_name: str, function: str, source: str) -> Any:
 
 
 def prepare(data: dict[str, Any], source: str, cpu: bool) -> Any:
-    """A ``Trainer.Config``: the base config with the launch recipe applied."""
+    """A ``ZephonTrainer.Config``: the base config with the launch recipe applied."""
     from zephon_torchtitan.vocab import fit_vocab_size, follow_recipe_tokenizer
 
     base = data["base"]
@@ -136,8 +136,10 @@ def prepare(data: dict[str, Any], source: str, cpu: bool) -> Any:
 
         apply_cpu_config(config)
     from zephon_torchtitan.config_checks import add_preflight
+    from zephon_torchtitan.trainer import as_zephon_trainer
 
-    return add_preflight(config)
+    trainer = as_zephon_trainer(config)
+    return trainer if trainer is not None else add_preflight(config)
 
 
 def _loader_config(table: Any, root: Path, source: str, where: str) -> Any:
