@@ -167,9 +167,9 @@ def _stats(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from zephon.recipe import DataRecipe
 
     recipe = DataRecipe.from_toml(args.recipe)
-    max_length = (recipe.pack or {}).get("max_length")
+    max_length = recipe.pack.max_length if recipe.pack is not None else None
     pipeline = recipe.build(seq_len=max_length - 1 if max_length else 2048,
-                            microbatch_size=recipe.batch.get("microbatch_size", 1),
+                            microbatch_size=recipe.batch.microbatch_size or 1,
                             lanes=None if recipe.lanes else 1, prefetch=0)
     estimates = pipeline.estimate()
     source = pipeline.work_source
@@ -226,13 +226,13 @@ def _trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     recipe = DataRecipe.from_toml(args.recipe)
     state = read_loader_state(args.from_state) if args.from_state else None
-    microbatch = args.microbatch_size or recipe.batch.get("microbatch_size")
+    microbatch = args.microbatch_size or recipe.batch.microbatch_size
     if not microbatch:
         parser.error("--microbatch-size is needed: the recipe's [batch] sets none")
     if args.global_batch_size % microbatch:
         parser.error(f"--global-batch-size {args.global_batch_size} is not a multiple of the "
                      f"microbatch size {microbatch}")
-    max_length = (recipe.pack or {}).get("max_length")
+    max_length = recipe.pack.max_length if recipe.pack is not None else None
     seq_len = args.seq_len or (max_length - 1 if max_length else None)
     if seq_len is None:
         parser.error("--seq-len is needed: the recipe's [pack] sets no max_length")

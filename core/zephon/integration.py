@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zephon.errors import ConfigError, StateMismatchError
-from zephon.loader_options import DEFAULT_LANES_PER_READER
+from zephon.loader_options import DEFAULT_LANES_PER_READER, lanes_problem
 from zephon.meter import LoaderMeter
 from zephon.pipeline import Pipeline
 from zephon.recipe import FrameworkValues, ResolvedRecipe
@@ -106,15 +106,6 @@ def choose_lanes(dp_size: int, *, recipe: int | None = None, option: int | None 
         choice = LaneChoice(lanes, f"{DEFAULT_LANES_PER_READER} per data-parallel reader: "
                                    f"resumable at any data-parallel size dividing {lanes}")
     return choice
-
-
-def lanes_problem(lanes: int, dp_size: int) -> str | None:
-    """Why ``dp_size`` readers cannot share ``lanes``, naming the sizes that can; else None."""
-    if lanes >= 1 and dp_size >= 1 and lanes % dp_size == 0:
-        return None
-    divisors = [d for d in range(1, lanes + 1) if lanes % d == 0] if lanes >= 1 else []
-    return (f"{lanes} lanes cannot be shared by {dp_size} data-parallel readers: the data-"
-            f"parallel size must divide the lanes ({divisors[:24]})")
 
 
 def merge_states(states: Iterable[Mapping[str, Any]]) -> dict[str, Any]:

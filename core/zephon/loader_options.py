@@ -82,3 +82,13 @@ class LoaderOptions:
     @property
     def resolved_lanes(self) -> int:
         return self.lanes if self.lanes is not None else self.dp_world_size
+
+
+def lanes_problem(lanes: int, dp_size: int) -> str | None:
+    """Why ``dp_size`` data-parallel readers cannot share ``lanes``, naming the sizes that
+    can; None when they can. The one wording of this error in the core and the adapters."""
+    if lanes >= 1 and dp_size >= 1 and lanes % dp_size == 0:
+        return None
+    divisors = [d for d in range(1, lanes + 1) if lanes % d == 0] if lanes >= 1 else []
+    return (f"{lanes} lanes cannot be shared by {dp_size} data-parallel readers: the data-"
+            f"parallel size must divide the lanes ({divisors[:24]})")

@@ -109,6 +109,7 @@ class Pipeline:
         if not isinstance(spec, OperatorSpec):
             raise ConfigError(f"apply() needs an operator spec (a zephon.ops.base.OperatorSpec),"
                               f" got {type(spec).__name__}")
+        spec.check_filled()
         check_order(self._specs, spec)
         return self._derive((*self._specs, spec), self._options)
 

@@ -60,11 +60,11 @@ def first_batch(recipe_path: str | os.PathLike[str], rows: int = 4,
     from zephon.recipe import DataRecipe
 
     recipe = DataRecipe.from_toml(recipe_path)
-    max_length = (recipe.pack or {}).get("max_length")
+    max_length = recipe.pack.max_length if recipe.pack is not None else None
     if seq_len is None:
         seq_len = max_length - 1 if max_length else 128
-    pipeline = recipe.build(seq_len=seq_len, microbatch_size=recipe.batch.get(
-        "microbatch_size", rows), dp_rank=0, dp_world_size=1,
+    pipeline = recipe.build(seq_len=seq_len, microbatch_size=recipe.batch.microbatch_size
+                            or rows, dp_rank=0, dp_world_size=1,
         lanes=None if recipe.lanes else 1, prefetch=0)
     batch = next(iter(pipeline), None)
     if batch is None:

@@ -187,8 +187,13 @@ class TrainingPreset:
 
 @dataclass(frozen=True)
 class DataRecipe:
-    """A validated data recipe; build a Pipeline with :meth:`build`. Sections hold the values
-    the recipe gave, checked against :func:`recipe_schema`.
+    """A validated data recipe; build a Pipeline with :meth:`build`. The operator sections are
+    the operator specs themselves (``[[ops]]``, ``[pack]``, ``[shuffle]``, ``[batch]``) and
+    ``[cache]`` is a ``CacheOptions``, each checked when read. The values a framework owns are
+    holes: ``pack.max_length`` and ``batch.microbatch_size`` are None where the recipe leaves
+    them to the framework, and the lanes where it leaves them open; :meth:`resolve` fills
+    them. ``[mixture]``, ``[work]``, ``[tokenize]`` and ``[to_training]`` are option tables
+    (checked against :func:`recipe_schema` and by the classes they are passed to).
 
     A recipe is not changed once read (``dataclasses.replace`` makes a variant). Each dataset
     is listed once (its files, sizes and tail digests) and the listing is shared by the
@@ -205,12 +210,17 @@ class DataRecipe:
     """Processes for the document operators (``LoaderOptions.workers``); None: 0."""
     mixture: dict[str, Any] = field(default_factory=dict)
     tokenize: dict[str, Any] = field(default_factory=dict)
-    ops: list[dict[str, Any]] = field(default_factory=list)
-    pack: dict[str, Any] | None = field(default_factory=lambda: {"algorithm": "wrap"})
-    shuffle: dict[str, Any] | None = None
-    batch: dict[str, Any] = field(default_factory=dict)
+    ops: tuple[OperatorSpec, ...] = ()
+    """``[[ops]]`` that run before tokenizing, in order."""
+    ops_after_tokenize: tuple[OperatorSpec, ...] = ()
+    """``[[ops]]`` with ``after_tokenize = true``, in order."""
+    pack: PackSpec | None = field(default_factory=lambda: PackFlatSpec(max_length=None))
+    """Packing; ``max_length`` None: the framework's ``seq_len + 1``. None: no packing."""
+    shuffle: ShuffleSpec | None = None
+    batch: BatchSpec = field(default_factory=lambda: BatchSpec(microbatch_size=None))
+    """Batching; ``microbatch_size`` None: the framework's."""
     to_training: dict[str, Any] = field(default_factory=dict)
-    cache: dict[str, Any] | None = None
+    cache: CacheOptions | None = None
     work: dict[str, Any] = field(default_factory=dict)
     source: str = "<dict>"
     """Where the recipe came from, for error messages."""
@@ -266,13 +276,38 @@ class DataRecipe:
             tokenize = {}
         if "tokenizer" in tokenize:
             tokenize["tokenizer"] = _resolve_tokenizer(tokenize["tokenizer"], base)
-        ops = [op for op in (found.attempt(lambda entry=entry: found.read(
-            entry, {**schema["ops"], **_op_keys(entry, source)}, source, "ops"))
-            for entry in found.attempt(lambda: _as_list(data.get("ops"), source), []))
-            if op is not None]
+        ops: tuple[list[OperatorSpec], list[OperatorSpec]] = ([], [])
+        for entry in found.attempt(lambda: _as_list(data.get("ops"), source), []):
+            options = found.attempt(lambda entry=entry: found.read(
+                entry, {**schema["ops"], **_op_keys(entry, source)}, source, "ops"))
+            spec = None if options is None else found.attempt(
+                lambda options=options: _op_spec(options), prefix=f"{source}: [[ops]] ")
+            if spec is None:
+                found.flawed.add("ops")
+            else:
+                ops[bool(options.get("after_tokenize", False))].append(spec)
         cache = sections.get("cache")
         if cache and "root" in cache:
             cache["root"] = str(base / os.path.expanduser(cache["root"]))
+        typed = {
+            "pack": (lambda: _pack_spec(sections.get("pack", {}))) if "pack" in data
+            else (lambda: PackFlatSpec(max_length=None)),
+            "shuffle": lambda: ShuffleSpec(**sections["shuffle"])
+            if sections.get("shuffle") else None,
+            "batch": lambda: BatchSpec(**{"microbatch_size": None, **sections.get("batch", {})}),
+            "cache": lambda: CacheOptions(enabled=True, **cache) if cache else None,
+        }
+        specs: dict[str, Any] = {"pack": PackFlatSpec(max_length=None), "shuffle": None,
+                                 "batch": BatchSpec(microbatch_size=None), "cache": None}
+        for name, make in typed.items():
+            if name in found.flawed:
+                continue  # its problems are listed already
+            before = len(found.problems)
+            made = found.attempt(make, prefix=f"{source}: [{name}] ")
+            if len(found.problems) > before:
+                found.flawed.add(name)
+            else:
+                specs[name] = made
         recipe = cls(
             datasets=entries,
             seed=top.get("seed", 0),
@@ -282,12 +317,13 @@ class DataRecipe:
             workers=top.get("workers"),
             mixture=sections.get("mixture", {}),
             tokenize=tokenize,
-            ops=ops,
-            pack=sections.get("pack", {}) if "pack" in data else {"algorithm": "wrap"},
-            shuffle=sections.get("shuffle"),
-            batch=sections.get("batch", {}),
+            ops=tuple(ops[0]),
+            ops_after_tokenize=tuple(ops[1]),
+            pack=specs["pack"],
+            shuffle=specs["shuffle"],
+            batch=specs["batch"],
             to_training=sections.get("to_training", {}),
-            cache=cache,
+            cache=specs["cache"],
             work=sections.get("work", {}),
             source=source,
             preset=preset,
@@ -347,20 +383,9 @@ class DataRecipe:
             found.problems += self._mixture_problems()
         tokenize = [] if flawed & {"tokenize", "datasets"} or (
             tokenizer is None and kinds - {"pretokenized"}) else found.attempt(
-            lambda: self._checked("[tokenize]", self._tokenize_specs), [])
-        before, after = found.attempt(lambda: self._checked("[[ops]]", self._op_specs),
-                                      ([], []))
-        chain = [*before, *tokenize, *after]
-        if self.pack is not None and "pack" not in flawed:
-            chain.append(found.attempt(lambda: self._checked("[pack]", lambda: PackSpec(
-                **{"max_length": 2, **self.pack}))))
-        if self.shuffle and "shuffle" not in flawed:
-            chain.append(found.attempt(lambda: self._checked(
-                "[shuffle]", lambda: ShuffleSpec(**self.shuffle))))
-        if "batch" not in flawed:
-            chain.append(found.attempt(lambda: self._checked("[batch]", lambda: BatchSpec(
-                **{"microbatch_size": 1, **self.batch}))))
-        chain = [spec for spec in chain if spec is not None]
+            lambda: self._checked("[tokenize]", self.tokenize_specs), [])
+        chain = [*self.ops, *tokenize, *self.ops_after_tokenize]
+        chain += [spec for spec in (self.pack, self.shuffle, self.batch) if spec is not None]
         if tokenize:
             for i, spec in enumerate(chain):
                 before_count = len(found.problems)
@@ -368,9 +393,6 @@ class DataRecipe:
                     "operators:", lambda: check_order(chain[:i], spec)))
                 if len(found.problems) > before_count:
                     break  # later operators would only repeat the same complaint
-        if self.cache and "cache" not in flawed:
-            found.attempt(lambda: self._checked("[cache]", lambda: CacheOptions(
-                enabled=True, **self.cache)))
         fixed = dict(self.preset.fixed) if self.preset else {}
         for key, value in self.to_training.items():
             if key in fixed and value != fixed[key]:
@@ -442,7 +464,7 @@ class DataRecipe:
         return StaticMixtureWorkSource(datasets, mixture, seed=self.seed,
                                        token_estimation=estimation, **options, **self.work)
 
-    def _tokenize_specs(self) -> list[OperatorSpec]:
+    def tokenize_specs(self) -> list[OperatorSpec]:
         """One tokenizing operator, or one per group of datasets that name their own field or
         kind (each then limited to its datasets)."""
         options = dict(self.tokenize)
@@ -461,15 +483,6 @@ class DataRecipe:
             specs.append(_tokenizer_spec(own_kind, own, tuple(names)))
         return specs
 
-    def _op_specs(self) -> tuple[list[OperatorSpec], list[OperatorSpec]]:
-        """(operators before tokenization, operators after it)."""
-        before, after = [], []
-        for entry in self.ops:
-            options = dict(entry)
-            cls = operator_spec_class(options.pop("op"))
-            (after if options.pop("after_tokenize", False) else before).append(cls(**options))
-        return before, after
-
     def resolve(self, values: FrameworkValues | None = None) -> ResolvedRecipe:
         """This recipe with the holes a framework owns filled from ``values``: the row
         length (``seq_len + 1``), the microbatch rows and the lanes. A value the recipe fixes
@@ -479,24 +492,24 @@ class DataRecipe:
         needs it."""
         values = values or FrameworkValues()
         problems: list[str] = []
-        pack = dict(self.pack) if self.pack is not None else None
-        max_length = pack.get("max_length") if pack is not None else None
+        pack = self.pack
         if pack is not None and values.seq_len is not None:
-            if max_length not in (None, values.seq_len + 1):
+            if pack.max_length not in (None, values.seq_len + 1):
                 problems.append(
-                    f"{self.source}: [pack] max_length = {max_length} conflicts with the "
+                    f"{self.source}: [pack] max_length = {pack.max_length} conflicts with the "
                     f"framework's sequence length {values.seq_len}{values.named('seq_len')} "
                     f"(rows are seq_len + 1 = {values.seq_len + 1} tokens); remove it or make "
                     "them agree")
-            max_length = values.seq_len + 1
-        rows = self.batch.get("microbatch_size")
+            pack = dataclasses.replace(pack, max_length=values.seq_len + 1)
+        batch = self.batch
         if values.microbatch_size is not None:
-            if rows not in (None, values.microbatch_size):
+            if batch.microbatch_size not in (None, values.microbatch_size):
                 problems.append(
-                    f"{self.source}: [batch] microbatch_size = {rows} conflicts with the "
-                    f"framework's {values.microbatch_size}{values.named('microbatch_size')}; "
-                    "remove it from the recipe or make them agree")
-            rows = values.microbatch_size
+                    f"{self.source}: [batch] microbatch_size = {batch.microbatch_size} "
+                    f"conflicts with the framework's {values.microbatch_size}"
+                    f"{values.named('microbatch_size')}; remove it from the recipe or make "
+                    "them agree")
+            batch = dataclasses.replace(batch, microbatch_size=values.microbatch_size)
         lanes = self.lanes if self.lanes is not None else values.lanes
         if self.lanes is not None and values.lanes not in (None, self.lanes):
             problems.append(f"{self.source}: lanes = {self.lanes} conflicts with the "
@@ -504,22 +517,12 @@ class DataRecipe:
                             "from the recipe or make them agree")
         if problems:
             raise RecipeProblems(self.source, problems)
-        before, after = self._op_specs()
-        specs: list[OperatorSpec] = [*before, *self._tokenize_specs(), *after]
-        if pack is not None and max_length is not None:
-            pack["max_length"] = max_length
-            if pack.pop("flat", True):
-                specs.append(PackFlatSpec(**pack))
-            else:
-                pack.pop("pad_token_id", None)
-                specs.append(PackSequencesSpec(**pack))
-        if self.shuffle:
-            specs.append(ShuffleSpec(**self.shuffle))
-        if rows is not None:
-            specs.append(BatchSpec(**{**self.batch, "microbatch_size": rows}))
+        specs = (*self.ops, *self.tokenize_specs(), *self.ops_after_tokenize,
+                 *(spec for spec in (pack, self.shuffle, batch) if spec is not None))
+        max_length = pack.max_length if pack is not None else None
+        rows = batch.microbatch_size
         return ResolvedRecipe(self, values, tuple(self.dataset(e) for e in self.datasets),
-                              tuple(specs), lanes=lanes, max_length=max_length,
-                              microbatch_size=rows)
+                              specs, lanes=lanes, max_length=max_length, microbatch_size=rows)
 
     def build(self, *, seq_len: int | None = None, microbatch_size: int | None = None,
               dp_rank: int = 0, dp_world_size: int = 1, lanes: int | None = None,
@@ -618,8 +621,7 @@ class ResolvedRecipe:
             raise ConfigError(f"{self.source}: [batch] microbatch_size is not set and the "
                               "framework gave none")
         pipeline = Pipeline(recipe._work_source(list(self.datasets))).options(
-            io_options=StoreOptions(cache=CacheOptions(enabled=True, **recipe.cache))
-            if recipe.cache else None,
+            io_options=StoreOptions(cache=recipe.cache) if recipe.cache is not None else None,
             lanes=self.lanes, dp_rank=dp_rank, dp_world_size=self.values.dp_size or 1,
             prefetch=prefetch if prefetch is not None else recipe.prefetch,
             read_ahead_tokens=recipe.read_ahead_tokens,
@@ -708,6 +710,23 @@ def _tokenizer_spec(kind: str, options: dict[str, Any],
 
 def _documents(entry: DatasetEntry) -> dict[str, Any]:
     return {"documents": tuple(entry.documents)} if entry.documents is not None else {}
+
+
+def _pack_spec(table: dict[str, Any]) -> PackSpec:
+    """``[pack]`` as the spec of ``pack_flat`` (``flat = true``, the default) or
+    ``pack_sequences``; ``max_length`` open unless given."""
+    options = {"max_length": None, **table}
+    if options.pop("flat", True):
+        return PackFlatSpec(**options)
+    if "pad_token_id" in options:
+        raise ConfigError("pack_sequences: pad_token_id does not apply (rows are not padded)")
+    return PackSequencesSpec(**options)
+
+
+def _op_spec(entry: dict[str, Any]) -> OperatorSpec:
+    """One ``[[ops]]`` entry as its operator's spec."""
+    options = {k: v for k, v in entry.items() if k not in ("op", "after_tokenize")}
+    return operator_spec_class(entry["op"])(**options)
 
 
 def _as_list(value: Any, source: str) -> list[Any]:

@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from zephon.errors import ConfigError, DataError, ZephonError
+from zephon.loader_options import lanes_problem
 from zephon.ops.base import applies_to
 from zephon.ops.pack import MAX_ROW_TOKENS
 from zephon.recipe import DataRecipe, FrameworkValues, RecipeProblems, ResolvedRecipe
@@ -73,8 +74,8 @@ def check_recipe(recipe: str | os.PathLike[str] | DataRecipe | ResolvedRecipe, *
     problems += _check_fields(recipe)
     problems += _check_tokenizer(recipe, values.vocab_size)
     lanes = recipe.lanes if recipe.lanes is not None else values.lanes
-    rows = recipe.batch.get("microbatch_size") or values.microbatch_size
-    row_tokens = (recipe.pack or {}).get("max_length") or (
+    rows = recipe.batch.microbatch_size or values.microbatch_size
+    row_tokens = (recipe.pack.max_length if recipe.pack is not None else None) or (
         values.seq_len + 1 if values.seq_len is not None else None)
     unbuildable = []
     try:
@@ -85,10 +86,9 @@ def check_recipe(recipe: str | os.PathLike[str] | DataRecipe | ResolvedRecipe, *
     except ZephonError as exc:  # a spec refusing the framework's values
         unbuildable.append(f"{src}: {exc}")
     world = values.dp_size
-    if world is not None and lanes is not None and lanes % world:
-        divisors = [d for d in range(1, lanes + 1) if lanes % d == 0]
-        problems.append(f"{src}: lanes = {lanes} is not divisible by the data-parallel size "
-                        f"{world}; sizes that work with {lanes} lanes: {divisors}")
+    shared = lanes_problem(lanes, world) if world is not None and lanes is not None else None
+    if shared:
+        problems.append(f"{src}: lanes = {lanes}: {shared}")
     problems += _size_problems(src, row_tokens, rows) or unbuildable
     problems += _check_hub(recipe)
     return problems
@@ -110,9 +110,9 @@ def _size_problems(src: str, row_tokens: int | None, rows: int | None) -> list[s
 
 
 def _check_fields(recipe: DataRecipe) -> list[str]:
+    before = recipe.ops
     try:
-        before, _ = recipe._op_specs()
-        tokenizers = recipe._tokenize_specs()
+        tokenizers = recipe.tokenize_specs()
     except ZephonError:
         return []  # reported when the recipe was read
     problems = []
@@ -256,12 +256,12 @@ def _check_hub(recipe: DataRecipe) -> list[str]:
     hub = [e for e in recipe.datasets if e.path.startswith("hf://")]
     if not hub:
         return []
-    if not recipe.cache:
+    if recipe.cache is None:
         return [f"{recipe.source}: datasets {[e.name for e in hub]} are on the Hugging Face "
                 "Hub and need a [cache] section (root = <local directory>, limit_bytes = ...)"]
-    from zephon.io import CacheOptions, Dataset, StoreOptions
+    from zephon.io import Dataset, StoreOptions
 
-    options = StoreOptions(cache=CacheOptions(enabled=True, **recipe.cache))
+    options = StoreOptions(cache=recipe.cache)
     problems = []
     for entry in hub:
         try:

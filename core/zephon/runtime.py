@@ -31,7 +31,7 @@ from zephon.engine.state import (
 from zephon.engine.transform import transform_documents
 from zephon.engine.workers import DocumentWorkers
 from zephon.errors import ConfigError, StateMismatchError
-from zephon.loader_options import LoaderOptions
+from zephon.loader_options import LoaderOptions, lanes_problem
 from zephon.ops.base import (
     BuildContext,
     DocumentOperator,
@@ -53,10 +53,6 @@ from zephon.work.static_mixture import StaticMixtureWorkSource
 log = get_logger(__name__)
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 class Loader:
     """One rank's view of a built pipeline; see the module docstring."""
 
@@ -71,10 +67,9 @@ class Loader:
                 "the number of data-parallel ranks will then change the data. Set "
                 "options(lanes=...) to a multiple of every size you may use.", stacklevel=4)
         self.lanes = options.resolved_lanes
-        if self.lanes % world:
-            raise ConfigError(
-                f"dp_world_size={world} does not divide lanes={self.lanes}; valid data-parallel "
-                f"sizes for {self.lanes} lanes are {_divisors(self.lanes)}")
+        problem = lanes_problem(self.lanes, world)
+        if problem:
+            raise ConfigError(f"{problem}; dp_world_size={world}, lanes={self.lanes}")
         if work_source.by_tokens and not any(s.makes_tokens for s in specs):
             raise ConfigError("token_estimation (mixing by tokens) needs tokenize(...)")
         check_agreement_group(options.process_group)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from zephon.errors import ConfigError, StateMismatchError
+from zephon.loader_options import lanes_problem
 
 _LANE_KEY = re.compile(r"(?:^|\.)(lane_\d+)$")
 
@@ -162,8 +163,9 @@ def trace_steps(pipeline: Any, first: int, last: int, per_step: int, world_size:
     one-rank pipeline; ``state`` a loader state to start from (its step must be before
     ``first``); ``decode`` turns token ids into text for the excerpts."""
     lanes = pipeline.lanes
-    if lanes % world_size:
-        raise ConfigError(f"--world-size {world_size} does not divide the {lanes} lanes")
+    problem = lanes_problem(lanes, world_size)
+    if problem:
+        raise ConfigError(f"--world-size {world_size}: {problem}")
     start = 0
     if state is not None:
         pipeline.load_state_dict(state)

@@ -10,11 +10,11 @@ import pytest
 
 import zephon
 from tests.core.test_elastic import build, digest
-from zephon import Pipeline, StateMismatchError
+from zephon import ConfigError, Pipeline, StateMismatchError
 from zephon.io import CacheOptions, Dataset, StoreOptions
 from zephon.ops.pack import PackSpec
 from zephon.ops.tokenize import TokenizeSpec
-from zephon.work import StaticMixtureWorkSource
+from zephon.work import MixtureSpec, StaticMixtureWorkSource
 
 
 def test_builder_calls_leave_the_pipeline_unchanged(two_datasets, tokenizer_dir):
@@ -59,7 +59,7 @@ def test_type_checkers_see_the_builder_methods_signatures(tmp_path):
     out, _, _ = mypy.run(["--config-file", str(config), "--follow-imports=silent",
                           "--ignore-missing-imports", "--no-incremental",
                           "--cache-dir=/dev/null", str(tmp_path / "use.py")])
-    assert ('def (max_length: int, algorithm: str =, pad_token_id: int | None =, '
+    assert ('def (max_length: int | None, algorithm: str =, pad_token_id: int | None =, '
             'max_open_bins: int =) -> zephon.pipeline.Pipeline') in out, out
     assert 'use.py:5: error: Unexpected keyword argument "flat"' in out, out
     assert 'use.py:6: error: Unexpected keyword argument "feild"; did you mean "field"?' in out
@@ -156,3 +156,18 @@ def test_one_consumer_at_a_time(two_datasets, tokenizer_dir):
     other.start()
     other.join()
     assert len(batches) == 3 and batches[2].index == 1  # continues after a close()
+
+
+def test_a_pipeline_refuses_an_open_hole_when_the_operator_is_added(tmp_path):
+    """``max_length`` and ``microbatch_size`` may be open (None) in a recipe, for the
+    framework to fill; a pipeline refuses them at once, naming the field."""
+    from zephon.ops.batch import BatchSpec
+
+    (tmp_path / "a.jsonl").write_text('{"text": "hello"}\n')
+    pipeline = Pipeline(StaticMixtureWorkSource([Dataset.from_path("a", str(tmp_path))],
+                                                MixtureSpec({"a": 1.0})))
+    with pytest.raises(ConfigError, match="pack_flat: max_length is open"):
+        pipeline.pack_flat(None)
+    with pytest.raises(ConfigError, match="batch: microbatch_size is open"):
+        pipeline.apply(BatchSpec(microbatch_size=None))
+    assert BatchSpec(microbatch_size=None).holes == ("microbatch_size",)

@@ -225,8 +225,8 @@ def test_document_mixing_by_samples(two_datasets, tokenizer_dir):
 
 def test_refuses_dp_size_not_dividing_lanes(two_datasets, tokenizer_dir):
     base = build(two_datasets, tokenizer_dir)
-    with pytest.raises(ConfigError, match=r"valid data-parallel sizes for 8 lanes are "
-                                          r"\[1, 2, 4, 8\]"):
+    with pytest.raises(ConfigError, match=r"8 lanes cannot be shared by 3 .* must divide the "
+                                          r"lanes \(\[1, 2, 4, 8\]\)"):
         iter(base.options(lanes=8, dp_rank=0, dp_world_size=3))
 
 

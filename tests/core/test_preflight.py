@@ -73,7 +73,8 @@ def test_run_values_are_checked(two_sources):
     problems = check_recipe(two_sources, world_size=3, seq_len=128, vocab_size=1000,
                             microbatch_size=2)
     assert len(problems) == 3, problems
-    assert any("lanes = 4 is not divisible by the data-parallel size 3" in p for p in problems)
+    assert any("lanes = 4: 4 lanes cannot be shared by 3 data-parallel readers" in p
+               for p in problems)
     assert any("[pack] max_length = 65 conflicts with the framework's sequence length 128"
                in p for p in problems)
     assert any("has 4096 tokens but the model's vocabulary has 1000" in p for p in problems)

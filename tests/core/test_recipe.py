@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from zephon.errors import ConfigError, DataError
+from zephon.ops.batch import BatchSpec
 from zephon.recipe import DataRecipe, FrameworkValues, RecipeProblems
 
 RECIPE = """
@@ -98,10 +99,13 @@ def test_resolve_fills_the_framework_holes_and_lists_every_conflict(recipe_file)
     """Holes (row length, microbatch rows, lanes) are filled from the framework; values the
     recipe fixes must agree, and every disagreement is listed at once, naming the option."""
     recipe = dataclasses.replace(DataRecipe.from_toml(recipe_file), lanes=None)
-    assert "max_length" not in recipe.pack and "microbatch_size" not in recipe.batch
+    assert recipe.pack.max_length is None and recipe.batch.microbatch_size is None  # holes
     open_recipe = recipe.resolve()
     assert open_recipe.max_length is None and open_recipe.microbatch_size is None
-    assert [s.op_name for s in open_recipe.operators] == ["tokenize", "shuffle"]
+    assert [s.op_name for s in open_recipe.operators] == ["tokenize", "pack_flat", "shuffle",
+                                                             "batch"]
+    with pytest.raises(ConfigError, match="max_length is open"):
+        open_recipe.operators[1].build(None)
     with pytest.raises(ConfigError, match="framework gave no sequence length"):
         open_recipe.build()
     resolved = recipe.resolve(FrameworkValues(seq_len=31, microbatch_size=2, dp_size=2,
@@ -115,8 +119,9 @@ def test_resolve_fills_the_framework_holes_and_lists_every_conflict(recipe_file)
     first = next(iter(pipeline))
     assert first.lane == 1 and len(first) == 2
     assert all(len(r.payload["input_ids"]) == 32 for r in first.records)
-    fixed = dataclasses.replace(recipe, lanes=8, pack={**recipe.pack, "max_length": 65},
-                                batch={"microbatch_size": 3})
+    fixed = dataclasses.replace(recipe, lanes=8,
+                                pack=dataclasses.replace(recipe.pack, max_length=65),
+                                batch=BatchSpec(microbatch_size=3))
     with pytest.raises(RecipeProblems) as caught:
         fixed.resolve(FrameworkValues(seq_len=31, microbatch_size=2, lanes=4,
                                       flags={"microbatch_size": "--mbs"}))

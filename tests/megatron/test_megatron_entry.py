@@ -76,7 +76,7 @@ def test_entry_checks_the_recipes_before_megatron_lm_is_imported(tmp_path, capsy
     err = result.stderr
     assert "zephon preflight found problems before the model is built" in err
     assert "a.jsonl: has no field 'text'" in err
-    assert "lanes = 3 is not divisible by the data-parallel size 2" in err
+    assert "lanes = 3: 3 lanes cannot be shared by 2 data-parallel readers" in err
     assert "[pack] max_length = 33 conflicts" in err or "max_length = 33 conflicts" in err
     assert "Megatron-LM" not in err  # refused before looking for the checkout
 
@@ -87,7 +87,7 @@ def test_smoke_refuses_a_broken_recipe_before_any_process(tmp_path) -> None:
     result = run_module("zephon_megatron.smoke", "--nproc", "2", "--workdir",
                         str(tmp_path / "w"), "--", *argv)
     assert result.returncode == 2
-    assert "has no field 'text'" in result.stderr and "divisible" in result.stderr
+    assert "has no field 'text'" in result.stderr and "cannot be shared by 2" in result.stderr
     assert not (tmp_path / "w").exists()  # no rank was started
 
 

@@ -130,6 +130,16 @@ class OperatorSpec(ABC):
     makes_rows: ClassVar[bool] = False
     """Turns documents into rows (packing); comes first among row operators. Without one,
     each document becomes a row of its own."""
+    holes: ClassVar[tuple[str, ...]] = ()
+    """Fields a framework may own, None (open) in a recipe until
+    :meth:`zephon.recipe.DataRecipe.resolve` fills them; a pipeline refuses an open one."""
+
+    def check_filled(self) -> None:
+        """Raise a ConfigError naming the first field of :attr:`holes` still open."""
+        for name in self.holes:
+            if getattr(self, name) is None:
+                raise ConfigError(f"{self.op_name}: {name} is open (a recipe leaves it to the "
+                                  "framework); give one")
 
     @abstractmethod
     def build(self, context: BuildContext) -> Operator:

@@ -39,14 +39,20 @@ class BatchSpec(OperatorSpec):
     op_name: ClassVar[str] = "batch"
     title: ClassVar[str] = "batch"
     stage: ClassVar[str] = "batch"
+    holes: ClassVar[tuple[str, ...]] = ("microbatch_size",)
 
-    microbatch_size: int
-    """Records per SampleBatch."""
+    microbatch_size: int | None
+    """Records per SampleBatch. None: open, for the framework to fill (a recipe's ``[batch]``
+    without it, see :meth:`zephon.recipe.DataRecipe.resolve`); an open spec cannot be
+    built."""
     drop_last: bool = True
     """Drop (and count) a short batch at a flush instead of emitting it."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.microbatch_size, int) or self.microbatch_size <= 0:
+        if self.microbatch_size is None:
+            return
+        if not isinstance(self.microbatch_size, int) or isinstance(self.microbatch_size, bool) \
+                or self.microbatch_size <= 0:
             raise ConfigError(f"batch: microbatch_size must be a positive integer, "
                               f"got {self.microbatch_size!r}")
         if self.microbatch_size > MAX_MICROBATCH_ROWS:
@@ -54,6 +60,7 @@ class BatchSpec(OperatorSpec):
                               f"{MAX_MICROBATCH_ROWS} rows, the most zephon batches")
 
     def build(self, context: BuildContext) -> BatchOperator:
+        self.check_filled()
         return BatchOperator(self)
 
 

@@ -60,9 +60,12 @@ class PackSpec(OperatorSpec):
     stage: ClassVar[str] = "row"
     needs_tokens: ClassVar[bool] = True
     makes_rows: ClassVar[bool] = True
+    holes: ClassVar[tuple[str, ...]] = ("max_length",)
 
-    max_length: int
-    """Tokens per row. For next-token training pack to context length + 1."""
+    max_length: int | None
+    """Tokens per row. For next-token training pack to context length + 1. None: open, for
+    the framework to fill (a recipe's ``[pack]`` without it, see
+    :meth:`zephon.recipe.DataRecipe.resolve`); an open spec cannot be built."""
     algorithm: str = "wrap"
     """``wrap`` (split documents, no padding), ``first_fit`` or ``best_fit`` (pad, never split
     a document that fits in a row)."""
@@ -75,9 +78,11 @@ class PackSpec(OperatorSpec):
 
     def __post_init__(self) -> None:
         op = "pack_flat" if self.flat else "pack_sequences"
-        if not isinstance(self.max_length, int) or self.max_length < 2:
+        if self.max_length is not None and (not isinstance(self.max_length, int)
+                                            or isinstance(self.max_length, bool)
+                                            or self.max_length < 2):
             raise ConfigError(f"{op}: max_length must be an integer >= 2, got {self.max_length!r}")
-        if self.max_length > MAX_ROW_TOKENS:
+        if self.max_length is not None and self.max_length > MAX_ROW_TOKENS:
             raise ConfigError(f"{op}: max_length = {self.max_length} is more than "
                               f"{MAX_ROW_TOKENS} tokens, the longest row zephon packs")
         if self.algorithm not in ALGORITHMS:
@@ -92,6 +97,7 @@ class PackSpec(OperatorSpec):
         return "pack_flat" if self.flat else "pack_sequences"
 
     def build(self, context: BuildContext) -> PackOperator:
+        self.check_filled()
         special = context.special
         candidates = (self.pad_token_id, special.pad if special else None,
                       special.eos if special else None)

@@ -330,7 +330,8 @@ def data_shortfall(args: argparse.Namespace, recipe: Any, pipeline: Any,
                     for spec in pipeline.operators if isinstance(spec, PretokenizedSpec)
                     and name in (getattr(spec, "datasets", None) or names))
         tokens[name] = estimate.tokens + extra * (estimate.documents or 0)
-    exact = all(estimates[n].tokens_exact for n in names) and not recipe.ops
+    exact = all(estimates[n].tokens_exact for n in names) and not (
+        recipe.ops or recipe.ops_after_tokenize)
     shares = dict(zip(names, (float(w) for w in source.weights), strict=True))
     if source.on_exhausted == "drain":
         available, limiting = sum(tokens.values()), once
@@ -344,9 +345,9 @@ def data_shortfall(args: argparse.Namespace, recipe: Any, pipeline: Any,
         first = min(totals, key=totals.__getitem__)
         available, limiting = totals[first], [first]
         exact = exact and len(names) == 1
-    pack = recipe.pack or {}
-    row = int(pack.get("max_length") or args.seq_length + 1)
-    exact = exact and pack.get("algorithm", "wrap") == "wrap"
+    pack = recipe.pack
+    row = int((pack.max_length if pack is not None else None) or args.seq_length + 1)
+    exact = exact and pack is not None and pack.algorithm == "wrap"
     if exact:
         rows = _indexed_rows(pipeline, row, args.micro_batch_size)
         if rows >= needed:

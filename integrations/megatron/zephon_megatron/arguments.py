@@ -547,10 +547,10 @@ def training_recipes(settings: ZephonSettings) -> dict[str, Any]:
 
 def _check_shapes(recipe: Any, args: argparse.Namespace) -> None:
     pack = recipe.pack
-    if pack is None or not pack.get("flat", True):
+    if pack is None or not pack.flat:
         raise ZephonArgumentError(f"{recipe.source}: Megatron needs fixed-length rows; set "
                                   "[pack] with flat packing (pack_flat)")
     # [pack] max_length and [batch] microbatch_size against the flags: see the preflight.
-    if recipe.batch.get("drop_last") is False:
+    if not recipe.batch.drop_last:
         raise ZephonArgumentError(f"{recipe.source}: [batch] drop_last = false gives short "
                                   "microbatches; Megatron needs --micro-batch-size rows in each")

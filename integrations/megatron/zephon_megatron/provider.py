@@ -50,7 +50,7 @@ from typing import Any
 import torch
 
 from zephon.errors import ConfigError, StateMismatchError
-from zephon.integration import LoaderSession, merge_states
+from zephon.integration import LoaderSession, lanes_problem, merge_states
 from zephon.meter import LoaderMeter, metrics_line
 from zephon.trace import trace_line
 from zephon_megatron.arguments import (
@@ -122,7 +122,7 @@ class ZephonDataIterator:
         """Print the metrics line (data-parallel rank 0)."""
         self._report = _EndOfRunReport(self.meter, pipeline, role == "train" and announce)
         if self._report.due:
-            _LIVE.add(self)
+            atexit.register(_summarize_at_exit, weakref.ref(self))
             weakref.finalize(self, self._report.print, "end of training").atexit = False
         self.trace = trace
         """A text file taking a :func:`zephon.trace.trace_line` per microbatch, or None."""
@@ -281,16 +281,12 @@ class _EndOfRunReport:
               f"{self.pipeline.report()}", flush=True)
 
 
-_LIVE: weakref.WeakSet[ZephonDataIterator] = weakref.WeakSet()
-"""Training iterators that have yet to report."""
-
-
-@atexit.register
-def _summarize() -> None:
-    """At exit, the report of every training iterator still alive (see
+def _summarize_at_exit(iterator: weakref.ref) -> None:
+    """At exit, the report of a training iterator still alive (see
     :class:`_EndOfRunReport`)."""
-    for iterator in list(_LIVE):
-        iterator.summarize("at exit")
+    alive = iterator()
+    if alive is not None:
+        alive.summarize("at exit")
 
 
 def _global_rank() -> int:
@@ -312,11 +308,10 @@ def preset_options(settings: ZephonSettings, recipe: Any) -> dict[str, Any]:
 def build_iterator(recipe: Any, settings: ZephonSettings, topology: Topology, *,
                    role: str = "train", restart_every: int | None = None,
                    cycle: bool = False) -> ZephonDataIterator:
-    if settings.lanes % topology.dp_size:
-        divisors = [d for d in range(1, settings.lanes + 1) if settings.lanes % d == 0]
-        raise ZephonArgumentError(
-            f"the data-parallel size {topology.dp_size} does not divide lanes={settings.lanes} "
-            f"({recipe.source}); valid sizes: {divisors}")
+    problem = lanes_problem(settings.lanes, topology.dp_size)
+    if problem:
+        raise ZephonArgumentError(f"{recipe.source}: {problem} (--zephon-lanes or the "
+                                  "recipe's lanes)")
     pipeline = recipe.build(seq_len=settings.seq_length,
                             microbatch_size=settings.micro_batch_size,
                             dp_rank=topology.dp_rank, dp_world_size=topology.dp_size,
