@@ -51,8 +51,8 @@ def test_launcher_route(tmp_path, recipes):
     code, output, _ = run_training(["--toml", str(tmp_path / "launch.toml")], nproc=2,
                                    cwd=tmp_path, timeout=300)
     assert_refused_before_the_model(
-        code, output, "a.jsonl: has no field 'text'", "lanes = 3 is not divisible by the "
-        "data-parallel size 2", "[pack] max_length = 33 conflicts",
+        code, output, "a.jsonl: has no field 'text'", "lanes = 3: 3 lanes cannot be shared by "
+        "2 data-parallel readers", "[pack] max_length = 33 conflicts",
         "(--training.seq_len)", "microbatch_size = 3 conflicts with the framework's 8 "
         "(--training.local_batch_size)")
     # rank 0 lists the problems (its traceback, and torchrun's summary when it failed first);

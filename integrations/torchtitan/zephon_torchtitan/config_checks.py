@@ -5,9 +5,8 @@ TorchTitan builds the dataloader last (after the model, parallelization, the opt
 on a cluster, the checkpoint load), so a recipe problem found there costs minutes.
 :func:`install_loaders` runs earlier on every route:
 
-- the launcher and the config registry: ``ZephonTrainer.__init__``
-  (:mod:`zephon_torchtitan.trainer`), with the parsed config, before TorchTitan initializes
-  the process group;
+- the launcher and the config registry: ``ZephonTrainer.init_distributed``
+  (:mod:`zephon_torchtitan.trainer`), with the parsed config, once the process group exists;
 - the override route (TorchTitan's own ``Trainer``): ``zephon_dataloader`` as it installs the
   loader, and ``zephon_preflight`` for a config whose loader is Zephon's already, inside
   ``Trainer.__init__`` before "Building <model>" (:mod:`zephon_torchtitan.override`).

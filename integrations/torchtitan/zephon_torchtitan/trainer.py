@@ -3,10 +3,11 @@
 The launcher (:mod:`zephon_torchtitan.train`) and the config registry
 (:func:`zephon_torchtitan.config_registry.with_zephon`) return a ``ZephonTrainer.Config``.
 ``torchtitan.train`` builds it (``config.build()``) after parsing the command line, and
-:meth:`ZephonTrainer.__init__` hands the whole parsed config to
-:func:`zephon_torchtitan.config_checks.install_loaders` before TorchTitan initializes the
-process group or builds the model: the recipes are checked against the run, the checkpoint
-folder is filled in and the metrics processor is linked to the training loader. The values
+:meth:`ZephonTrainer.init_distributed` hands the whole parsed config to
+:func:`zephon_torchtitan.config_checks.install_loaders` as soon as the process group exists,
+before TorchTitan builds the model: the recipes are checked against the run (one rank lists
+the data for the job, :func:`zephon.distributed.once_per_job`), the checkpoint folder is
+filled in and the metrics processor is linked to the training loader. The values
 travel in the config; nothing is looked up on the call stack or kept in a module global.
 
 The override route must work on TorchTitan's own ``Trainer``, whose override API hands a
@@ -32,9 +33,10 @@ class ZephonTrainer(Trainer):
     class Config(Trainer.Config):
         pass
 
-    def __init__(self, config: Config) -> None:
-        install_loaders(config)
-        super().__init__(config)
+    def init_distributed(self) -> Any:
+        parallel_dims = super().init_distributed()
+        install_loaders(self.config)
+        return parallel_dims
 
 
 def as_zephon_trainer(config: Any) -> Any:
