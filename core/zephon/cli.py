@@ -11,6 +11,9 @@
   [--microbatch-size B] [--seq-len S] [--from-state CHECKPOINT] [--json]``: each microbatch
   of those steps, row by row: every document's dataset, file, row, tokens and a text excerpt
   (:mod:`zephon.trace`), from a checkpoint's loader state without replaying earlier steps.
+- ``zephon plan RECIPE --out FILE [--lanes L]``: the datasets listed and their units cut once
+  for ``L`` lanes, written to ``FILE`` (:mod:`zephon.work.plan_file`); a recipe naming it
+  (``plan = "FILE"``) starts every rank of every job from it without listing a file.
 - ``zephon cache ls|prune|verify [--root DIR]``: the shard cache's shards (what, size, last
   use, in use), pruning to a size (``--to 50G``; shards in use stay), re-hashing every shard.
   The root defaults to ``$ZEPHON_CACHE_ROOT``, else the per-user default of ``CacheOptions``;
@@ -27,6 +30,7 @@ import datetime
 import os
 import re
 import sys
+import time
 from collections.abc import Sequence
 
 _UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "B": 10**9, "T": 10**12}
@@ -110,6 +114,15 @@ def build_parser() -> argparse.ArgumentParser:
     schema.add_argument("section", nargs="?", default=None,
                         help="one section (tokenize, pack, to_training, ...; 'top' for the "
                              "top level)")
+    plan = commands.add_parser(
+        "plan", help="list and plan a recipe's data once, for any number of jobs",
+        description="List every dataset of a recipe and cut its work units for a lane count, "
+                    "and write them to a file that recipes name with plan = \"FILE\": the "
+                    "ranks of every job that uses it then list and open no file to start.")
+    plan.add_argument("recipe", help="data recipe TOML")
+    plan.add_argument("--out", required=True, help="the plan file to write")
+    plan.add_argument("--lanes", type=_positive, default=None,
+                      help="lanes of the runs (default: the recipe's)")
     cache = commands.add_parser("cache", help="inspect or prune the shard cache")
     cache.add_argument("action", choices=["ls", "prune", "verify"])
     cache.add_argument("--root", default=os.environ.get("ZEPHON_CACHE_ROOT"),
@@ -269,6 +282,31 @@ def _text_decoder(tokenizer: str | None):
     return lambda ids: loaded.decode(ids, skip_special_tokens=True)
 
 
+def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from zephon.recipe import DataRecipe, FrameworkValues
+    from zephon.work.plan_file import write_plan
+
+    started = time.perf_counter()
+    recipe = DataRecipe.from_toml(args.recipe)
+    if recipe.plan is not None:
+        parser.error(f"{args.recipe} names a plan already (plan = {recipe.plan!r}); remove it "
+                     "to plan the files again")
+    lanes = args.lanes or recipe.lanes
+    if lanes is None:
+        parser.error("--lanes is needed: the recipe sets no lanes")
+    if recipe.lanes is not None and args.lanes is not None and recipe.lanes != args.lanes:
+        parser.error(f"--lanes {args.lanes} conflicts with the recipe's lanes = {recipe.lanes}")
+    source = recipe.resolve(FrameworkValues(lanes=lanes)).work_source()
+    header = write_plan(source, lanes, args.out)
+    files = sum(len(d["files"]) for d in header["datasets"])
+    units = sum(d["unit_count"] for d in header["datasets"])
+    print(f"wrote {args.out}: {len(header['datasets'])} dataset(s), {files:,} files, "
+          f"{units:,} units for {lanes} lanes, {os.path.getsize(args.out):,} bytes, in "
+          f"{time.perf_counter() - started:.1f} s; name it in the recipe: "
+          f"plan = \"{args.out}\"")
+    return 0
+
+
 def _cache(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from zephon.io.hub.cache import cache_entries, prune_cache, verify_cache
     from zephon.io.store_options import default_cache_root
@@ -314,7 +352,7 @@ def _schema(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 _COMMANDS = {"check": _check, "preview": _preview, "stats": _stats, "trace": _trace,
-             "schema": _schema, "cache": _cache}
+             "schema": _schema, "plan": _plan, "cache": _cache}
 
 
 if __name__ == "__main__":

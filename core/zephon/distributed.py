@@ -3,11 +3,24 @@
 ``world_gloo_group()`` is a gloo group over the whole default group, created once per process:
 creating a group is a collective, so every pipeline (and every adapter) of a process must reuse
 the same one rather than create its own.
+
+``once_per_job(key, compute)`` runs ``compute`` on one rank of the job and hands its bytes to
+every other rank that asks for the same key, through the default group's key-value store:
+the first rank to ask claims the key (an atomic ``add``), computes and publishes; the others
+wait for the value. It is not a collective (ranks that never ask take no part), it needs no
+device and works under any backend. The store holds the value for the rest of the job, so a
+later request with the same key (a pipeline built again) gets it at once; keys must therefore
+name everything the value depends on. A failure on the computing rank is published too, and
+raised on every rank that waits, instead of leaving them waiting until the store's timeout.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import sys
+from collections.abc import Callable
 from typing import Any
 
 _WORLD_GLOO: Any = None
@@ -21,6 +34,47 @@ def world_gloo_group() -> Any:
     if _WORLD_GLOO is None:
         _WORLD_GLOO = dist.new_group(backend="gloo")
     return _WORLD_GLOO
+
+
+def job_store() -> Any:
+    """The default process group's key-value store when ``torch.distributed`` runs more than
+    one rank, else None (torch is not imported for it)."""
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    if (dist is None or not dist.is_available() or not dist.is_initialized()
+            or dist.get_world_size() <= 1):
+        return None
+    return dist.distributed_c10d._get_default_store()
+
+
+def once_per_job(key: str, compute: Callable[[], bytes]) -> bytes:
+    """``compute()`` on the first rank of the job that asks for ``key``, its bytes handed to
+    every rank that asks (see the module docstring); without a multi-rank job, ``compute()``
+    here. Errors raised by ``compute`` on the computing rank reach the waiting ranks as a
+    ConfigError or DataError naming them."""
+    from zephon.errors import ConfigError, DataError, ZephonError
+
+    store = job_store()
+    if store is None:
+        return compute()
+    name = "zephon/once/" + hashlib.sha256(key.encode()).hexdigest()[:32]
+    if store.add(name + "/claim", 1) == 1:
+        try:
+            value = compute()
+        except BaseException as exc:
+            failure = {"error": str(exc) if isinstance(exc, ZephonError)
+                       else f"{type(exc).__name__}: {exc}", "config": isinstance(exc, ConfigError)}
+            store.set(name + "/error", json.dumps(failure))
+            store.set(name, b"")
+            raise
+        store.set(name, value)
+        return value
+    value = store.get(name)
+    if not value and store.check([name + "/error"]):
+        failure = json.loads(store.get(name + "/error"))
+        error = ConfigError if failure["config"] else DataError
+        raise error(f"another rank failed at this step: {failure['error']}")
+    return bytes(value)
 
 
 def launcher_store(world_size: int) -> tuple[Any, dict[str, str]]:

@@ -116,6 +116,10 @@ class DatasetEntry:
 class _TopLevel:
     seed: int = 0
     """Seed of the unit and row orders (and of shuffles)."""
+    plan: str = ""
+    """A plan written by ``zephon plan`` (relative to this file): every rank takes the
+    datasets' listings and units from it instead of listing and opening the files
+    (:mod:`zephon.work.plan_file`)."""
 
 
 @dataclass(frozen=True)
@@ -222,6 +226,8 @@ class DataRecipe:
     to_training: dict[str, Any] = field(default_factory=dict)
     cache: CacheOptions | None = None
     work: dict[str, Any] = field(default_factory=dict)
+    plan: str | None = None
+    """A saved plan's path (``zephon plan``); None: the ranks plan (once per job)."""
     source: str = "<dict>"
     """Where the recipe came from, for error messages."""
     preset: TrainingPreset | None = None
@@ -315,6 +321,7 @@ class DataRecipe:
             prefetch=top.get("prefetch"),
             read_ahead_tokens=top.get("read_ahead_tokens"),
             workers=top.get("workers"),
+            plan=str(base / os.path.expanduser(top["plan"])) if top.get("plan") else None,
             mixture=sections.get("mixture", {}),
             tokenize=tokenize,
             ops=tuple(ops[0]),
@@ -417,8 +424,21 @@ class DataRecipe:
 
         key = (entry.name, entry.path, entry.fmt, tuple(entry.documents or ()))
         if key not in self.listed:
-            self.listed[key] = Dataset.from_path(entry.name, entry.path, entry.fmt,
-                                                 **_documents(entry))
+            dataset = Dataset.from_path(entry.name, entry.path, entry.fmt, **_documents(entry))
+            if self.plan is not None:
+                self.saved_plan().adopt(dataset)
+            self.listed[key] = dataset
+        return self.listed[key]
+
+    def saved_plan(self) -> Any:
+        """The plan file the recipe names (read once), or None."""
+        if self.plan is None:
+            return None
+        key = ("plan", self.plan)
+        if key not in self.listed:
+            from zephon.work.plan_file import read_plan
+
+            self.listed[key] = read_plan(self.plan)
         return self.listed[key]
 
     def _mixture_problems(self) -> list[str]:
@@ -607,9 +627,15 @@ class ResolvedRecipe:
     def source(self) -> str:
         return self.recipe.source
 
+    def work_source(self) -> StaticMixtureWorkSource:
+        """The work source of the recipe's datasets, mixture and work options."""
+        return self.recipe._work_source(list(self.datasets))
+
     def build(self, *, dp_rank: int = 0, process_group: Any = None,
               prefetch: int | None = None, workers: int | None = None) -> Any:
-        """The Pipeline of data-parallel rank ``dp_rank`` of ``values.dp_size``."""
+        """The Pipeline of data-parallel rank ``dp_rank`` of ``values.dp_size``; with a saved
+        plan (``plan = FILE``), its lanes unless the recipe or the framework sets them (then
+        they must agree)."""
         from zephon.io import StoreOptions
         from zephon.pipeline import Pipeline
 
@@ -620,9 +646,15 @@ class ResolvedRecipe:
         if self.microbatch_size is None:
             raise ConfigError(f"{self.source}: [batch] microbatch_size is not set and the "
                               "framework gave none")
-        pipeline = Pipeline(recipe._work_source(list(self.datasets))).options(
+        source = self.work_source()
+        lanes = self.lanes
+        saved = recipe.saved_plan()
+        if saved is not None:
+            saved.check(lanes, (source.hints.unit_bytes, source.hints.arrow_unit_rows))
+            lanes = saved.lanes
+        pipeline = Pipeline(source).options(
             io_options=StoreOptions(cache=recipe.cache) if recipe.cache is not None else None,
-            lanes=self.lanes, dp_rank=dp_rank, dp_world_size=self.values.dp_size or 1,
+            lanes=lanes, dp_rank=dp_rank, dp_world_size=self.values.dp_size or 1,
             prefetch=prefetch if prefetch is not None else recipe.prefetch,
             read_ahead_tokens=recipe.read_ahead_tokens,
             workers=workers if workers is not None else recipe.workers,

@@ -60,8 +60,7 @@ def plan_digests(source: StaticMixtureWorkSource, lanes: int) -> dict[str, str]:
     """A digest of each dataset's planned units (file index, kind, group, start, stop)."""
     out = {}
     for dataset, units in zip(source.datasets, source.plan(lanes), strict=True):
-        listing = [[f, u.kind, u.group, u.start, u.stop] for f, u in units]
-        out[dataset.name] = hashlib.sha256(json.dumps(listing).encode()).hexdigest()[:16]
+        out[dataset.name] = units.digest()
     return out
 
 

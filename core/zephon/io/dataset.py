@@ -40,11 +40,11 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from zephon.errors import ConfigError, DataError
 from zephon.io import local_glob
-from zephon.io.formats import FORMATS, PlanHints, UnitSpec, compression_of, detect_format
+from zephon.io.formats import FORMATS, PlanHints, compression_of, detect_format
 from zephon.io.indexed import prefix_of
 from zephon.io.store_options import StoreOptions
 from zephon.redact import get_logger
@@ -83,6 +83,11 @@ def _scheme_class(scheme: str) -> type[Dataset]:
 class Dataset:
     """A named collection of data files in one format family."""
 
+    job_shared: ClassVar[bool] = True
+    """List and plan once per job and hand the listing and the units to the other ranks
+    (:meth:`files`, :func:`zephon.work.static_mixture.StaticMixtureWorkSource.plan`); a
+    scheme that shares its own resolution across ranks sets it False."""
+
     def __init__(self, name: str, path: str, fmt: str | None = None,
                  documents: tuple[int, int] | None = None):
         if not name or not isinstance(name, str):
@@ -101,6 +106,7 @@ class Dataset:
         self.documents = documents
         self._files: tuple[DataFile, ...] | None = None
         self._skipped: tuple[str, ...] = ()
+        self._saved_units: dict[tuple[int, int, int], Any] = {}
 
     @classmethod
     def from_path(cls, name: str, path: str | os.PathLike[str], fmt: str | None = None,
@@ -131,10 +137,43 @@ class Dataset:
 
     # -- files -----------------------------------------------------------------------------
     def files(self) -> tuple[DataFile, ...]:
-        """The dataset's data files, listed once."""
-        if self._files is None:
+        """The dataset's data files, listed once per process, and once per job when
+        ``torch.distributed`` runs several ranks: one rank lists (stat and tail digest of
+        every file) and hands the listing to the others
+        (:func:`zephon.distributed.once_per_job`). A rank that finds a file other than its
+        listing says so when it reads it (:meth:`local_file`)."""
+        if self._files is None and not self.job_shared:
             self._files = tuple(self._list_files())
+        if self._files is None:
+            from zephon.distributed import once_per_job
+
+            key = json.dumps(["listing", 1, type(self).__name__, self.path, self.fmt,
+                              self.documents])
+            listing = json.loads(once_per_job(key, self._encoded_listing))
+            self._files = tuple(DataFile(*entry) for entry in listing["files"])
+            self._skipped = tuple(listing["skipped"])
         return self._files
+
+    def adopt_listing(self, files: tuple[DataFile, ...], skipped: tuple[str, ...]) -> None:
+        """Take ``files`` as this dataset's listing (from a saved plan) instead of listing;
+        a dataset listed already keeps its own."""
+        if self._files is None:
+            self._files, self._skipped = tuple(files), tuple(skipped)
+
+    def adopt_units(self, key: tuple[int, int, int], units: Any) -> None:
+        """Take ``units`` (a UnitTable) as the plan for ``key`` = (``unit_bytes``,
+        ``arrow_unit_rows``, ``min_units``), from a saved plan (see :meth:`saved_units`)."""
+        self._saved_units[tuple(key)] = units
+
+    def saved_units(self, key: tuple[int, int, int]) -> Any:
+        """The units :meth:`adopt_units` gave for ``key``, else None."""
+        return self._saved_units.get(tuple(key))
+
+    def _encoded_listing(self) -> bytes:
+        files = self._list_files()
+        return json.dumps({"files": [[f.path, f.size, f.fmt, f.compression, f.version]
+                                     for f in files],
+                           "skipped": list(self._skipped)}).encode()
 
     def skipped_files(self) -> tuple[str, ...]:
         """Paths found but not read, each with the reason: ``"path (reason)"``."""
@@ -198,19 +237,23 @@ class Dataset:
             "files": hashlib.sha256(listing.encode()).hexdigest()[:16],
         }
 
-    def plan(self, hints: PlanHints, min_units: int) -> list[tuple[int, UnitSpec]]:
-        """All units of the dataset as (file index, unit), in file order."""
+    def plan(self, hints: PlanHints, min_units: int) -> Any:
+        """All units of the dataset as (file index, unit), in file order: a
+        :class:`~zephon.io.unit_table.UnitTable` (or a list of pairs, for a subclass)."""
         from zephon.io.formats import plan_file
+        from zephon.io.unit_table import UnitTableBuilder
 
         files = self.files()
         per_file = max(1, -(-min_units // len(files)))
-        units: list[tuple[int, UnitSpec]] = []
+        units = UnitTableBuilder()
         for index, data_file in enumerate(files):
-            with self.local_file(data_file) as local:
-                for unit in plan_file(local, data_file.fmt, data_file.compression, hints,
-                                      per_file, self.documents):
-                    units.append((index, unit))
-        return units
+            # Read where it lies: the listing has just checked it (size and last 4 KiB), and
+            # a reader checks it again before reading it (local_file): a second check here
+            # would open every file once more.
+            for unit in plan_file(data_file.path, data_file.fmt, data_file.compression, hints,
+                                  per_file, self.documents):
+                units.add(index, unit)
+        return units.table()
 
     def display_name(self, data_file: DataFile) -> str:
         return data_file.path
@@ -222,9 +265,12 @@ class Dataset:
         so, rather than whatever its new layout makes the reader fail with."""
         change = _change_since_listing(data_file)
         if change:
-            raise DataError(f"{data_file.path}: changed during the run ({change}). Files "
-                            "must not change while a run reads them: restore it, or start a "
-                            "new run (its checkpoints would be refused for the changed data)")
+            raise DataError(f"{data_file.path}: changed during the run ({change}), or this "
+                            "node holds another version than the one the job listed (one "
+                            "rank lists for all, or a saved plan). Files must not change "
+                            "while a run reads them and every node must hold the same: "
+                            "restore it, or start a new run (its checkpoints would be "
+                            "refused for the changed data)")
         yield data_file.path
 
     def bound(self, io_options: StoreOptions) -> Dataset:

@@ -71,8 +71,7 @@ def estimate_dataset(source: Any, index: int, lanes: int, columns: list[str] | N
 
     dataset = source.datasets[index]
     units = source.plan(lanes)[index]
-    counts = [u.stop - u.start if u.kind in ("row_group", "rows") else None for _, u in units]
-    documents = sum(counts) if None not in counts else None
+    documents = units.rows()
     total_bytes = sum(f.size for f in dataset.files())
     if all(f.fmt == "megatron" for f in dataset.files()):
         return _indexed_counts(dataset, units)

@@ -22,6 +22,7 @@ Mixing is by documents unless ``token_estimation`` is given, then by tokens; see
 from __future__ import annotations
 
 import copy
+import json
 import math
 from collections.abc import Collection, Sequence
 from typing import Any
@@ -32,6 +33,7 @@ from zephon.errors import ConfigError
 from zephon.io.dataset import Dataset
 from zephon.io.formats import PlanHints, UnitSpec
 from zephon.io.store_options import StoreOptions
+from zephon.io.unit_table import UnitTable
 from zephon.redact import get_logger
 from zephon.work.estimation import TokenEstimation
 from zephon.work.mixture import MixtureSpec
@@ -111,7 +113,7 @@ class StaticMixtureWorkSource:
         self.shuffle_units = shuffle_units
         self.shuffle_rows = shuffle_rows
         self.hints = PlanHints(unit_bytes=unit_bytes, arrow_unit_rows=arrow_unit_rows)
-        self._plans: dict[int, list[list[tuple[int, UnitSpec]]]] = {}
+        self._plans: dict[int, list[UnitTable]] = {}
         self._orders: dict[tuple[int, int, int], np.ndarray] = {}
 
     @staticmethod
@@ -151,9 +153,13 @@ class StaticMixtureWorkSource:
         return problems
     def bound(self, io_options: StoreOptions) -> StaticMixtureWorkSource:
         """This work source with its datasets bound to ``io_options`` (see
-        :meth:`zephon.io.Dataset.bound`); the source itself is left unchanged."""
+        :meth:`zephon.io.Dataset.bound`); the source itself is left unchanged, and returned
+        when no dataset needs the options (local data), with the plans it has made."""
+        datasets = [ds.bound(io_options) for ds in self.datasets]
+        if all(new is old for new, old in zip(datasets, self.datasets, strict=True)):
+            return self  # local data needs no options: its plans stay valid
         clone = copy.copy(self)
-        clone.datasets = [ds.bound(io_options) for ds in self.datasets]
+        clone.datasets = datasets
         clone._plans = {}
         return clone
 
@@ -165,12 +171,14 @@ class StaticMixtureWorkSource:
         return [ds.name for ds in self.datasets]
 
     # -- planning --------------------------------------------------------------------------
-    def plan(self, lanes: int) -> list[list[tuple[int, UnitSpec]]]:
-        """Units of every dataset for ``lanes`` lanes (computed once per lane count)."""
+    def plan(self, lanes: int) -> list[UnitTable]:
+        """Units of every dataset for ``lanes`` lanes (computed once per lane count, and once
+        per job for datasets whose listing is shared: one rank plans, the others receive its
+        units, see :func:`zephon.distributed.once_per_job`)."""
         if lanes not in self._plans:
             plans = []
             for index, ds in enumerate(self.datasets):
-                units = ds.plan(self.hints, min_units=UNITS_PER_LANE * lanes)
+                units = _planned_units(ds, self.hints, UNITS_PER_LANE * lanes)
                 if not units:
                     raise ConfigError(f"dataset {ds.name!r} ({ds.path}) holds no rows")
                 if len(units) < lanes and not self.repeated[index]:
@@ -237,3 +245,21 @@ class StaticMixtureWorkSource:
             "shuffle": [self.shuffle_units, self.shuffle_rows],
             "units": [self.hints.unit_bytes, self.hints.arrow_unit_rows],
         }
+
+
+def _planned_units(dataset: Dataset, hints: PlanHints, min_units: int) -> UnitTable:
+    """``dataset``'s units as a table; planned once per job where its listing is shared.
+    The key holds the listing's fingerprint, so a dataset listed differently (another
+    version of the files) is planned apart."""
+    saved = dataset.saved_units((hints.unit_bytes, hints.arrow_unit_rows, min_units))
+    if saved is not None:
+        return saved
+    if not dataset.job_shared:
+        return UnitTable.from_units(dataset.plan(hints, min_units))
+    from zephon.distributed import once_per_job
+
+    key = json.dumps(["plan", 1, type(dataset).__name__, dataset.path, dataset.fmt,
+                      dataset.documents, dataset.fingerprint(), hints.unit_bytes,
+                      hints.arrow_unit_rows, min_units])
+    return UnitTable.from_bytes(once_per_job(
+        key, lambda: UnitTable.from_units(dataset.plan(hints, min_units)).to_bytes()))

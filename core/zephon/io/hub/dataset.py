@@ -50,6 +50,7 @@ class HubDataset(Dataset):
 
     path_options = ("token", "endpoint")
     """Keyword options of ``Dataset.from_path`` for ``hf://`` paths."""
+    job_shared = False  # its resolution (listing and footers) is shared across ranks already
 
     def __init__(self, name: str, path: str, fmt: str | None = None, *,
                  token: str | bool | None = None, endpoint: str | None = None):

@@ -36,7 +36,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -47,7 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from huggingface_hub.errors import RevisionNotFoundError
 
-from zephon.errors import ConfigError, DataError, ZephonError
+from zephon.errors import ConfigError, DataError
 from zephon.io.formats import compression_of, detect_format
 from zephon.io.hub.cachefs import private_dir, read_bytes, replace_file
 from zephon.io.hub.client import HubClient
@@ -278,29 +277,7 @@ def _cached_listing(root: Path | None, key: dict[str, Any],
 # -- sharing across ranks ----------------------------------------------------------------------
 def shared_across_ranks(key: str, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """``compute()`` once per job when torch.distributed is initialized (see the module
-    docstring), else in this process."""
-    torch = sys.modules.get("torch")
-    dist = getattr(torch, "distributed", None) if torch is not None else None
-    if (dist is None or not dist.is_available() or not dist.is_initialized()
-            or dist.get_world_size() <= 1):
-        return compute()
-    store = dist.distributed_c10d._get_default_store()
-    name = "zephon/hub/" + hashlib.sha256(key.encode()).hexdigest()[:32]
-    if store.add(name + "/claim", 1) == 1:
-        try:
-            value = compute()
-        except ZephonError as exc:
-            store.set(name, json.dumps({"error": str(exc),
-                                        "config": isinstance(exc, ConfigError)}))
-            raise
-        except Exception as exc:
-            store.set(name, json.dumps({"error": f"{type(exc).__name__}: {exc}",
-                                        "config": False}))
-            raise
-        store.set(name, json.dumps({"value": value}))
-        return value
-    payload = json.loads(store.get(name))
-    if "error" in payload:
-        error = ConfigError if payload["config"] else DataError
-        raise error(f"another rank failed to resolve this dataset: {payload['error']}")
-    return payload["value"]
+    docstring and :func:`zephon.distributed.once_per_job`), else in this process."""
+    from zephon.distributed import once_per_job
+
+    return json.loads(once_per_job("hub/" + key, lambda: json.dumps(compute()).encode()))

@@ -1,0 +1,125 @@
+"""``zephon plan`` writes a job's plan once; recipes naming it start without listing a file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.open_counter import OpenCounter
+from tests.conftest import write_parquet
+from zephon.cli import main as zephon
+from zephon.demo.assets import make_documents
+from zephon.errors import ConfigError, DataError
+from zephon.io.dataset import Dataset
+from zephon.recipe import DataRecipe
+
+
+@pytest.fixture
+def planned(tmp_path, tokenizer_dir) -> dict[str, Path]:
+    texts = make_documents(240, seed=5, min_words=10, max_words=60)
+    for i in range(12):
+        write_parquet(tmp_path / "web" / f"part-{i:02d}.parquet", texts[i * 20:(i + 1) * 20],
+                      row_group_size=5)
+    (tmp_path / "wiki.jsonl").write_text("".join(
+        json.dumps({"text": t}) + "\n" for t in make_documents(40, seed=6)))
+    body = f"""\
+lanes = 4
+seed = 3
+prefetch = 0
+[[datasets]]
+name = "web"
+path = "web"
+weight = 0.7
+[[datasets]]
+name = "wiki"
+path = "wiki.jsonl"
+weight = 0.3
+[mixture]
+repeat = ["wiki"]
+[tokenize]
+tokenizer = "{tokenizer_dir}"
+"""
+    listed = tmp_path / "listed.toml"
+    listed.write_text(body)
+    assert zephon(["plan", str(listed), "--out", str(tmp_path / "job.plan")]) == 0
+    uses_plan = tmp_path / "uses_plan.toml"
+    uses_plan.write_text('plan = "job.plan"\n' + body)
+    return {"listed": listed, "uses_plan": uses_plan, "plan": tmp_path / "job.plan",
+            "web": tmp_path / "web"}
+
+
+def _batches(recipe: Path, n: int = 12, **values) -> list[list[list[int]]]:
+    pipeline = DataRecipe.from_toml(recipe).build(seq_len=31, microbatch_size=2, **values)
+    out = []
+    for batch in pipeline:
+        out.append([list(r.payload["input_ids"]) for r in batch.records])
+        if len(out) == n:
+            break
+    return out
+
+
+def test_a_recipe_naming_a_plan_lists_no_file_and_reads_the_same_batches(planned,
+                                                                          monkeypatch):
+    expected = _batches(planned["listed"])
+    listings = []
+    original = Dataset._list_files
+    monkeypatch.setattr(Dataset, "_list_files",
+                        lambda self: listings.append(self.name) or original(self))
+    counter = OpenCounter(planned["web"])
+    try:
+        recipe = DataRecipe.from_toml(planned["uses_plan"])
+        pipeline = recipe.build(seq_len=31, microbatch_size=2)
+        opened_to_start = counter.drain()
+        got = []
+        for batch in pipeline:
+            got.append([list(r.payload["input_ids"]) for r in batch.records])
+            if len(got) == len(expected):
+                break
+        opens = counter.drain()
+    finally:
+        counter.close()
+    assert got == expected and listings == []
+    assert opened_to_start == 0  # reading the recipe and building its pipeline open no file
+    assert 0 < opens < 2 * 12  # only the files the first batches read, not every file twice
+    assert pipeline.fingerprint() == DataRecipe.from_toml(planned["listed"]).build(
+        seq_len=31, microbatch_size=2).fingerprint()
+
+
+def test_the_plan_gives_its_lanes_and_refuses_other_ones(planned, tmp_path):
+    open_lanes = tmp_path / "open.toml"
+    open_lanes.write_text(planned["uses_plan"].read_text().replace("lanes = 4\n", ""))
+    assert DataRecipe.from_toml(open_lanes).build(seq_len=31, microbatch_size=2).lanes == 4
+    with pytest.raises(ConfigError, match="made for 4 lanes and this run has 8; make it again "
+                                          "with zephon plan --lanes 8"):
+        DataRecipe.from_toml(open_lanes).build(seq_len=31, microbatch_size=2, lanes=8)
+
+
+def test_a_plan_that_does_not_fit_the_recipe_is_refused_by_name(planned, tmp_path):
+    other = tmp_path / "other.toml"
+    other.write_text(planned["uses_plan"].read_text().replace('name = "wiki"',
+                                                              'name = "books"')
+                     .replace('repeat = ["wiki"]', 'repeat = ["books"]'))
+    with pytest.raises(ConfigError, match="has no dataset 'books'"):
+        DataRecipe.from_toml(other)
+    moved = tmp_path / "moved.toml"
+    moved.write_text(planned["uses_plan"].read_text().replace('path = "wiki.jsonl"',
+                                                              'path = "web/part-00.parquet"'))
+    with pytest.raises(ConfigError, match="dataset 'wiki' has path = "):
+        DataRecipe.from_toml(moved)
+    missing = tmp_path / "missing.toml"
+    missing.write_text(planned["uses_plan"].read_text().replace("job.plan", "none.plan"))
+    with pytest.raises(ConfigError, match=r"none\.plan.*cannot be read"):
+        DataRecipe.from_toml(missing)
+    planned["plan"].write_bytes(planned["plan"].read_bytes()[:-10])
+    with pytest.raises(ConfigError, match="cut short"):
+        DataRecipe.from_toml(planned["uses_plan"])
+
+
+def test_a_file_changed_since_the_plan_is_refused_naming_it(planned):
+    for path in sorted(planned["web"].iterdir()):
+        write_parquet(path, [f"new text {i}" for i in range(20)], row_group_size=5)
+    pipeline = DataRecipe.from_toml(planned["uses_plan"]).build(seq_len=31, microbatch_size=2)
+    with pytest.raises(DataError, match=r"web/part-\d\d\.parquet: changed during the run"):
+        next(iter(pipeline))
