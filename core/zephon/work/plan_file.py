@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from zephon.errors import ConfigError, DataError
-from zephon.io.dataset import DataFile, Dataset
+from zephon.io.dataset import Dataset, decoded, encoded
 from zephon.io.unit_table import UnitTable
 from zephon.work.static_mixture import UNITS_PER_LANE
 
@@ -51,8 +51,7 @@ def write_plan(source: Any, lanes: int, out: str | os.PathLike[str]) -> dict[str
                               "its own resolution across ranks and is not saved in a plan")
         blob = table.to_bytes()
         entries.append({**_identity(dataset),
-                        "files": [[f.path, f.size, f.fmt, f.compression, f.version]
-                                  for f in dataset.files()],
+                        "files": [encoded(f) for f in dataset.files()],
                         "skipped": list(dataset.skipped_files()),
                         "fingerprint": dataset.fingerprint(),
                         "units": [offset, len(blob)], "unit_count": len(table)})
@@ -95,7 +94,7 @@ class SavedPlan:
                 raise ConfigError(f"plan {self.path}: dataset {dataset.name!r} has {key} = "
                                   f"{entry[key]!r} there and {value!r} here; make the plan "
                                   "again with zephon plan")
-        dataset.adopt_listing(tuple(DataFile(*f) for f in entry["files"]),
+        dataset.adopt_listing(tuple(decoded(f) for f in entry["files"]),
                               tuple(entry["skipped"]))
         dataset.adopt_units((*self.unit_options, UNITS_PER_LANE * self.lanes), entry["table"])
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from zephon.errors import ConfigError, DataError
 from zephon.io.dataset import DataFile, Dataset
-from zephon.io.formats import PlanHints, UnitSpec, plan_file
+from zephon.io.formats import PlanHints, UnitSpec, parquet_units, plan_file
 from zephon.io.hub.cache import CachedFile, ContentCheck, ShardCache
 from zephon.io.hub.client import HubClient
 from zephon.io.hub.path import HubPath, parse_hub_path
@@ -156,7 +156,7 @@ class HubDataset(Dataset):
         units: list[tuple[int, UnitSpec]] = []
         for index, data_file in enumerate(files):
             if data_file.fmt == "parquet" and groups.get(data_file.path) is not None:
-                specs = _parquet_units(groups[data_file.path], per_file)
+                specs = parquet_units(groups[data_file.path], per_file)
             elif data_file.fmt == "jsonl" and data_file.compression is None:
                 specs = _byte_units(data_file.size, hints.unit_bytes, per_file)
             elif data_file.fmt == "jsonl":
@@ -183,15 +183,6 @@ class HubDataset(Dataset):
 
         with self.cache.open(item, fetch) as local:
             yield local
-
-
-def _parquet_units(groups: list[int], min_units: int) -> list[UnitSpec]:
-    units = [UnitSpec("row_group", g, 0, n) for g, n in enumerate(groups) if n > 0]
-    if len(units) >= min_units or not units:
-        return units
-    per_unit = max(1, math.ceil(sum(groups) / min_units))
-    return [UnitSpec("row_group", g, s, min(s + per_unit, n))
-            for g, n in enumerate(groups) for s in range(0, n, per_unit)]
 
 
 def _byte_units(size: int, unit_bytes: int, min_units: int) -> list[UnitSpec]:
