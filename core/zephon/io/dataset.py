@@ -37,9 +37,9 @@ import importlib
 import json
 import os
 import stat
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 from zephon.errors import ConfigError, DataError
@@ -117,6 +117,8 @@ class Dataset:
         self._files: tuple[DataFile, ...] | None = None
         self._skipped: tuple[str, ...] = ()
         self._saved_units: dict[tuple[int, int, int], Any] = {}
+        self._fingerprint: dict[str, Any] = {}
+        self._fingerprint_of: tuple[DataFile, ...] | None = None  # the files it was made of
 
     @classmethod
     def from_path(cls, name: str, path: str | os.PathLike[str], fmt: str | None = None,
@@ -196,7 +198,7 @@ class Dataset:
         if not candidates and not skipped:
             raise DataError(f"Dataset {self.name!r}: no files match {self.path!r}")
         candidates = _through_saved_listings(candidates, skipped, self.path)
-        files = []
+        files: list[DataFile | tuple[str, str, str | None]] = []
         for candidate in candidates:
             prefix = prefix_of(candidate)
             if prefix is not None and (self.fmt in (None, "megatron")):
@@ -217,10 +219,8 @@ class Dataset:
                 continue
             else:
                 fmt, compression = detected
-            tail = _tail(candidate)
-            files.append(DataFile(candidate, Path(candidate).stat().st_size, fmt, compression,
-                                  _digest(tail), row_groups_from_tail(tail)
-                                  if fmt == "parquet" else None))
+            files.append((candidate, fmt, compression))
+        files = _described(files)
         if not files:
             raise DataError(
                 f"Dataset {self.name!r}: no .parquet, .jsonl(.gz/.zst), .json or .arrow files "
@@ -240,13 +240,18 @@ class Dataset:
         """What identifies this dataset's content: its files (relative to the dataset's root),
         their sizes and a digest of their last 4 KiB (a Parquet footer). Where the files live
         and their modification times do not count, so moved or re-staged data resumes."""
-        root = _root_of(self.path)
-        listing = json.dumps([[os.path.relpath(f.path, root), f.size, f.version, f.fmt]
-                              for f in self.files()] + [self.documents or []])
-        return {
-            "num_files": len(self.files()),
-            "files": hashlib.sha256(listing.encode()).hexdigest()[:16],
-        }
+        files = self.files()
+        if self._fingerprint_of is not files:
+            root = _root_of(self.path).rstrip(os.sep) + os.sep
+            relative = [f.path[len(root):] if f.path.startswith(root)
+                        else os.path.relpath(f.path, root) for f in files]
+            listing = json.dumps([[name, f.size, f.version, f.fmt]
+                                  for name, f in zip(relative, files, strict=True)]
+                                 + [self.documents or []])
+            self._fingerprint = {"num_files": len(files),
+                                 "files": hashlib.sha256(listing.encode()).hexdigest()[:16]}
+            self._fingerprint_of = files
+        return dict(self._fingerprint)
 
     def plan(self, hints: PlanHints, min_units: int) -> Any:
         """All units of the dataset as (file index, unit), in file order: a
@@ -309,6 +314,49 @@ def _change_since_listing(data_file: DataFile) -> str | None:
     if digest != data_file.version:
         return "its last 4 KiB differ from when it was listed"
     return None
+
+
+LISTING_THREADS = 16
+"""Threads that read the files' tails while listing, where opening a file is slow (a shared
+filesystem, where an open waits for a network round trip). Where it is fast (a local disk,
+the page cache), threads only contend for the GIL: 10,000 Parquet files took 0.75 s on one
+thread and 1.55 s on 8 on a 2-core machine, so the listing starts on one thread and goes
+threaded only if its first files take over :data:`SLOW_FILE_S` each."""
+SLOW_FILE_S = 300e-6
+"""Seconds a file that make the listing threaded: 4x the 75 us a page-cached Parquet file
+costs on one thread (open, 4 KiB read, digest, footer)."""
+
+
+def _described(entries: list[DataFile | tuple[str, str, str | None]]) -> list[DataFile]:
+    """Each ``(path, format, compression)`` of ``entries`` as a DataFile: its size, the
+    digest of its last 4 KiB and, for Parquet, its row groups from the footer those bytes
+    hold; one open a file, in order (see :data:`LISTING_THREADS`)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def describe(entry: DataFile | tuple[str, str, str | None]) -> DataFile:
+        if isinstance(entry, DataFile):
+            return entry
+        path, fmt, compression = entry
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            fh.seek(max(0, size - 4096))
+            tail = fh.read()
+        return DataFile(path, size, fmt, compression, _digest(tail),
+                        row_groups_from_tail(tail) if fmt == "parquet" else None)
+
+    probe = entries[:128]
+    started = time.perf_counter()
+    described = [describe(e) for e in probe]
+    rest = entries[len(probe):]
+    slow = probe and (time.perf_counter() - started) / len(probe) > SLOW_FILE_S
+    threads = min(LISTING_THREADS, len(rest) // 64) if slow else 1
+    if threads <= 1:
+        return described + [describe(e) for e in rest]
+    step = -(-len(rest) // threads)  # one task a thread: a future a file would cost 50 us
+    with ThreadPoolExecutor(threads, thread_name_prefix="zephon-list") as pool:
+        parts = pool.map(lambda i: [describe(e) for e in rest[i:i + step]],
+                         range(0, len(rest), step))
+        return described + [data_file for part in parts for data_file in part]
 
 
 def _tail(path: str, size: int = 4096) -> bytes:
