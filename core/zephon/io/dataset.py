@@ -337,10 +337,7 @@ def _described(entries: list[DataFile | tuple[str, str, str | None]]) -> list[Da
         if isinstance(entry, DataFile):
             return entry
         path, fmt, compression = entry
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            fh.seek(max(0, size - 4096))
-            tail = fh.read()
+        size, tail = _sized_tail(path)
         return DataFile(path, size, fmt, compression, _digest(tail),
                         row_groups_from_tail(tail) if fmt == "parquet" else None)
 
@@ -359,11 +356,12 @@ def _described(entries: list[DataFile | tuple[str, str, str | None]]) -> list[Da
         return described + [data_file for part in parts for data_file in part]
 
 
-def _tail(path: str, size: int = 4096) -> bytes:
+def _sized_tail(path: str, length: int = 4096) -> tuple[int, bytes]:
+    """(the file's size, its last ``length`` bytes), from one open."""
     with open(path, "rb") as fh:
-        fh.seek(0, os.SEEK_END)
-        fh.seek(max(0, fh.tell() - size))
-        return fh.read()
+        size = os.fstat(fh.fileno()).st_size
+        fh.seek(max(0, size - length))
+        return size, fh.read()
 
 
 def _digest(tail: bytes) -> str:
@@ -371,7 +369,7 @@ def _digest(tail: bytes) -> str:
 
 
 def _tail_digest(path: str) -> str:
-    return _digest(_tail(path))
+    return _digest(_sized_tail(path)[1])
 
 
 def encoded(data_file: DataFile) -> list[Any]:
