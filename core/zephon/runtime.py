@@ -91,7 +91,7 @@ class Loader:
             self.workers = DocumentThreads(ops_by_dataset)
         self._use_source(work_source.bound(options.io_options))
         check_ranks_agree(
-            lambda: {**self._fingerprint, "plan": plan_digests(self.source, self.lanes)},
+            lambda: self._fingerprint,
             options.dp_rank, world, options.process_group, self._titles)
 
     def _use_source(self, source: StaticMixtureWorkSource) -> None:
@@ -105,6 +105,9 @@ class Loader:
             "lanes": self.lanes,
             "work_source": source.fingerprint(),
             "ops": self._op_fingerprints,
+            # The units follow from the files and options above; fingerprints are compared
+            # in key order, so a change of files is named before the units it changes.
+            "work_units": plan_digests(source, self.lanes),
         }
         options = self.options
         owned = self.lanes // options.dp_world_size

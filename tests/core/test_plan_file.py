@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,10 @@ from benchmarks.open_counter import OpenCounter
 from tests.conftest import write_parquet
 from zephon.cli import main as zephon
 from zephon.demo.assets import make_documents
-from zephon.errors import ConfigError, DataError
+from zephon.errors import ConfigError, DataError, StateMismatchError
+from zephon.io import dataset as dataset_module
 from zephon.io.dataset import Dataset
+from zephon.io.formats import UnitSpec
 from zephon.recipe import DataRecipe
 
 
@@ -123,3 +126,30 @@ def test_a_file_changed_since_the_plan_is_refused_naming_it(planned):
     pipeline = DataRecipe.from_toml(planned["uses_plan"]).build(seq_len=31, microbatch_size=2)
     with pytest.raises(DataError, match=r"web/part-\d\d\.parquet: changed during the run"):
         next(iter(pipeline))
+
+
+def test_a_checkpoint_names_its_work_units_and_refuses_other_ones(planned, monkeypatch):
+    """The units follow from the listing and the unit options, which the fingerprint holds,
+    and from how this version of zephon cuts them, which it does not: a resume under another
+    cutting would read other rows at the saved positions, so the checkpoint holds the units'
+    digest too."""
+    pipeline = DataRecipe.from_toml(planned["listed"]).build(seq_len=31, microbatch_size=2)
+    loader = iter(pipeline)
+    for _ in range(3):
+        next(loader)
+    state = pickle.loads(pickle.dumps(pipeline.state_dict()))
+    units = next(iter(state.values()))["fingerprint"]["work_units"]
+    assert sorted(units) == ["web", "wiki"] and all(len(d) == 16 for d in units.values())
+
+    same = DataRecipe.from_toml(planned["uses_plan"]).build(seq_len=31, microbatch_size=2)
+    same.load_state_dict(state)  # the saved plan cuts the same units
+
+    def halves(groups, min_units):
+        return [UnitSpec("row_group", g, s, min(s + max(1, n // 2), n))
+                for g, n in enumerate(groups) for s in range(0, n, max(1, n // 2))]
+
+    monkeypatch.setattr(dataset_module, "parquet_units", halves)
+    recut = DataRecipe.from_toml(planned["listed"]).build(seq_len=31, microbatch_size=2)
+    with pytest.raises(StateMismatchError, match=r"the work units cut from the files changed "
+                                                  r"\(work_units\.web:"):
+        recut.load_state_dict(state)

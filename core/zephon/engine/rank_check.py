@@ -44,7 +44,7 @@ from zephon.work.static_mixture import StaticMixtureWorkSource
 log = get_logger(__name__)
 
 _WHAT = {
-    "plan.": "the work units planned from the files",
+    "work_units": "the work units planned from the files",
     "work_source.datasets": "the datasets or their files (a file missing or different on "
                             "some node?)",
     "work_source.mixture": "the mixture weights",
@@ -149,8 +149,7 @@ def _disagreement(identities: list[dict[str, Any]], titles: Sequence[str]) -> st
     """The message for ranks whose identities differ: each differing rank against rank 0."""
     lines = []
     for rank, other in enumerate(identities[1:], start=1):
-        found = first_difference(_without_plan(identities[0]), _without_plan(other)) or \
-            first_difference(identities[0], other)  # the plan follows from the rest
+        found = first_difference(identities[0], other)
         if found is None:
             continue
         path, first, theirs = found
@@ -163,7 +162,3 @@ def _disagreement(identities: list[dict[str, Any]], titles: Sequence[str]) -> st
     return ("the data-parallel ranks would read different data, so some documents would be "
             "read twice and others never: " + "; ".join(shown) + ". Give every rank the same "
             "recipe, seed and files.")
-
-
-def _without_plan(identity: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in identity.items() if key != "plan"}

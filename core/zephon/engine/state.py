@@ -187,6 +187,7 @@ _WHAT = {
     "work_source.seed": "the seed",
     "work_source": "the work source options",
     "ops": "the operators",
+    "work_units": "the work units cut from the files",
 }
 
 
