@@ -85,8 +85,12 @@ to import) load only when used. A class takes ``(name, path, fmt, **options)`` a
 keyword options in ``path_options``."""
 
 
+OBJECT_STORE = "zephon.io.storage.dataset:ObjectStoreDataset"
+"""The class of every object-store scheme registered in :mod:`zephon.io.storage`."""
+
+
 def _scheme_class(scheme: str) -> type[Dataset]:
-    module, _, name = SCHEMES[scheme].partition(":")
+    module, _, name = SCHEMES.get(scheme, scheme).partition(":")
     return getattr(importlib.import_module(module), name)
 
 
@@ -125,9 +129,15 @@ class Dataset:
                   **kwargs: Any) -> Dataset:
         """A dataset from a local file, directory or glob, a Megatron indexed dataset prefix
         (``data/web_text_document`` for ``.idx``/``.bin``; ``documents=(start, stop)`` reads
-        a range of its documents), or an ``hf://`` path."""
+        a range of its documents), an ``hf://`` path, or an object-store path
+        (``s3://bucket/prefix/*.parquet``; see :mod:`zephon.io.storage`)."""
+        from zephon.io import storage
+
         text = os.fspath(path)
-        scheme = text.split("://", 1)[0] if "://" in text else None
+        scheme = storage.scheme_of(text)
+        if scheme is not None and scheme not in SCHEMES:
+            storage.get_scheme(scheme)  # a ConfigError naming the known schemes, if unknown
+            return _scheme_class(OBJECT_STORE)(name, text, fmt=fmt, **kwargs)
         if scheme in SCHEMES:
             remote = _scheme_class(scheme)
             known = getattr(remote, "path_options", ())

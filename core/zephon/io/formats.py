@@ -120,18 +120,23 @@ def plan_file(path: str, fmt: str, compression: str | None, hints: PlanHints,
         if fmt == "jsonl":
             if compression is not None:
                 return [UnitSpec("file", 0, 0, -1)]
-            size = Path(path).stat().st_size
-            if size == 0:
-                return []
-            n = max(math.ceil(size / hints.unit_bytes), min_units)
-            n = min(n, size)
-            step = math.ceil(size / n)
-            return [UnitSpec("bytes", 0, s, min(s + step, size)) for s in range(0, size, step)]
+            return byte_units(Path(path).stat().st_size, hints.unit_bytes, min_units)
     except DataError:
         raise
     except _READ_ERRORS as exc:
         raise DataError(f"cannot read {fmt} file {path}: {exc}") from exc
     raise DataError(f"unknown format {fmt!r} for {path}; known formats: {', '.join(FORMATS)}")
+
+
+def byte_units(size: int, unit_bytes: int, min_units: int) -> list[UnitSpec]:
+    """The units of an uncompressed JSON Lines file of ``size`` bytes: byte ranges of about
+    ``unit_bytes`` (at least ``min_units`` of them while each holds a byte); a reader starts
+    at the first line that begins inside its range."""
+    if size == 0:
+        return []
+    n = min(max(math.ceil(size / unit_bytes), min_units), size)
+    step = math.ceil(size / n)
+    return [UnitSpec("bytes", 0, s, min(s + step, size)) for s in range(0, size, step)]
 
 
 def _plan_parquet(path: str, min_units: int) -> list[UnitSpec]:

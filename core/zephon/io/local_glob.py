@@ -56,6 +56,12 @@ def expand(pattern: str) -> list[str]:
     return sorted(found)
 
 
+def pattern_regex(pattern: str) -> re.Pattern[str]:
+    """``pattern`` as a compiled regex over ``/``-separated keys, with the semantics above
+    (object-store listings match keys with it)."""
+    return re.compile(_regex(pattern.split("/")))
+
+
 def _regex(parts: list[str]) -> str:
     """A regex for a pattern split at ``/``: a middle ``**`` is zero or more components each
     with its ``/``; a last one, the folder itself or anything below it."""

@@ -86,8 +86,9 @@ class ContentCheck:
     """Incremental check of a file's bytes against its listed version.
 
     ``sha256:<hex>`` is the SHA-256 of the content (Hub LFS/Xet files); ``git-sha1:<hex>`` is
-    the git blob id, SHA-1 of ``b"blob <size>\\0" + content`` (small files kept in git). Any
-    other version checks the size only.
+    the git blob id, SHA-1 of ``b"blob <size>\\0" + content`` (small files kept in git);
+    ``md5:<hex>`` the MD5 of the content (an object store's single-part ETag). Any other
+    version checks the size only.
     """
 
     def __init__(self, version: str, size: int):
@@ -96,6 +97,8 @@ class ContentCheck:
         self.seen = 0
         if kind == "sha256":
             self._hash: Any = hashlib.sha256()
+        elif kind == "md5":
+            self._hash = hashlib.md5(usedforsecurity=False)
         elif kind == "git-sha1":
             self._hash = hashlib.sha1(f"blob {size}\0".encode(), usedforsecurity=False)
         else:
@@ -135,8 +138,9 @@ class CachedFile:
 
     @property
     def key(self) -> str:
-        digest = self.version.partition(":")[2] or hashlib.sha256(
-            self.version.encode()).hexdigest()
+        digest = self.version.partition(":")[2]
+        if not re.fullmatch(r"[0-9a-f]{16,}", digest):
+            digest = hashlib.sha256(self.version.encode()).hexdigest()
         name = _UNSAFE.sub("_", self.name)[-80:]
         return f"{digest[:32]}-{name}"
 

@@ -20,7 +20,6 @@ import copy
 import dataclasses
 import hashlib
 import json
-import math
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import Any
 
 from zephon.errors import ConfigError, DataError
 from zephon.io.dataset import DataFile, Dataset
-from zephon.io.formats import PlanHints, UnitSpec, parquet_units, plan_file
+from zephon.io.formats import PlanHints, UnitSpec, byte_units, parquet_units, plan_file
 from zephon.io.hub.cache import CachedFile, ContentCheck, ShardCache
 from zephon.io.hub.client import HubClient
 from zephon.io.hub.path import HubPath, parse_hub_path
@@ -158,7 +157,7 @@ class HubDataset(Dataset):
             if data_file.fmt == "parquet" and groups.get(data_file.path) is not None:
                 specs = parquet_units(groups[data_file.path], per_file)
             elif data_file.fmt == "jsonl" and data_file.compression is None:
-                specs = _byte_units(data_file.size, hints.unit_bytes, per_file)
+                specs = byte_units(data_file.size, hints.unit_bytes, per_file)
             elif data_file.fmt == "jsonl":
                 specs = [UnitSpec("file", 0, 0, -1)]
             else:
@@ -184,10 +183,3 @@ class HubDataset(Dataset):
         with self.cache.open(item, fetch) as local:
             yield local
 
-
-def _byte_units(size: int, unit_bytes: int, min_units: int) -> list[UnitSpec]:
-    if size == 0:
-        return []
-    n = min(max(math.ceil(size / unit_bytes), min_units), size)
-    step = math.ceil(size / n)
-    return [UnitSpec("bytes", 0, s, min(s + step, size)) for s in range(0, size, step)]

@@ -1,0 +1,260 @@
+"""``ObjectStoreDataset``: the objects under ``scheme://bucket/prefix`` (or a glob), read
+through the shard cache; what ``Dataset.from_path`` returns for every registered
+object-store scheme (:mod:`zephon.io.storage`).
+
+Listing: one prefix listing (the key up to the last ``/`` before the first wildcard), matched
+against the glob with the local glob's rules (``*`` within a component, ``**`` across them,
+hidden components skipped). A key without wildcards is one object, or every object below it
+as a folder. Files are kept in key order; keys that are not data files are counted, logged
+and listed in ``skipped_files()``. Under ``torch.distributed`` one rank lists (and reads the
+footers) for the job and hands the listing to the others.
+
+Planning downloads nothing: a Parquet file's units are its row groups, from its footer read
+by range while listing (one or two range requests a file, 16 at a time); an uncompressed JSON
+Lines file's units are byte ranges of its listed size; a compressed one is one unit. Arrow
+files are downloaded to be planned. Reading a unit downloads its whole object into the shard
+cache (once per node; a size limit evicts least recently used shards no reader holds),
+pinned to the listed version: an object rewritten during the run is an error naming it.
+
+Fingerprint: the keys (relative to the listing prefix, so a copied bucket resumes), sizes,
+versions and formats. Up to :data:`NAMED_OBJECTS` objects are listed in it by key, so a
+checkpoint whose object changed since is refused naming that object; above that, a digest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import PurePosixPath
+from typing import Any
+
+from zephon.errors import ConfigError, DataError
+from zephon.io import local_glob
+from zephon.io.dataset import _METADATA, DataFile, Dataset
+from zephon.io.formats import (
+    PlanHints,
+    UnitSpec,
+    byte_units,
+    compression_of,
+    detect_format,
+    parquet_units,
+    plan_file,
+    row_groups_from_tail,
+)
+from zephon.io.hub.cache import CachedFile, ShardCache
+from zephon.io.storage import ObjectInfo, ObjectStore, get_scheme, split_url
+from zephon.io.store_options import StoreOptions
+from zephon.redact import get_logger
+
+log = get_logger(__name__)
+
+FOOTER_GUESS = 64 << 10
+"""Bytes read from a Parquet object's end while listing: the whole footer of most files (a
+row group costs ~100 bytes of footer per column), else a second request reads the rest."""
+FOOTER_THREADS = 16
+"""Footer requests in flight while listing: latency-bound, so threads overlap round trips."""
+NAMED_OBJECTS = 256
+"""Objects a fingerprint names one by one (more: a digest of them all)."""
+_CACHE_HINT = ("StoreOptions(cache=CacheOptions(enabled=True, root='/local/disk/zephon-cache', "
+               "limit_bytes=50 << 30))")
+
+
+class ObjectStoreDataset(Dataset):
+    """The data files under an object-store path; see the module docstring. Keyword options
+    are the scheme's (``endpoint``, ``region``, ``profile`` for ``s3``)."""
+
+    def __init__(self, name: str, path: str, fmt: str | None = None, **options: Any):
+        super().__init__(name, path, fmt)
+        self.scheme, self.bucket, self.pattern = split_url(path)
+        scheme = get_scheme(self.scheme)
+        unknown = sorted(set(options) - set(scheme.options))
+        if unknown:
+            raise ConfigError(f"Dataset {name!r}: unknown option(s) {unknown} for a "
+                              f"{self.scheme}:// dataset (known: {', '.join(scheme.options)})")
+        self._options = options
+        self._io = StoreOptions()
+        self._store: ObjectStore | None = None
+        self._cache: ShardCache | None = None
+        self._infos: dict[str, ObjectInfo] = {}
+
+    def __repr__(self) -> str:
+        return f"ObjectStoreDataset({self.name!r}, {self.path!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_store"] = None  # a client is opened again in the process that reads
+        return state
+
+    # -- options ----------------------------------------------------------------------------
+    def bound(self, io_options: StoreOptions) -> ObjectStoreDataset:
+        """A copy that reads through ``io_options``, whose shard cache must be enabled."""
+        if not io_options.cache.enabled:
+            raise ConfigError(
+                f"dataset {self.name!r} ({self.path}) is read from an object store through "
+                "the shard cache, which is not enabled. Enable it, on fast local disk with a "
+                f"size limit: Pipeline(...).options(io_options={_CACHE_HINT})")
+        clone = copy.copy(self)
+        clone._io = io_options
+        clone._store = None
+        clone._cache = ShardCache(io_options.cache)
+        return clone
+
+    @property
+    def store(self) -> ObjectStore:
+        if self._store is None:
+            self._store = get_scheme(self.scheme).open(self.bucket, self._io, **self._options)
+        return self._store
+
+    @property
+    def cache(self) -> ShardCache:
+        if self._cache is None:
+            raise ConfigError(f"dataset {self.name!r} ({self.path}) must be bound to a shard "
+                              f"cache before it is read: pass io_options={_CACHE_HINT} to "
+                              "Pipeline.options")
+        return self._cache
+
+    # -- listing ----------------------------------------------------------------------------
+    def _prefix(self) -> str:
+        """The key prefix the listing asks for."""
+        pattern = self.pattern
+        magic = [pattern.index(c) for c in "*?[" if c in pattern]
+        if not magic:
+            return pattern
+        head = pattern[:min(magic)]
+        return head[:head.rfind("/") + 1]
+
+    def _list_files(self) -> list[DataFile]:
+        prefix = self._prefix()
+        listed = sorted(self.store.list(prefix), key=lambda o: o.key)
+        pattern = self.pattern
+        if any(c in pattern for c in "*?["):
+            regex = local_glob.pattern_regex(pattern)
+            matched = [o for o in listed if regex.fullmatch(o.key)]
+        else:
+            exact = [o for o in listed if o.key == pattern]
+            folder = pattern.rstrip("/") + "/" if pattern else ""
+            matched = exact or [o for o in listed if o.key.startswith(folder)]
+        if not matched:
+            raise DataError(f"Dataset {self.name!r}: no objects match {self.path!r} "
+                            f"({len(listed)} object(s) under {self.store.url}/{prefix})")
+        skipped: list[str] = []
+        chosen: list[tuple[ObjectInfo, str, str | None]] = []
+        for info in matched:
+            shown = f"{self.store.url}/{info.key}"
+            name = PurePosixPath(info.key).name
+            relative = info.key[len(prefix):]
+            if info.key.endswith("/"):
+                skipped.append(f"{shown} (folder marker)")
+            elif any(part.startswith(".") for part in relative.split("/")):
+                skipped.append(f"{shown} (hidden)")
+            elif self.fmt is not None:
+                chosen.append((info, self.fmt, compression_of(name)))
+            elif name in _METADATA:
+                skipped.append(f"{shown} (dataset metadata)")
+            elif (detected := detect_format(name)) is None:
+                skipped.append(f"{shown} (not a data file)")
+            elif detected[0] == "megatron":
+                skipped.append(f"{shown} (Megatron indexed data is read from local disk)")
+            else:
+                chosen.append((info, *detected))
+        if not chosen:
+            raise DataError(f"Dataset {self.name!r}: no .parquet, .jsonl(.gz/.zst), .json or "
+                            f".arrow objects match {self.path!r} (pass fmt=... to read other "
+                            f"suffixes); skipped: {skipped[:5]}")
+        if skipped:
+            log.warning("Dataset %r: skipped %d object(s), e.g. %s", self.name, len(skipped),
+                        skipped[:3])
+        self._skipped = tuple(skipped)
+        with ThreadPoolExecutor(FOOTER_THREADS, thread_name_prefix="zephon-footer") as pool:
+            groups = list(pool.map(
+                lambda entry: self._row_groups(entry[0]) if entry[1] == "parquet" else None,
+                chosen))
+        return [DataFile(info.key, info.size, fmt, compression, info.version, rows)
+                for (info, fmt, compression), rows in zip(chosen, groups, strict=True)]
+
+    def _row_groups(self, info: ObjectInfo) -> tuple[int, ...]:
+        """The rows of each row group of a Parquet object, from its footer (by range)."""
+        shown = f"{self.store.url}/{info.key}"
+        if info.size < 12:
+            raise DataError(f"{shown}: {info.size} bytes is too short for a Parquet file")
+        start = max(0, info.size - FOOTER_GUESS)
+        tail = self.store.read_range(info, start, info.size)
+        if tail[-4:] != b"PAR1":
+            raise DataError(f"{shown}: not a Parquet file (it does not end with PAR1)")
+        needed = int.from_bytes(tail[-8:-4], "little") + 8
+        if needed > len(tail):
+            if needed > info.size:
+                raise DataError(f"{shown}: its Parquet footer claims {needed} bytes, more "
+                                f"than the object's {info.size}")
+            tail = self.store.read_range(info, info.size - needed, info.size)
+        groups = row_groups_from_tail(tail)
+        if groups is None:
+            raise DataError(f"{shown}: its Parquet footer cannot be parsed")
+        return groups
+
+    def _info(self, data_file: DataFile) -> ObjectInfo:
+        return ObjectInfo(data_file.path, data_file.size, data_file.version)
+
+    # -- identity ---------------------------------------------------------------------------
+    def fingerprint(self) -> dict[str, Any]:
+        files = self.files()
+        if self._fingerprint_of is not files:
+            prefix = self._prefix()
+            rows = [[f.path[len(prefix):], f.size, f.version, f.fmt] for f in files]
+            if len(rows) <= NAMED_OBJECTS:
+                identity: dict[str, Any] = {
+                    "objects": {key: f"{version} {size} bytes {fmt}"
+                                for key, size, version, fmt in rows}}
+            else:
+                listing = json.dumps(rows)
+                identity = {"files": hashlib.sha256(listing.encode()).hexdigest()[:16]}
+            self._fingerprint = {"num_files": len(files), **identity}
+            self._fingerprint_of = files
+        return dict(self._fingerprint)
+
+    def display_name(self, data_file: DataFile) -> str:
+        return f"{self.scheme}://{self.bucket}/{data_file.path}"
+
+    # -- planning ---------------------------------------------------------------------------
+    def plan(self, hints: PlanHints, min_units: int) -> Any:
+        from zephon.io.unit_table import UnitTableBuilder
+
+        files = self.files()
+        per_file = max(1, -(-min_units // len(files)))
+        units = UnitTableBuilder()
+        for index, data_file in enumerate(files):
+            specs: list[UnitSpec]
+            if data_file.row_groups is not None:
+                specs = parquet_units(data_file.row_groups, per_file)
+            elif data_file.fmt == "jsonl" and data_file.compression is None:
+                specs = byte_units(data_file.size, hints.unit_bytes, per_file)
+            elif data_file.fmt == "jsonl":
+                specs = [UnitSpec("file", 0, 0, -1)]
+            else:
+                with self.local_file(data_file) as local:
+                    specs = plan_file(local, data_file.fmt, data_file.compression, hints,
+                                      per_file)
+            for spec in specs:
+                units.add(index, spec)
+        return units.table()
+
+    # -- reading ----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def local_file(self, data_file: DataFile) -> Iterator[str]:
+        """The object in the shard cache (downloaded if needed), pinned while the block
+        runs."""
+        display = self.display_name(data_file)
+        item = CachedFile(os.path.basename(data_file.path), data_file.size, data_file.version,
+                          display)
+        info = self._info(data_file)
+
+        def fetch(out: Any) -> None:
+            self.store.download(info, out, display, self._io.show_progress)
+
+        with self.cache.open(item, fetch) as local:
+            yield local

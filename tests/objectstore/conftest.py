@@ -1,0 +1,44 @@
+"""Fixtures of the object-store tests: moto's S3 server and a fault proxy in front of it,
+with credentials in the environment and no AWS profile of the user's in reach."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from tests.objectstore.servers import KEY_ID, REGION, SECRET, FaultProxy, S3Server
+
+logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server logs every request
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    server = S3Server()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch, tmp_path):
+    """The S3 server as the AWS tools would find it: endpoint and keys in the environment."""
+    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_REGION",
+                "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server.url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY_ID)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setenv("AWS_REGION", REGION)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    return s3_server
+
+
+@pytest.fixture
+def proxy(s3, monkeypatch):
+    """A fault proxy in front of the S3 server, which the loader is pointed at."""
+    front = FaultProxy(s3.url)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", front.url)
+    yield front
+    front.close()

@@ -1,0 +1,157 @@
+"""Object-store servers for the tests, on 127.0.0.1 and ports the kernel picks (port 0).
+
+- :class:`S3Server`: moto's S3 server (the real S3 protocol: SigV4, listings with ETags,
+  ranges, If-Match), filled through boto3.
+- :class:`FaultProxy`: a forwarding HTTP proxy in front of a server that answers chosen
+  requests with an error status (with the store's error body) or cuts an answer's body off
+  mid-way, and logs every request. Faults are injected on the wire, so the client library
+  runs unmodified.
+"""
+
+from __future__ import annotations
+
+import http.client
+import re
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import boto3
+from moto.server import ThreadedMotoServer
+
+KEY_ID = "zephon-test-key"
+SECRET = "zephon-test-secret"
+REGION = "us-east-1"
+
+
+class S3Server:
+    """moto's S3 server on 127.0.0.1; ``client`` is a boto3 client for it."""
+
+    def __init__(self) -> None:
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self._server.start()
+        host, port = self._server.get_host_and_port()
+        self.url = f"http://{host}:{port}"
+        self.client = boto3.client("s3", endpoint_url=self.url, region_name=REGION,
+                                   aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET)
+
+    def bucket(self, name: str, objects: dict[str, bytes]) -> None:
+        self.client.create_bucket(Bucket=name)
+        self.put(name, objects)
+
+    def put(self, bucket: str, objects: dict[str, bytes]) -> None:
+        for key, data in objects.items():
+            self.client.put_object(Bucket=bucket, Key=key, Body=data)
+
+    def close(self) -> None:
+        self._server.stop()
+
+
+@dataclass
+class Fault:
+    """Answer requests whose ``METHOD path?query`` matches ``pattern`` (a regex searched in
+    it) with ``status`` and an S3 error body of ``code``; or, with ``reset_after`` set,
+    forward them but cut the answer's body after that many bytes; or, with ``bytes_per_s``,
+    forward them slowly. ``times``: how many
+    requests it hits (None: all)."""
+
+    pattern: str
+    status: int = 503
+    code: str = "SlowDown"
+    reset_after: int | None = None
+    bytes_per_s: int | None = None
+    """Forward the answer, but send its body at this rate."""
+    times: int | None = 1
+    hits: int = field(default=0, init=False)
+
+    def take(self, request_line: str) -> bool:
+        if not re.search(self.pattern, request_line):
+            return False
+        if self.times is not None and self.hits >= self.times:
+            return False
+        self.hits += 1
+        return True
+
+
+class FaultProxy:
+    """A proxy to ``upstream`` (``http://host:port``) on 127.0.0.1; see the module docstring.
+    ``requests`` logs ``METHOD path?query`` of every request it saw."""
+
+    def __init__(self, upstream: str) -> None:
+        host, port = upstream.removeprefix("http://").split(":")
+        self.faults: list[Fault] = []
+        self.requests: list[str] = []
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _any(self) -> None:
+                line = f"{self.command} {self.path}"
+                with proxy._lock:
+                    proxy.requests.append(line)
+                    fault = next((f for f in proxy.faults if f.take(line)), None)
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                if (fault is not None and fault.reset_after is None
+                        and fault.bytes_per_s is None):
+                    error = (f"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>"
+                             f"{fault.code}</Code><Message>injected</Message></Error>").encode()
+                    self.send_response(fault.status)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(error)))
+                    self.end_headers()
+                    self.wfile.write(error)
+                    return
+                upstream_conn = http.client.HTTPConnection(host, int(port), timeout=30)
+                headers = {k: v for k, v in self.headers.items()}
+                upstream_conn.request(self.command, self.path, body=body, headers=headers)
+                answer = upstream_conn.getresponse()
+                data = answer.read()
+                upstream_conn.close()
+                self.send_response(answer.status)
+                for name, value in answer.getheaders():
+                    if name.lower() not in ("transfer-encoding", "connection",
+                                            "content-length"):
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if fault is not None and fault.bytes_per_s is not None:
+                    step = max(1, fault.bytes_per_s // 20)
+                    for start in range(0, len(data), step):
+                        self.wfile.write(data[start:start + step])
+                        self.wfile.flush()
+                        time.sleep(0.05)
+                    return
+                if fault is not None:
+                    self.wfile.write(data[:fault.reset_after])
+                    self.wfile.flush()
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                               b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                self.wfile.write(data)
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _any
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def count(self, pattern: str) -> int:
+        """Requests seen whose line matches ``pattern``."""
+        with self._lock:
+            return sum(bool(re.search(pattern, r)) for r in self.requests)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,304 @@
+"""``s3://`` datasets against moto's S3 server: the same batches as local files, exact
+resume, retries, named errors and a bounded cache."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.core.test_elastic import build, merged_state, run, stream
+from tests.hub.hubdata import fast_options
+from tests.objectstore.servers import KEY_ID, SECRET, Fault
+from zephon import StateMismatchError
+from zephon.errors import ConfigError, DataError
+from zephon.io import Dataset
+from zephon.io.formats import PlanHints
+
+
+def upload(server, bucket: str, root: Path, prefix: str = "") -> dict[str, bytes]:
+    """Every file under ``root`` as an object ``prefix + relative path``."""
+    objects = {prefix + str(p.relative_to(root)): p.read_bytes()
+               for p in sorted(root.rglob("*")) if p.is_file()}
+    server.bucket(bucket, objects)
+    return objects
+
+
+@pytest.fixture
+def corpus(s3, two_datasets, request):
+    """``two_datasets`` stored locally and in a bucket of its own; returns both paths."""
+    bucket = "corpus-" + request.node.name.lower().replace("_", "-")[:40].strip("-")
+    upload(s3, bucket, two_datasets["short"].parent)
+    remote = {"short": f"s3://{bucket}/short/*.parquet", "long": f"s3://{bucket}/long/"}
+    return {"local": two_datasets, "s3": remote, "bucket": bucket}
+
+
+def test_s3_gives_the_local_batches_at_w1_and_w2(corpus, tokenizer_dir, tmp_path):
+    local = build(corpus["local"], tokenizer_dir)
+    remote = build(corpus["s3"], tokenizer_dir).options(
+        io_options=fast_options(tmp_path / "cache"))
+    reference = run(local, 1, steps=6)
+    assert run(remote, 1, steps=6) == reference
+    assert run(remote, 2, steps=6) == reference
+
+
+def test_s3_resumes_exactly_at_another_dp_size(corpus, tokenizer_dir, tmp_path):
+    options = fast_options(tmp_path / "cache")
+    remote = build(corpus["s3"], tokenizer_dir).options(io_options=options)
+    reference = run(build(corpus["local"], tokenizer_dir), 1, steps=7)
+    pipelines, first = stream(remote, 2, 0, 3)
+    state = merged_state(pipelines)
+    fresh = build(corpus["s3"], tokenizer_dir).options(io_options=options)
+    _, rest = stream(fresh, 1, 0, 4, state)
+    assert first + rest == reference
+
+
+def test_a_checkpoint_over_a_changed_object_is_refused_naming_it(corpus, s3, tokenizer_dir,
+                                                                 tmp_path):
+    options = fast_options(tmp_path / "cache")
+    remote = build(corpus["s3"], tokenizer_dir).options(io_options=options)
+    pipelines, _ = stream(remote, 1, 0, 2)
+    state = merged_state(pipelines)
+    s3.put(corpus["bucket"], {"short/part-1.parquet": (corpus["local"]["short"]
+                                                       / "part-0.parquet").read_bytes()})
+    fresh = build(corpus["s3"], tokenizer_dir).options(io_options=options)
+    with pytest.raises(StateMismatchError, match=r"objects\.part-1\.parquet"):
+        stream(fresh, 1, 0, 1, state)
+
+
+def test_an_object_rewritten_during_the_run_is_an_error_naming_it(corpus, s3, tmp_path):
+    dataset = Dataset.from_path("short", corpus["s3"]["short"]).bound(
+        fast_options(tmp_path / "cache"))
+    files = dataset.files()
+    s3.put(corpus["bucket"], {files[0].path: b"PAR1 rewritten"})
+    changed = r"changed since it was listed.*short/part-0\.parquet"
+    with pytest.raises(DataError, match=changed), dataset.local_file(files[0]):
+        pass
+
+
+def test_listing_matches_globs_skips_and_counts_other_keys(s3, tmp_path):
+    from tests.hub.hubdata import docs, sharded
+
+    objects = sharded(docs(40, seed=3), 4, "data/part-{i}.parquet")
+    objects.update({"data/README.md": b"# corpus", "data/.hidden.parquet": b"x",
+                    "data/sub/more.jsonl": b'{"text": "a"}\n', "other/x.parquet": b"x"})
+    s3.bucket("listing", objects)
+    options = fast_options(tmp_path / "cache")
+    folder = Dataset.from_path("d", "s3://listing/data").bound(options)
+    assert [f.path for f in folder.files()] == [
+        "data/part-0.parquet", "data/part-1.parquet", "data/part-2.parquet",
+        "data/part-3.parquet", "data/sub/more.jsonl"]
+    assert sorted(folder.skipped_files()) == ["s3://listing/data/.hidden.parquet (hidden)",
+                                              "s3://listing/data/README.md (not a data file)"]
+    glob = Dataset.from_path("d", "s3://listing/data/*.parquet").bound(options)
+    assert [f.path for f in glob.files()] == [f"data/part-{i}.parquet" for i in range(4)]
+    assert [f.row_groups for f in glob.files()] == [(10,)] * 4
+    deep = Dataset.from_path("d", "s3://listing/**/*.jsonl").bound(options)
+    assert [f.path for f in deep.files()] == ["data/sub/more.jsonl"]
+    with pytest.raises(DataError, match=r"no objects match 's3://listing/nothing/\*'"):
+        Dataset.from_path("d", "s3://listing/nothing/*").bound(options).files()
+
+
+def test_throttling_and_server_errors_are_retried(corpus, proxy, tmp_path, caplog):
+    proxy.faults += [Fault(r"^GET /corpus[^/?]*\?list-type", 503, "SlowDown", times=2),
+                     Fault(r"^GET /corpus[^?]*/short/part-0\.parquet", 500, "InternalError"),
+                     Fault(r"^GET /corpus[^?]*/short/part-1\.parquet", 503, "SlowDown",
+                           times=3)]
+    dataset = Dataset.from_path("short", corpus["s3"]["short"]).bound(
+        fast_options(tmp_path / "cache"))
+    files = dataset.files()
+    for data_file in files:
+        with dataset.local_file(data_file) as local:
+            assert Path(local).read_bytes() == (
+                corpus["local"]["short"] / Path(data_file.path).name).read_bytes()
+    assert [f.hits for f in proxy.faults] == [2, 1, 3]
+    assert "HTTP 503; retry 1 of 3" in caplog.text
+
+
+def test_retries_give_up_after_max_retries_naming_the_request(corpus, proxy, tmp_path):
+    proxy.faults.append(Fault(r"list-type", 503, "SlowDown", times=None))
+    dataset = Dataset.from_path("short", corpus["s3"]["short"]).bound(
+        fast_options(tmp_path / "cache", max_retries=2))
+    with pytest.raises(DataError, match=r"listing s3://corpus[^ ]*/short/: failed after 2 "
+                                        r"retries"):
+        dataset.files()
+    assert proxy.count("list-type") == 3
+
+
+def test_a_connection_reset_mid_download_resumes_from_the_bytes_received(corpus, proxy,
+                                                                          tmp_path):
+    dataset = Dataset.from_path("short", corpus["s3"]["short"]).bound(
+        fast_options(tmp_path / "cache"))
+    first = dataset.files()[0]
+    proxy.faults.append(Fault(r"^GET /corpus[^?]*/short/part-0\.parquet", reset_after=3000))
+    before = len(proxy.requests)
+    with dataset.local_file(first) as local:
+        assert Path(local).read_bytes() == (corpus["local"]["short"]
+                                            / "part-0.parquet").read_bytes()
+    assert proxy.faults[0].hits == 1
+    assert proxy.count("part-0.parquet") >= 2 and len(proxy.requests) - before == 2
+    assert dataset.cache.stats.downloaded_bytes == first.size
+
+
+@pytest.mark.parametrize("status, code, message", [
+    (403, "AccessDenied", r"access denied \(bucket s3://corpus[^,]*, key 'short/part-2\."
+                          r"parquet'\)\. Credentials used: the environment \(AWS_ACCESS_KEY_ID"
+                          r"\) at http://127\.0\.0\.1:\d+"),
+    (404, "NoSuchKey", r"no such object \(bucket s3://corpus[^,]*, key 'short/part-2\."
+                       r"parquet'\)"),
+])
+def test_denied_and_missing_objects_are_named(corpus, proxy, tmp_path, status, code,
+                                              message):
+    dataset = Dataset.from_path("short", corpus["s3"]["short"]).bound(
+        fast_options(tmp_path / "cache"))
+    files = dataset.files()
+    proxy.faults.append(Fault(r"part-2\.parquet", status, code, times=None))
+    with pytest.raises(DataError, match=message), dataset.local_file(files[2]):
+        pass
+    assert proxy.count(r"part-2\.parquet") == 2  # no retries: the listing's read, then this
+
+
+def test_credentials_come_from_the_profile_files(corpus, monkeypatch, tmp_path):
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    endpoint = os.environ.pop("AWS_ENDPOINT_URL_S3")
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    credentials = tmp_path / "aws-credentials"
+    credentials.write_text(f"[training]\naws_access_key_id = {KEY_ID}\n"
+                           f"aws_secret_access_key = {SECRET}\n")
+    config = tmp_path / "aws-config"
+    config.write_text(f"[profile training]\nregion = us-east-1\nendpoint_url = {endpoint}\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    dataset = Dataset.from_path("short", corpus["s3"]["short"], profile="training").bound(
+        fast_options(tmp_path / "cache"))
+    assert len(dataset.files()) == 3
+    assert dataset.store.credentials == (f"profile 'training' of {credentials} at "
+                                         f"{endpoint}")
+    with pytest.raises(ConfigError, match="s3 profile 'nobody' is in neither"):
+        Dataset.from_path("short", corpus["s3"]["short"], profile="nobody").bound(
+            fast_options(tmp_path / "cache")).files()
+
+
+def test_a_cache_of_three_shards_reads_twenty_and_stays_under_its_limit(s3, tmp_path,
+                                                                        tokenizer_dir):
+    from tests.hub.hubdata import docs, sharded
+    from zephon import Pipeline
+    from zephon.work import MixtureSpec, StaticMixtureWorkSource
+
+    objects = sharded(docs(200, seed=5), 20, "shards/{i:02d}.parquet", row_group_size=5)
+    s3.bucket("twenty", objects)
+    limit = 3 * max(len(b) for b in objects.values())
+    options = fast_options(tmp_path / "cache", limit_bytes=limit)
+    source = StaticMixtureWorkSource([Dataset.from_path("d", "s3://twenty/shards/*.parquet")],
+                                     MixtureSpec({"d": 1.0}), seed=1, repeat=False)
+    pipeline = (Pipeline(source).tokenize(tokenizer_id=tokenizer_dir).pack_flat(64, "wrap")
+                .batch(2).options(io_options=options, lanes=2))
+    cache_root = tmp_path / "cache" / "shards"
+    peak = 0
+    read = []
+    for batch in pipeline:
+        read.extend(r.payload["input_ids"].tobytes() for r in batch.records)
+        peak = max(peak, cached_bytes(cache_root))
+    assert 0 < peak <= limit
+    local = tmp_path / "local"
+    for key, data in objects.items():
+        (local / key).parent.mkdir(parents=True, exist_ok=True)
+        (local / key).write_bytes(data)
+    source = StaticMixtureWorkSource([Dataset.from_path("d", local / "shards")],
+                                     MixtureSpec({"d": 1.0}), seed=1, repeat=False)
+    expected = [r.payload["input_ids"].tobytes()
+                for batch in (Pipeline(source).tokenize(tokenizer_id=tokenizer_dir)
+                              .pack_flat(64, "wrap").batch(2).options(lanes=2))
+                for r in batch.records]
+    assert read == expected and len(read) > 20
+
+
+def cached_bytes(folder: Path) -> int:
+    """Bytes of the files in ``folder`` now (one evicted while it is summed counts 0)."""
+    total = 0
+    for entry in os.scandir(folder):
+        with contextlib.suppress(FileNotFoundError):
+            total += entry.stat().st_size
+    return total
+
+
+def test_unknown_schemes_and_options_are_config_errors():
+    with pytest.raises(ConfigError, match=r"gcsx:// is not a known storage scheme \(known: "
+                                          r"hf://, s3://"):
+        Dataset.from_path("d", "gcsx://bucket/x.parquet")
+    with pytest.raises(ConfigError, match=r"unknown option\(s\) \['token'\] for a s3:// "
+                                          r"dataset \(known: endpoint, region, profile\)"):
+        Dataset.from_path("d", "s3://bucket/x.parquet", token="t")
+    with pytest.raises(ConfigError, match="shard cache, which is not enabled"):
+        from zephon.io import StoreOptions
+
+        Dataset.from_path("d", "s3://bucket/x.parquet").bound(StoreOptions())
+
+
+def test_planning_reads_only_footers(corpus, proxy, tmp_path):
+    dataset = Dataset.from_path("short", corpus["s3"]["short"]).bound(
+        fast_options(tmp_path / "cache"))
+    dataset.plan(PlanHints(1 << 20, 1000), 8)
+    gets = [r for r in proxy.requests if r.startswith("GET") and "list-type" not in r]
+    assert len(gets) == 3 and proxy.count("list-type") == 1
+    assert dataset.cache.stats.downloads == 0
+
+
+def worker(args: dict, tmp_path: Path, name: str) -> tuple[subprocess.Popen, Path]:
+    out = tmp_path / f"{name}.json"
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, "-m", "tests.objectstore.worker",
+                             json.dumps({**args, "out": str(out)})], cwd=root,
+                            env={**os.environ, "PYTHONPATH": str(root)})
+    return proc, out
+
+
+@pytest.mark.multiprocess
+def test_eight_processes_sharing_a_cache_download_each_object_once(s3, tmp_path):
+    from tests.hub.hubdata import docs, sharded
+
+    objects = sharded(docs(160, seed=9), 8, "d/{i}.parquet", row_group_size=10)
+    s3.bucket("shared", objects)
+    cache = tmp_path / "cache"
+    procs = [worker({"path": "s3://shared/d/*.parquet", "cache": str(cache)}, tmp_path,
+                    f"w{i}") for i in range(8)]
+    results = []
+    for proc, out in procs:
+        assert proc.wait(timeout=300) == 0
+        results.append(json.loads(out.read_text()))
+    assert sum(r["downloads"] for r in results) == len(objects)
+    assert sum(r["downloaded_bytes"] for r in results) == sum(map(len, objects.values()))
+    assert all(r["ids"] == results[0]["ids"] for r in results)
+    assert sorted(results[0]["ids"]) == sorted(f"{i}:{j}" for i in range(8) for j in range(20))
+
+
+@pytest.mark.multiprocess
+def test_ctrl_c_during_a_slow_download_exits_within_two_seconds(s3, proxy, tmp_path):
+    from tests.hub.hubdata import docs, sharded
+
+    objects = sharded(docs(800, seed=55, words=(200, 400)), 2, "slow/{i}.parquet", 50)
+    s3.bucket("slow", objects)
+    proxy.faults.append(Fault(r"^GET /slow/slow/0\.parquet$", bytes_per_s=100_000, times=None))
+    cache = tmp_path / "cache"
+    proc, _ = worker({"path": "s3://slow/slow/*.parquet", "cache": str(cache), "prefetch": 2},
+                     tmp_path, "slow")
+    partial = cache / "partial"
+    deadline = time.monotonic() + 60
+    while not (partial.exists() and any(p.stat().st_size > 0 for p in partial.iterdir())):
+        assert time.monotonic() < deadline and proc.poll() is None, "no download started"
+        time.sleep(0.02)
+    interrupted = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=30)
+    assert time.monotonic() - interrupted < 2.0
+    assert proc.returncode != 0
+    assert not any(partial.iterdir())
+    assert not list((cache / "state").glob("*.reserve"))
