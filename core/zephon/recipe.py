@@ -71,6 +71,7 @@ from pathlib import Path
 from typing import Any
 
 from zephon.errors import ConfigError, DataError
+from zephon.io.storage import is_remote
 from zephon.io.store_options import CacheOptions
 from zephon.loader_options import LoaderOptions
 from zephon.ops.base import OperatorSpec, check_order
@@ -98,7 +99,9 @@ class DatasetEntry:
     name: str
     """Dataset name, used by the mixture and in every report."""
     path: str
-    """Local file/dir/glob (relative to the recipe), ``hf://`` path, or ``demo:corpus``."""
+    """Local file/dir/glob (relative to the recipe), ``hf://`` path, object-store path
+    (``s3://bucket/prefix/*.parquet``; credentials and endpoint from the environment or the
+    AWS profile files), or ``demo:corpus``."""
     weight: float = 1.0
     """Target share before normalization."""
     fmt: str | None = None
@@ -373,7 +376,7 @@ class DataRecipe:
                               ("read_ahead_tokens", self.read_ahead_tokens),
                               ("workers", self.workers)) if v is not None})))
         for entry in self.datasets:
-            if not entry.path.startswith("hf://"):
+            if not is_remote(entry.path):
                 found.attempt(lambda entry=entry: self.dataset(entry).files(),
                               prefix=f"{self.source}: dataset {entry.name!r}: ")
         tokenizer = self.tokenize.get("tokenizer")
@@ -855,7 +858,7 @@ def _resolve_path(value: str, base: Path) -> str:
         if kind != "corpus":
             raise ConfigError(f"unknown demo dataset {value!r}; use demo:corpus or demo:chat")
         return _demo_asset("corpus")
-    if value.startswith("hf://"):
+    if is_remote(value):
         return value
     path = Path(os.path.expanduser(value))
     return str(path if path.is_absolute() else base / path)

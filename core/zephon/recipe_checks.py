@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from zephon.errors import ConfigError, DataError, ZephonError
+from zephon.io.storage import is_remote
 from zephon.loader_options import lanes_problem
 from zephon.ops.base import applies_to
 from zephon.ops.pack import MAX_ROW_TOKENS
@@ -117,7 +118,7 @@ def _check_fields(recipe: DataRecipe) -> list[str]:
         return []  # reported when the recipe was read
     problems = []
     for entry in recipe.datasets:
-        if entry.path.startswith("hf://") or any(applies_to(s, entry.name) for s in before):
+        if is_remote(entry.path) or any(applies_to(s, entry.name) for s in before):
             continue
         spec = next((s for s in tokenizers if applies_to(s, entry.name)), None)
         if spec is None:
@@ -253,12 +254,13 @@ def _check_tokenizer(recipe: DataRecipe, vocab_size: int | None) -> list[str]:
 
 
 def _check_hub(recipe: DataRecipe) -> list[str]:
-    hub = [e for e in recipe.datasets if e.path.startswith("hf://")]
+    hub = [e for e in recipe.datasets if is_remote(e.path)]
     if not hub:
         return []
     if recipe.cache is None:
-        return [f"{recipe.source}: datasets {[e.name for e in hub]} are on the Hugging Face "
-                "Hub and need a [cache] section (root = <local directory>, limit_bytes = ...)"]
+        return [f"{recipe.source}: datasets {[e.name for e in hub]} are remote (hf://, or an "
+                "object store) and need a [cache] section (root = <local directory>, "
+                "limit_bytes = ...)"]
     from zephon.io import Dataset, StoreOptions
 
     options = StoreOptions(cache=recipe.cache)
@@ -267,8 +269,36 @@ def _check_hub(recipe: DataRecipe) -> list[str]:
         try:
             dataset = Dataset.from_path(entry.name, entry.path, entry.fmt).bound(options)
             dataset.files()
+            problems += _peek_remote(recipe, entry, dataset)
         except ZephonError as exc:
             problems.append(f"{recipe.source}: dataset {entry.name!r} ({entry.path}): {exc}")
+    return problems
+
+
+PEEKED_OBJECTS = 8
+"""Remote files whose fields ``zephon check`` peeks, per dataset (a footer or the first
+64 KiB each, never a whole file); local datasets are peeked file by file."""
+
+
+def _peek_remote(recipe: DataRecipe, entry: Any, dataset: Any) -> list[str]:
+    """Field problems of the first :data:`PEEKED_OBJECTS` files of a remote dataset that
+    can be peeked without downloading them (object stores)."""
+    if not hasattr(dataset, "peek_file") or any(applies_to(s, entry.name) for s in recipe.ops):
+        return []
+    spec = next((s for s in recipe.tokenize_specs() if applies_to(s, entry.name)), None)
+    if spec is None:
+        return []
+    problems = []
+    for data_file in dataset.files()[:PEEKED_OBJECTS]:
+        with dataset.peek_file(data_file) as local:
+            if local is None:
+                continue
+            problem = _field_problem(local, data_file.fmt, data_file.compression, spec.field,
+                                     spec.op_name)
+        if problem:
+            shown = dataset.display_name(data_file)
+            problems.append(f"{recipe.source}: dataset {entry.name!r}: "
+                            f"{problem.replace(local, shown)}")
     return problems
 
 
@@ -277,7 +307,7 @@ def describe(path: str | os.PathLike[str]) -> str:
     recipe = DataRecipe.from_toml(path)
     files = 0
     for entry in recipe.datasets:
-        if not entry.path.startswith("hf://"):
+        if not is_remote(entry.path):
             with contextlib.suppress(ConfigError, DataError):
                 files += len(recipe.dataset(entry).files())
     tokenizer = Path(recipe.tokenizer).name if recipe.tokenizer else "token ids"

@@ -243,6 +243,37 @@ class ObjectStoreDataset(Dataset):
                 units.add(index, spec)
         return units.table()
 
+    PEEK_BYTES = 64 << 10
+    """Bytes of an uncompressed JSON Lines object :meth:`peek_file` reads (its first line
+    must end inside them)."""
+
+    @contextlib.contextmanager
+    def peek_file(self, data_file: DataFile) -> Iterator[str | None]:
+        """A small local stand-in for ``data_file`` that holds its schema, for checking fields
+        without downloading it: a Parquet object's footer (one or two range requests) behind
+        the magic bytes, or the first 64 KiB of an uncompressed JSON Lines object. None for
+        other kinds (checked when read)."""
+        import tempfile
+
+        info = self._info(data_file)
+        if data_file.fmt == "parquet":
+            size = min(info.size, FOOTER_GUESS)
+            tail = self.store.read_range(info, info.size - size, info.size)
+            needed = int.from_bytes(tail[-8:-4], "little") + 8
+            if needed > len(tail):
+                tail = self.store.read_range(info, info.size - needed, info.size)
+            head = b"PAR1" + tail[-needed:]
+        elif data_file.fmt == "jsonl" and data_file.compression is None:
+            head = self.store.read_range(info, 0, min(info.size, self.PEEK_BYTES))
+        else:
+            yield None
+            return
+        with tempfile.TemporaryDirectory(prefix="zephon-peek-") as folder:
+            path = os.path.join(folder, os.path.basename(data_file.path))
+            with open(path, "wb") as fh:
+                fh.write(head)
+            yield path
+
     # -- reading ----------------------------------------------------------------------------
     @contextlib.contextmanager
     def local_file(self, data_file: DataFile) -> Iterator[str]:
