@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from zephon.errors import ConfigError, DataError, ZephonError
+from zephon.io.file_formats import plugin
 from zephon.io.storage import is_remote
 from zephon.loader_options import lanes_problem
 from zephon.ops.base import applies_to
@@ -160,6 +161,9 @@ def _field_problem(path: str, fmt: str, compression: str | None, field: str,
 
 def file_fields(path: str, fmt: str, compression: str | None) -> list[str]:
     """The field names of a file: its schema's, or its first JSON line's keys."""
+    registered = plugin(fmt)
+    if registered is not None:
+        return list(registered.fields(path)) if registered.fields is not None else []
     if fmt == "megatron":
         return ["input_ids"]
     if fmt == "parquet":
@@ -188,6 +192,9 @@ def peek_field(path: str, fmt: str, compression: str | None, field: str) -> str 
     """The kind of ``field`` in a file from its schema or first line: ``"text"``,
     ``"list<int>"``, ``"list"``, ``"null"``, another type's name, ``"empty"`` (no rows to
     tell), or None when the field is absent."""
+    registered = plugin(fmt)
+    if registered is not None:
+        return registered.fields(path).get(field) if registered.fields is not None else "empty"
     if fmt == "megatron":
         return "list<int>" if field == "input_ids" else None
     if fmt == "parquet":

@@ -44,8 +44,8 @@ from typing import Any, ClassVar
 
 from zephon.errors import ConfigError, DataError
 from zephon.io import local_glob
+from zephon.io.file_formats import known_formats
 from zephon.io.formats import (
-    FORMATS,
     PlanHints,
     compression_of,
     detect_format,
@@ -106,8 +106,9 @@ class Dataset:
                  documents: tuple[int, int] | None = None):
         if not name or not isinstance(name, str):
             raise ConfigError(f"Dataset name must be a non-empty string, got {name!r}")
-        if fmt is not None and fmt not in FORMATS:
-            raise ConfigError(f"Dataset {name!r}: fmt={fmt!r} is not one of {FORMATS}")
+        if fmt is not None and fmt not in known_formats():
+            raise ConfigError(f"Dataset {name!r}: fmt={fmt!r} is not one of "
+                              f"{known_formats()}")
         if documents is not None:
             documents = tuple(documents)  # type: ignore[assignment]
             if (len(documents) != 2 or not all(isinstance(d, int) for d in documents)

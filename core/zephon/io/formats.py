@@ -35,9 +35,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from zephon.errors import DataError
+from zephon.io.file_formats import BUILT_IN, detect_plugin, known_formats, plugin
 from zephon.io.indexed import DocumentColumn, open_indexed
 
-FORMATS = ("parquet", "jsonl", "arrow", "megatron")
+FORMATS = BUILT_IN
+"""The formats read here; :func:`~zephon.io.file_formats.known_formats` adds the plug-ins."""
 TOKENS_FIELD = "input_ids"
 """The one column a Megatron indexed dataset has: each document's token ids."""
 
@@ -63,7 +65,11 @@ metadata is not UTF-8 (values are validated before they are decoded)."""
 
 
 def detect_format(name: str) -> tuple[str, str | None] | None:
-    """(format, compression) from a file name, or None when the suffix is not a data file."""
+    """(format, compression) from a file name, or None when the suffix is not a data file;
+    a registered format's suffixes (:mod:`zephon.io.file_formats`) come first."""
+    registered = detect_plugin(name)
+    if registered is not None:
+        return registered, None
     lower = name.lower()
     for suffix in sorted(_SUFFIXES, key=len, reverse=True):
         if lower.endswith(suffix):
@@ -105,6 +111,9 @@ def plan_file(path: str, fmt: str, compression: str | None, hints: PlanHints,
               min_units: int = 1, rows: tuple[int, int] | None = None) -> list[UnitSpec]:
     """Split one file into units; ``min_units`` asks for at least that many when possible.
     ``rows`` limits a Megatron indexed dataset to a range of its documents."""
+    registered = plugin(fmt)
+    if registered is not None:
+        return _plugin_call(lambda: registered.plan(path, hints, min_units), fmt, path)
     try:
         if fmt == "megatron":
             count = open_indexed(path).documents
@@ -125,7 +134,18 @@ def plan_file(path: str, fmt: str, compression: str | None, hints: PlanHints,
         raise
     except _READ_ERRORS as exc:
         raise DataError(f"cannot read {fmt} file {path}: {exc}") from exc
-    raise DataError(f"unknown format {fmt!r} for {path}; known formats: {', '.join(FORMATS)}")
+    raise DataError(f"unknown format {fmt!r} for {path}; known formats: "
+                    f"{', '.join(known_formats())}")
+
+
+def _plugin_call(call: Any, fmt: str, display: str) -> Any:
+    """``call()`` of a format plug-in, its read errors named as the built-in formats' are."""
+    try:
+        return call()
+    except DataError:
+        raise
+    except _READ_ERRORS as exc:
+        raise DataError(f"cannot read {fmt} file {display}: {exc}") from exc
 
 
 def byte_units(size: int, unit_bytes: int, min_units: int) -> list[UnitSpec]:
@@ -206,6 +226,9 @@ def read_unit(path: str, fmt: str, compression: str | None, unit: UnitSpec,
     (Parquet, Arrow, compressed JSONL: the line number) or the byte offset of the line
     (uncompressed JSONL). ``display`` names the file in error messages.
     """
+    registered = plugin(fmt)
+    if registered is not None:
+        return _plugin_call(lambda: registered.read(path, unit, columns, display), fmt, display)
     try:
         if fmt == "parquet":
             table, base = _read_row_group(path, unit.group, columns, display)
@@ -506,7 +529,9 @@ class RowLabel:
 
     def __init__(self, display: str, path: str, fmt: str, compression: str | None, key: int):
         self.display, self.path, self.key = display, path, key
-        self.kind = "row" if fmt != "jsonl" else "line" if compression else "offset"
+        registered = plugin(fmt)
+        self.kind = (registered.row_label if registered is not None else "row"
+                     if fmt != "jsonl" else "line" if compression else "offset")
 
     def __str__(self) -> str:
         if self.kind == "offset":
@@ -516,7 +541,7 @@ class RowLabel:
                 return f"{self.display}: byte {self.key}"
         if self.kind == "line":
             return f"{self.display}:{self.key}"
-        return f"{self.display}: row {self.key}"
+        return f"{self.display}: {self.kind} {self.key}"
 
     __repr__ = __str__
 

@@ -1,0 +1,92 @@
+"""File-format plug-ins: a new format is one module and one :func:`register_format` call.
+
+Zephon reads Parquet, JSON Lines (plain, ``.gz``, ``.zst``), Arrow IPC and Megatron indexed
+datasets itself (:mod:`zephon.io.formats`). Any other format is a :class:`FileFormat`: its
+file suffixes, how a file is cut into units, how a unit is read, and (for ``zephon check``)
+which fields a file has. Once registered, it is detected by suffix in local folders and globs
+and in every object store, named by ``fmt=`` or a recipe's ``fmt``, planned, read, resumed
+and fingerprinted like the built-in formats::
+
+    register_format(FileFormat("toy", (".toy",), plan=plan_toy, read=read_toy))
+
+A unit is a :class:`~zephon.io.formats.UnitSpec` whose meaning is the format's own (rows
+``start..stop`` of the file, say); its rows must come out the same, in the same order, every
+time it is read, since exact resume counts rows into units. Remote files are read from the
+shard cache, so ``plan`` and ``read`` always receive a local path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from zephon.errors import ConfigError
+
+BUILT_IN = ("parquet", "jsonl", "arrow", "megatron")
+
+
+@dataclass(frozen=True, slots=True)
+class FileFormat:
+    """A file-format plug-in; see the module docstring."""
+
+    name: str
+    """What ``fmt=`` names it by."""
+    suffixes: tuple[str, ...]
+    """File-name endings detected as this format (``".toy"``); matched case-insensitively,
+    the longest first, before the built-in suffixes."""
+    plan: Callable[..., list[Any]]
+    """``plan(path, hints, min_units) -> [UnitSpec]``: the file's units, at least
+    ``min_units`` where it can (``hints`` holds ``unit_bytes`` and ``arrow_unit_rows``)."""
+    read: Callable[..., tuple[dict[str, Any], list[int]]]
+    """``read(path, unit, columns, display) -> (columns, keys)``: the unit's rows column-wise
+    (``columns=None``: every column; a missing column is a DataError naming ``display``) and
+    one int key a row that identifies it inside the file."""
+    fields: Callable[[str], dict[str, str]] | None = None
+    """``fields(path) -> {field: kind}`` with kinds as ``zephon check`` names them
+    (``"text"``, ``"list<int>"``, ``"list"``, ``"null"``); None: not checked before reading."""
+    row_label: str = "row"
+    """How errors name a row's key (``row``, ``line``, ``sample``)."""
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier():
+            raise ConfigError(f"FileFormat: name {self.name!r} must be an identifier")
+        bad = [s for s in self.suffixes if not s.startswith(".") or s != s.lower()]
+        if bad or not self.suffixes:
+            raise ConfigError(f"FileFormat {self.name!r}: suffixes must be lower-case and "
+                              f"start with '.', got {self.suffixes!r}")
+
+
+_PLUGINS: dict[str, FileFormat] = {}
+
+
+def register_format(fmt: FileFormat) -> None:
+    """Read files of ``fmt`` (replacing a plug-in of the same name)."""
+    if not isinstance(fmt, FileFormat):
+        raise ConfigError(f"register_format: expected a FileFormat, got {type(fmt).__name__}")
+    if fmt.name in BUILT_IN:
+        raise ConfigError(f"register_format: {fmt.name!r} is a built-in format")
+    _PLUGINS[fmt.name] = fmt
+
+
+def unregister_format(name: str) -> None:
+    """Forget a format :func:`register_format` added."""
+    _PLUGINS.pop(name, None)
+
+
+def plugin(name: str | None) -> FileFormat | None:
+    """The plug-in called ``name``, else None (a built-in or unknown format)."""
+    return _PLUGINS.get(name) if name is not None else None
+
+
+def known_formats() -> tuple[str, ...]:
+    """Every format name ``fmt=`` accepts: the built-in ones, then the plug-ins."""
+    return BUILT_IN + tuple(_PLUGINS)
+
+
+def detect_plugin(name: str) -> str | None:
+    """The plug-in whose longest suffix ends ``name``, else None."""
+    lower = name.lower()
+    matches = [(len(s), f.name) for f in _PLUGINS.values() for s in f.suffixes
+               if lower.endswith(s)]
+    return max(matches)[1] if matches else None
