@@ -51,11 +51,11 @@ class S3Server:
 
 @dataclass
 class Fault:
-    """Answer requests whose ``METHOD path?query`` matches ``pattern`` (a regex searched in
-    it) with ``status`` and an S3 error body of ``code``; or, with ``reset_after`` set,
-    forward them but cut the answer's body after that many bytes; or, with ``bytes_per_s``,
-    forward them slowly. ``times``: how many
-    requests it hits (None: all)."""
+    """Answer requests whose ``METHOD path?query`` (without the Range) matches ``pattern``
+    (a regex searched in it) with ``status`` and an S3 error body of ``code``; or, with
+    ``reset_after`` set, forward them but cut the answer's body after that many bytes; or,
+    with ``bytes_per_s``, forward them slowly. ``times``: how many requests it hits (None:
+    all)."""
 
     pattern: str
     status: int = 503
@@ -77,7 +77,8 @@ class Fault:
 
 class FaultProxy:
     """A proxy to ``upstream`` (``http://host:port``) on 127.0.0.1; see the module docstring.
-    ``requests`` logs ``METHOD path?query`` of every request it saw."""
+    ``requests`` logs ``METHOD path?query`` of every request it saw, followed by
+    `` Range: bytes=a-b`` for a range request."""
 
     def __init__(self, upstream: str) -> None:
         host, port = upstream.removeprefix("http://").split(":")
@@ -95,7 +96,8 @@ class FaultProxy:
             def _any(self) -> None:
                 line = f"{self.command} {self.path}"
                 with proxy._lock:
-                    proxy.requests.append(line)
+                    ranged = f" Range: {self.headers['Range']}" if "Range" in self.headers else ""
+                    proxy.requests.append(line + ranged)
                     fault = next((f for f in proxy.faults if f.take(line)), None)
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""

@@ -302,3 +302,38 @@ def test_ctrl_c_during_a_slow_download_exits_within_two_seconds(s3, proxy, tmp_p
     assert proc.returncode != 0
     assert not any(partial.iterdir())
     assert not list((cache / "state").glob("*.reserve"))
+
+
+def _job(world: int, tmp_path: Path, path: str) -> list[dict]:
+    procs = [worker({"path": path, "cache": str(tmp_path / f"w{world}-node{r}"), "lanes": 8,
+                     "world": world, "rank": r, "store": str(tmp_path / f"store-{world}")},
+                    tmp_path, f"w{world}-rank{r}") for r in range(world)]
+    results = []
+    for proc, out in procs:
+        assert proc.wait(timeout=300) == 0
+        results.append(json.loads(out.read_text()))
+    return results
+
+
+@pytest.mark.multiprocess
+def test_four_ranks_on_four_nodes_list_and_read_footers_once_for_the_job(s3, proxy,
+                                                                          tmp_path):
+    from tests.hub.hubdata import docs, sharded
+
+    objects = sharded(docs(240, seed=4), 40, "web/{i:02d}.parquet", row_group_size=6)
+    s3.bucket("jobs", objects)
+    seen = {}
+    for world in (1, 4):
+        before = len(proxy.requests)
+        results = _job(world, tmp_path, "s3://jobs/web/*.parquet")
+        requests = proxy.requests[before:]
+        downloads = sum(r["downloads"] for r in results)
+        metadata = [r for r in requests if "list-type" in r or "Range:" in r]
+        assert len([r for r in requests if r.startswith("GET")]) == len(metadata) + downloads
+        batches = {k: v for r in results for k, v in r["batches"].items()}
+        seen[world] = (len(metadata), batches, downloads)
+    (one_meta, one, one_downloads), (four_meta, four, four_downloads) = seen[1], seen[4]
+    assert one_meta == 1 + len(objects)  # one listing, one footer read an object
+    assert four_meta <= 1.3 * one_meta, (four_meta, one_meta)
+    assert four == one
+    assert one_downloads == len(objects) and four_downloads <= 1.3 * len(objects)

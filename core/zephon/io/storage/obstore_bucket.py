@@ -128,7 +128,7 @@ class ObstoreBucket:
             done = out.tell()
             if done >= info.size:
                 return
-            options: dict[str, Any] = {"range": (done, info.size)}
+            options: dict[str, Any] = {"range": (done, info.size)} if done else {}
             if _etag(info):
                 options["if_match"] = _etag(info)
             result = obstore.get(self.store, info.key, options=options)
