@@ -29,7 +29,7 @@ $(PY):
 
 $(STAMP): $(PY) pyproject.toml
 	$(PIP) install -q $(TORCH_PIN)
-	$(PIP) install -q -e ".[hf,s3,dev,torch,torchtitan,megatron,viz,fast]" $(TORCH_PIN)
+	$(PIP) install -q -e ".[hf,s3,gs,dev,torch,torchtitan,megatron,viz,fast]" $(TORCH_PIN)
 	touch $(STAMP)
 
 install: $(STAMP)

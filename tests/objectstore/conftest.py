@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from tests.objectstore.servers import KEY_ID, REGION, SECRET, FaultProxy, S3Server
+from tests.objectstore.servers import KEY_ID, REGION, SECRET, FaultProxy, GCSServer, S3Server
 
 logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server logs every request
 
@@ -42,3 +42,26 @@ def proxy(s3, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", front.url)
     yield front
     front.close()
+
+
+@pytest.fixture(scope="module")
+def gcs_server():
+    server = GCSServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def gs(gcs_server, monkeypatch):
+    """fake-gcs-server as Google's tools find an emulator: STORAGE_EMULATOR_HOST."""
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_server.url)
+    for var in ("GOOGLE_SERVICE_ACCOUNT", "GOOGLE_APPLICATION_CREDENTIALS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    return gcs_server
+
+
+@pytest.fixture(params=["s3", "gs"])
+def store(request):
+    """Each object store's server, with its scheme: ``(scheme, server)``."""
+    return request.param, request.getfixturevalue(request.param)

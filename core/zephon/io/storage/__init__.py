@@ -18,8 +18,9 @@ Adding a scheme is one module and one call::
 
 after which ``Dataset.from_path("d", "mem://bucket/*.parquet")`` and a recipe's
 ``path = "mem://..."`` read through it. Built in: ``s3`` (:mod:`zephon.io.storage.s3`, the
-``s3`` extra). Factories named as ``"module:function"`` are imported on first use, so a
-scheme's client library loads only when a path names it.
+``s3`` extra) and ``gs`` (:mod:`zephon.io.storage.gs`, the ``gs`` extra). Factories named as
+``"module:function"`` are imported on first use, so a scheme's client library loads only when
+a path names it.
 """
 
 from __future__ import annotations
@@ -106,6 +107,8 @@ class Scheme:
 _SCHEMES: dict[str, Scheme] = {
     "s3": Scheme("zephon.io.storage.s3:open_bucket", ("endpoint", "region", "profile"),
                  "s3", "Amazon S3 and S3-compatible stores (MinIO, R2, Ceph)"),
+    "gs": Scheme("zephon.io.storage.gs:open_bucket", ("endpoint",), "gs",
+                 "Google Cloud Storage"),
 }
 
 

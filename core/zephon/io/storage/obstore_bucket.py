@@ -14,11 +14,13 @@ version by ``If-Match``), so a reset late in a large object does not start it ov
 
 Not retried, and named: 401/403 (the bucket, the key and where the credentials came from),
 404 (the key, the bucket) and 412 (the object changed since it was listed: a checkpoint's
-data is not there any more).
+data is not there any more; 416, a range past a shrunken object's end, and an MD5 that still
+differs after the retries say the same where a store ignores ``If-Match``).
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import logging
 import random
@@ -48,10 +50,13 @@ T = TypeVar("T")
 
 def version_of(meta: dict[str, Any]) -> str:
     """The :attr:`ObjectInfo.version` of an ``obstore`` listing entry: ``md5:<hex>`` for an
-    ETag that is a bare MD5 (a single-part upload), else ``etag:<etag>``."""
+    ETag that is a bare MD5 (a single-part upload; hex, or base64 as GCS gives it), else
+    ``etag:<etag>``."""
     etag = (meta.get("e_tag") or "").strip('"')
     if re.fullmatch(r"[0-9a-f]{32}", etag):
         return f"md5:{etag}"
+    if re.fullmatch(r"[A-Za-z0-9+/]{22}==", etag):  # an MD5 in base64 (GCS's JSON form)
+        return f"md5:{base64.b64decode(etag).hex()}"
     if etag:
         return f"etag:{etag}"
     return f"etag:{meta.get('version') or ''}:{meta.get('size')}"
@@ -194,7 +199,8 @@ class ObstoreBucket:
         if isinstance(exc, FileNotFoundError) or name == "NotFoundError" or status == 404:
             return DataError(f"{what}: no such object ({place}); it was deleted or renamed "
                              "since it was listed, or the path names the wrong bucket")
-        if name in ("PreconditionError", "NotModifiedError") or status == 412:
+        if name in ("PreconditionError", "NotModifiedError") or status in (412, 416):
+            # 416: a range inside the listed size is past the object's end; it shrank
             return DataError(f"{what}: the object changed since it was listed ({place}); a "
                              "run reads the versions it listed (and a checkpoint names them): "
                              "restore that version, or start a new run over the new data")

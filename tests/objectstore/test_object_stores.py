@@ -1,5 +1,6 @@
-"""``s3://`` datasets against moto's S3 server: the same batches as local files, exact
-resume, retries, named errors and a bounded cache."""
+"""Object-store datasets against real protocol servers on 127.0.0.1 (moto's S3 server,
+fake-gcs-server): the same batches as local files, exact resume, retries, named errors and a
+bounded, node-shared cache."""
 
 from __future__ import annotations
 
@@ -31,16 +32,29 @@ def upload(server, bucket: str, root: Path, prefix: str = "") -> dict[str, bytes
     return objects
 
 
-@pytest.fixture
-def corpus(s3, two_datasets, request):
+def stored_corpus(scheme: str, server, two_datasets, test_name: str) -> dict:
     """``two_datasets`` stored locally and in a bucket of its own; returns both paths."""
-    bucket = "corpus-" + request.node.name.lower().replace("_", "-")[:40].strip("-")
-    upload(s3, bucket, two_datasets["short"].parent)
-    remote = {"short": f"s3://{bucket}/short/*.parquet", "long": f"s3://{bucket}/long/"}
-    return {"local": two_datasets, "s3": remote, "bucket": bucket}
+    bucket = "corpus-" + "".join(c for c in test_name.lower().replace("_", "-")
+                                 if c.isalnum() or c == "-")[:40].strip("-")
+    upload(server, bucket, two_datasets["short"].parent)
+    remote = {"short": f"{scheme}://{bucket}/short/*.parquet",
+              "long": f"{scheme}://{bucket}/long/"}
+    return {"local": two_datasets, "s3": remote, "bucket": bucket, "server": server}
 
 
-def test_s3_gives_the_local_batches_at_w1_and_w2(corpus, tokenizer_dir, tmp_path):
+@pytest.fixture
+def corpus(store, two_datasets, request):
+    """The corpus in each object store (s3 and gs)."""
+    return stored_corpus(*store, two_datasets, request.node.name)
+
+
+@pytest.fixture
+def s3_corpus(s3, two_datasets, request):
+    """The corpus in S3 only (the fault proxy is an S3 proxy)."""
+    return stored_corpus("s3", s3, two_datasets, request.node.name)
+
+
+def test_object_stores_give_the_local_batches_at_w1_and_w2(corpus, tokenizer_dir, tmp_path):
     local = build(corpus["local"], tokenizer_dir)
     remote = build(corpus["s3"], tokenizer_dir).options(
         io_options=fast_options(tmp_path / "cache"))
@@ -49,7 +63,7 @@ def test_s3_gives_the_local_batches_at_w1_and_w2(corpus, tokenizer_dir, tmp_path
     assert run(remote, 2, steps=6) == reference
 
 
-def test_s3_resumes_exactly_at_another_dp_size(corpus, tokenizer_dir, tmp_path):
+def test_object_stores_resume_exactly_at_another_dp_size(corpus, tokenizer_dir, tmp_path):
     options = fast_options(tmp_path / "cache")
     remote = build(corpus["s3"], tokenizer_dir).options(io_options=options)
     reference = run(build(corpus["local"], tokenizer_dir), 1, steps=7)
@@ -60,25 +74,25 @@ def test_s3_resumes_exactly_at_another_dp_size(corpus, tokenizer_dir, tmp_path):
     assert first + rest == reference
 
 
-def test_a_checkpoint_over_a_changed_object_is_refused_naming_it(corpus, s3, tokenizer_dir,
+def test_a_checkpoint_over_a_changed_object_is_refused_naming_it(corpus, tokenizer_dir,
                                                                  tmp_path):
     options = fast_options(tmp_path / "cache")
     remote = build(corpus["s3"], tokenizer_dir).options(io_options=options)
     pipelines, _ = stream(remote, 1, 0, 2)
     state = merged_state(pipelines)
-    s3.put(corpus["bucket"], {"short/part-1.parquet": (corpus["local"]["short"]
-                                                       / "part-0.parquet").read_bytes()})
+    corpus["server"].put(corpus["bucket"], {"short/part-1.parquet": (
+        corpus["local"]["short"] / "part-0.parquet").read_bytes()})
     fresh = build(corpus["s3"], tokenizer_dir).options(io_options=options)
     with pytest.raises(StateMismatchError, match=r"objects\.part-1\.parquet"):
         stream(fresh, 1, 0, 1, state)
 
 
-def test_an_object_rewritten_during_the_run_is_an_error_naming_it(corpus, s3, tmp_path):
+def test_an_object_rewritten_during_the_run_is_an_error_naming_it(corpus, tmp_path):
     dataset = Dataset.from_path("short", corpus["s3"]["short"]).bound(
         fast_options(tmp_path / "cache"))
     files = dataset.files()
-    s3.put(corpus["bucket"], {files[0].path: b"PAR1 rewritten"})
-    changed = r"changed since it was listed.*short/part-0\.parquet"
+    corpus["server"].put(corpus["bucket"], {files[0].path: b"PAR1 rewritten"})
+    changed = r"(changed since it was listed|do not match its MD5).*short/part-0\.parquet"
     with pytest.raises(DataError, match=changed), dataset.local_file(files[0]):
         pass
 
@@ -106,25 +120,25 @@ def test_listing_matches_globs_skips_and_counts_other_keys(s3, tmp_path):
         Dataset.from_path("d", "s3://listing/nothing/*").bound(options).files()
 
 
-def test_throttling_and_server_errors_are_retried(corpus, proxy, tmp_path, caplog):
+def test_throttling_and_server_errors_are_retried(s3_corpus, proxy, tmp_path, caplog):
     proxy.faults += [Fault(r"^GET /corpus[^/?]*\?list-type", 503, "SlowDown", times=2),
                      Fault(r"^GET /corpus[^?]*/short/part-0\.parquet", 500, "InternalError"),
                      Fault(r"^GET /corpus[^?]*/short/part-1\.parquet", 503, "SlowDown",
                            times=3)]
-    dataset = Dataset.from_path("short", corpus["s3"]["short"]).bound(
+    dataset = Dataset.from_path("short", s3_corpus["s3"]["short"]).bound(
         fast_options(tmp_path / "cache"))
     files = dataset.files()
     for data_file in files:
         with dataset.local_file(data_file) as local:
             assert Path(local).read_bytes() == (
-                corpus["local"]["short"] / Path(data_file.path).name).read_bytes()
+                s3_corpus["local"]["short"] / Path(data_file.path).name).read_bytes()
     assert [f.hits for f in proxy.faults] == [2, 1, 3]
     assert "HTTP 503; retry 1 of 3" in caplog.text
 
 
-def test_retries_give_up_after_max_retries_naming_the_request(corpus, proxy, tmp_path):
+def test_retries_give_up_after_max_retries_naming_the_request(s3_corpus, proxy, tmp_path):
     proxy.faults.append(Fault(r"list-type", 503, "SlowDown", times=None))
-    dataset = Dataset.from_path("short", corpus["s3"]["short"]).bound(
+    dataset = Dataset.from_path("short", s3_corpus["s3"]["short"]).bound(
         fast_options(tmp_path / "cache", max_retries=2))
     with pytest.raises(DataError, match=r"listing s3://corpus[^ ]*/short/: failed after 2 "
                                         r"retries"):
@@ -132,15 +146,15 @@ def test_retries_give_up_after_max_retries_naming_the_request(corpus, proxy, tmp
     assert proxy.count("list-type") == 3
 
 
-def test_a_connection_reset_mid_download_resumes_from_the_bytes_received(corpus, proxy,
+def test_a_connection_reset_mid_download_resumes_from_the_bytes_received(s3_corpus, proxy,
                                                                           tmp_path):
-    dataset = Dataset.from_path("short", corpus["s3"]["short"]).bound(
+    dataset = Dataset.from_path("short", s3_corpus["s3"]["short"]).bound(
         fast_options(tmp_path / "cache"))
     first = dataset.files()[0]
     proxy.faults.append(Fault(r"^GET /corpus[^?]*/short/part-0\.parquet", reset_after=3000))
     before = len(proxy.requests)
     with dataset.local_file(first) as local:
-        assert Path(local).read_bytes() == (corpus["local"]["short"]
+        assert Path(local).read_bytes() == (s3_corpus["local"]["short"]
                                             / "part-0.parquet").read_bytes()
     assert proxy.faults[0].hits == 1
     assert proxy.count("part-0.parquet") >= 2 and len(proxy.requests) - before == 2
@@ -154,9 +168,9 @@ def test_a_connection_reset_mid_download_resumes_from_the_bytes_received(corpus,
     (404, "NoSuchKey", r"no such object \(bucket s3://corpus[^,]*, key 'short/part-2\."
                        r"parquet'\)"),
 ])
-def test_denied_and_missing_objects_are_named(corpus, proxy, tmp_path, status, code,
+def test_denied_and_missing_objects_are_named(s3_corpus, proxy, tmp_path, status, code,
                                               message):
-    dataset = Dataset.from_path("short", corpus["s3"]["short"]).bound(
+    dataset = Dataset.from_path("short", s3_corpus["s3"]["short"]).bound(
         fast_options(tmp_path / "cache"))
     files = dataset.files()
     proxy.faults.append(Fault(r"part-2\.parquet", status, code, times=None))
@@ -165,7 +179,7 @@ def test_denied_and_missing_objects_are_named(corpus, proxy, tmp_path, status, c
     assert proxy.count(r"part-2\.parquet") == 2  # no retries: the listing's read, then this
 
 
-def test_credentials_come_from_the_profile_files(corpus, monkeypatch, tmp_path):
+def test_credentials_come_from_the_profile_files(s3_corpus, monkeypatch, tmp_path):
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     endpoint = os.environ.pop("AWS_ENDPOINT_URL_S3")
@@ -177,13 +191,29 @@ def test_credentials_come_from_the_profile_files(corpus, monkeypatch, tmp_path):
     config.write_text(f"[profile training]\nregion = us-east-1\nendpoint_url = {endpoint}\n")
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
-    dataset = Dataset.from_path("short", corpus["s3"]["short"], profile="training").bound(
+    dataset = Dataset.from_path("short", s3_corpus["s3"]["short"], profile="training").bound(
         fast_options(tmp_path / "cache"))
     assert len(dataset.files()) == 3
     assert dataset.store.credentials == (f"profile 'training' of {credentials} at "
                                          f"{endpoint}")
     with pytest.raises(ConfigError, match="s3 profile 'nobody' is in neither"):
-        Dataset.from_path("short", corpus["s3"]["short"], profile="nobody").bound(
+        Dataset.from_path("short", s3_corpus["s3"]["short"], profile="nobody").bound(
+            fast_options(tmp_path / "cache")).files()
+
+
+def test_gcs_credentials_are_named_and_a_missing_key_file_refused(gs, two_datasets, request,
+                                                                  monkeypatch, tmp_path):
+    corpus = stored_corpus("gs", gs, two_datasets, request.node.name)
+    dataset = Dataset.from_path("short", corpus["s3"]["short"]).bound(
+        fast_options(tmp_path / "cache"))
+    assert len(dataset.files()) == 3
+    assert dataset.store.credentials == (f"none (STORAGE_EMULATOR_HOST names an emulator) at "
+                                         f"{gs.url}")
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST")
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
+    with pytest.raises(ConfigError, match=r"service-account key file '.*missing\.json' "
+                                          r"\(GOOGLE_APPLICATION_CREDENTIALS\) does not exist"):
+        Dataset.from_path("short", corpus["s3"]["short"]).bound(
             fast_options(tmp_path / "cache")).files()
 
 
@@ -232,7 +262,7 @@ def cached_bytes(folder: Path) -> int:
 
 def test_unknown_schemes_and_options_are_config_errors():
     with pytest.raises(ConfigError, match=r"gcsx:// is not a known storage scheme \(known: "
-                                          r"hf://, s3://"):
+                                          r"gs://, hf://, s3://"):
         Dataset.from_path("d", "gcsx://bucket/x.parquet")
     with pytest.raises(ConfigError, match=r"unknown option\(s\) \['token'\] for a s3:// "
                                           r"dataset \(known: endpoint, region, profile\)"):
@@ -243,8 +273,8 @@ def test_unknown_schemes_and_options_are_config_errors():
         Dataset.from_path("d", "s3://bucket/x.parquet").bound(StoreOptions())
 
 
-def test_planning_reads_only_footers(corpus, proxy, tmp_path):
-    dataset = Dataset.from_path("short", corpus["s3"]["short"]).bound(
+def test_planning_reads_only_footers(s3_corpus, proxy, tmp_path):
+    dataset = Dataset.from_path("short", s3_corpus["s3"]["short"]).bound(
         fast_options(tmp_path / "cache"))
     dataset.plan(PlanHints(1 << 20, 1000), 8)
     gets = [r for r in proxy.requests if r.startswith("GET") and "list-type" not in r]
