@@ -27,12 +27,20 @@ $(PY):
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
+# Azurite (Azure Blob's emulator, a Node package) for the object-store tests.
+AZURITE := .azurite/node_modules/.bin/azurite-blob
+AZURITE_VERSION := 3.35.0
+
 $(STAMP): $(PY) pyproject.toml
 	$(PIP) install -q $(TORCH_PIN)
-	$(PIP) install -q -e ".[hf,s3,gs,dev,torch,torchtitan,megatron,viz,fast]" $(TORCH_PIN)
+	$(PIP) install -q -e ".[hf,s3,gs,az,dev,torch,torchtitan,megatron,viz,fast]" $(TORCH_PIN)
 	touch $(STAMP)
 
-install: $(STAMP)
+$(AZURITE):
+	@command -v npm >/dev/null || { echo "npm is needed to install Azurite for the tests"; exit 1; }
+	npm install --prefix .azurite azurite@$(AZURITE_VERSION) --no-audit --no-fund --silent
+
+install: $(STAMP) $(AZURITE)
 
 $(STAMP312): pyproject.toml
 	$(PYTHON312) -m venv $(VENV312)
@@ -45,7 +53,7 @@ demo: $(STAMP)
 	$(PY) -m zephon.demo
 	$(PY) -m zephon_torchtitan.demo --steps 10
 
-test: $(STAMP)
+test: $(STAMP) $(AZURITE)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q tests
 	$(MAKE) --no-print-directory smoke-megatron

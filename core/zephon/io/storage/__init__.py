@@ -18,7 +18,8 @@ Adding a scheme is one module and one call::
 
 after which ``Dataset.from_path("d", "mem://bucket/*.parquet")`` and a recipe's
 ``path = "mem://..."`` read through it. Built in: ``s3`` (:mod:`zephon.io.storage.s3`, the
-``s3`` extra) and ``gs`` (:mod:`zephon.io.storage.gs`, the ``gs`` extra). Factories named as
+``s3`` extra), ``gs`` (:mod:`zephon.io.storage.gs`) and ``az`` (:mod:`zephon.io.storage.az`),
+each with the extra of its name. Factories named as
 ``"module:function"`` are imported on first use, so a scheme's client library loads only when
 a path names it.
 """
@@ -109,6 +110,8 @@ _SCHEMES: dict[str, Scheme] = {
                  "s3", "Amazon S3 and S3-compatible stores (MinIO, R2, Ceph)"),
     "gs": Scheme("zephon.io.storage.gs:open_bucket", ("endpoint",), "gs",
                  "Google Cloud Storage"),
+    "az": Scheme("zephon.io.storage.az:open_bucket", ("account", "endpoint"), "az",
+                 "Azure Blob Storage"),
 }
 
 
