@@ -278,10 +278,33 @@ class DatasetSource:
         if found is None:
             return None
         epoch, unit_index, (file_index, spec) = found
+        self._fetch_ahead(k, file_index)
         table, keys, label = self._unit_rows(file_index, spec)
         order = self.source.row_order(self.index, epoch, unit_index, len(keys))
         self._unit = _LoadedUnit(k, epoch, table, keys, order, file_index, label)
         return self._unit
+
+    FETCH_AHEAD = 2
+    """Units past the one being read whose files a remote dataset downloads in the
+    background (``fetch_ahead``), so a lane seldom waits for a download; local datasets
+    have no such method and are not asked."""
+
+    def _fetch_ahead(self, k: int, file_index: int) -> None:
+        """Ask a remote dataset to fetch the files of this lane's next units."""
+        fetch = getattr(self.dataset, "fetch_ahead", None)
+        if fetch is None:
+            return
+        files = self.dataset.files()
+        wanted = []
+        for ahead in range(k + 1, k + 1 + self.FETCH_AHEAD):
+            found = self.source.unit_at(self.index, self.lane, ahead, self.lanes)
+            if found is None:
+                break
+            index = found[2][0]
+            if index != file_index and files[index] not in wanted:
+                wanted.append(files[index])
+        if wanted:
+            fetch(wanted)
 
     def _unit_rows(self, file_index: int, spec: UnitSpec) -> tuple[
             dict[str, list[Any]], list[int], Callable[[int], RowLabel]]:
