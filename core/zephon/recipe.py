@@ -105,7 +105,7 @@ class DatasetEntry:
     weight: float = 1.0
     """Target share before normalization."""
     fmt: str | None = None
-    """Force a file format (parquet, jsonl, arrow, megatron)."""
+    """Force a file format (parquet, jsonl, arrow, megatron, mds, or a registered one)."""
     documents: list[int] | None = None
     """``[start, stop)``: read only these documents of a Megatron indexed dataset."""
     field: str | None = None

@@ -44,7 +44,7 @@ from typing import Any, ClassVar
 
 from zephon.errors import ConfigError, DataError
 from zephon.io import local_glob
-from zephon.io.file_formats import known_formats
+from zephon.io.file_formats import companion_files, known_formats
 from zephon.io.formats import (
     PlanHints,
     compression_of,
@@ -233,6 +233,7 @@ class Dataset:
             else:
                 fmt, compression = detected
             files.append((candidate, fmt, compression))
+        files = _without_companions(files, skipped)
         files = _described(files)
         if not files:
             raise DataError(
@@ -311,6 +312,16 @@ class Dataset:
         need no options and return themselves. The dataset itself never changes, so pipelines
         built from one dataset object do not affect each other."""
         return self
+
+
+def _without_companions(entries: list[Any], skipped: list[str]) -> list[Any]:
+    """``entries`` less the metadata files of plug-in formats (MDS's ``index.json``) beside
+    their data files, which are added to ``skipped``."""
+    pairs = [(e[0], e[1]) for e in entries if isinstance(e, tuple)]
+    companions = companion_files(pairs)
+    skipped.extend(f"{path} (metadata of the {companions[path]} files beside it)"
+                   for path, _ in pairs if path in companions)
+    return [e for e in entries if not (isinstance(e, tuple) and e[0] in companions)]
 
 
 def _change_since_listing(data_file: DataFile) -> str | None:

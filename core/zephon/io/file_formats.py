@@ -1,7 +1,8 @@
 """File-format plug-ins: a new format is one module and one :func:`register_format` call.
 
 Zephon reads Parquet, JSON Lines (plain, ``.gz``, ``.zst``), Arrow IPC and Megatron indexed
-datasets itself (:mod:`zephon.io.formats`). Any other format is a :class:`FileFormat`: its
+datasets itself (:mod:`zephon.io.formats`), and Mosaic Streaming's MDS shards through a plug-in
+it ships (:mod:`zephon.io.mds`). Any other format is a :class:`FileFormat`: its
 file suffixes, how a file is cut into units, how a unit is read, and (for ``zephon check``)
 which fields a file has. Once registered, it is detected by suffix in local folders and globs
 and in every object store, named by ``fmt=`` or a recipe's ``fmt``, planned, read, resumed
@@ -17,6 +18,7 @@ shard cache, so ``plan`` and ``read`` always receive a local path.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +49,9 @@ class FileFormat:
     (``"text"``, ``"list<int>"``, ``"list"``, ``"null"``); None: not checked before reading."""
     row_label: str = "row"
     """How errors name a row's key (``row``, ``line``, ``sample``)."""
+    companions: tuple[str, ...] = ()
+    """File names that accompany files of this format (``index.json`` of MDS): a listing
+    skips them, as metadata, in a folder that holds files of this format."""
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
@@ -58,6 +63,21 @@ class FileFormat:
 
 
 _PLUGINS: dict[str, FileFormat] = {}
+_BUNDLED: dict[str, tuple[tuple[str, ...], str]] = {
+    "mds": ((".mds", ".mds.zstd", ".mds.gz", ".mds.bz2", ".mds.br", ".mds.snappy"),
+            "zephon.io.mds:MDS"),
+}
+"""Plug-ins shipped with zephon, by name: their suffixes, and where the FileFormat is
+(imported on first use)."""
+
+
+def _load_bundled(name: str) -> FileFormat | None:
+    if name not in _BUNDLED or name in _PLUGINS:
+        return _PLUGINS.get(name)
+    module, _, attribute = _BUNDLED[name][1].partition(":")
+    fmt = getattr(importlib.import_module(module), attribute)
+    _PLUGINS.setdefault(name, fmt)
+    return _PLUGINS[name]
 
 
 def register_format(fmt: FileFormat) -> None:
@@ -70,23 +90,47 @@ def register_format(fmt: FileFormat) -> None:
 
 
 def unregister_format(name: str) -> None:
-    """Forget a format :func:`register_format` added."""
+    """Forget a format :func:`register_format` added (a bundled one loads again on use)."""
     _PLUGINS.pop(name, None)
 
 
 def plugin(name: str | None) -> FileFormat | None:
     """The plug-in called ``name``, else None (a built-in or unknown format)."""
-    return _PLUGINS.get(name) if name is not None else None
+    if name is None or name in BUILT_IN:
+        return None
+    return _PLUGINS.get(name) or _load_bundled(name)
 
 
 def known_formats() -> tuple[str, ...]:
     """Every format name ``fmt=`` accepts: the built-in ones, then the plug-ins."""
-    return BUILT_IN + tuple(_PLUGINS)
+    return BUILT_IN + tuple(dict.fromkeys([*_BUNDLED, *_PLUGINS]))
+
+
+def _suffixes() -> list[tuple[str, str]]:
+    registered = [(s, f.name) for f in _PLUGINS.values() for s in f.suffixes]
+    bundled = [(s, n) for n, (suffixes, _) in _BUNDLED.items() if n not in _PLUGINS
+               for s in suffixes]
+    return registered + bundled
 
 
 def detect_plugin(name: str) -> str | None:
     """The plug-in whose longest suffix ends ``name``, else None."""
     lower = name.lower()
-    matches = [(len(s), f.name) for f in _PLUGINS.values() for s in f.suffixes
-               if lower.endswith(s)]
+    matches = [(len(s), n) for s, n in _suffixes() if lower.endswith(s)]
     return max(matches)[1] if matches else None
+
+
+def companion_files(paths_and_formats: list[tuple[str, str]]) -> dict[str, str]:
+    """The paths among ``(path, format)`` that are companions (:attr:`FileFormat.companions`)
+    of a plug-in format with a file in the same folder, with that format."""
+    folders: dict[str, set[str]] = {}
+    for path, fmt in paths_and_formats:
+        folders.setdefault(path.rpartition("/")[0], set()).add(fmt)
+    found = {}
+    for path, _ in paths_and_formats:
+        folder, _, name = path.rpartition("/")
+        for fmt in sorted(folders[folder]):
+            registered = plugin(fmt)
+            if registered is not None and name in registered.companions:
+                found[path] = fmt
+    return found

@@ -26,7 +26,6 @@ import math
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ import pyarrow.parquet as pq
 from zephon.errors import DataError
 from zephon.io.file_formats import BUILT_IN, detect_plugin, known_formats, plugin
 from zephon.io.indexed import DocumentColumn, open_indexed
+from zephon.io.units import PlanHints, UnitSpec, row_units
 
 FORMATS = BUILT_IN
 """The formats read here; :func:`~zephon.io.file_formats.known_formats` adds the plug-ins."""
@@ -86,27 +86,6 @@ def compression_of(name: str) -> str | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
-class UnitSpec:
-    """Where a unit lies inside its file. Meaning of ``start``/``stop`` depends on ``kind``:
-    ``row_group`` (rows inside Parquet row group ``group``), ``rows`` (rows of an Arrow file,
-    documents of a Megatron indexed dataset), ``bytes`` (byte range of a JSONL file) or
-    ``file`` (the whole file)."""
-
-    kind: str
-    group: int
-    start: int
-    stop: int
-
-
-@dataclass(frozen=True, slots=True)
-class PlanHints:
-    unit_bytes: int
-    """Target size of a JSONL byte-range unit."""
-    arrow_unit_rows: int
-    """Target rows of an Arrow unit (documents of an indexed-dataset unit)."""
-
-
 def plan_file(path: str, fmt: str, compression: str | None, hints: PlanHints,
               min_units: int = 1, rows: tuple[int, int] | None = None) -> list[UnitSpec]:
     """Split one file into units; ``min_units`` asks for at least that many when possible.
@@ -121,7 +100,7 @@ def plan_file(path: str, fmt: str, compression: str | None, hints: PlanHints,
             if not 0 <= start <= stop <= count:
                 raise DataError(f"{path}: documents {start}..{stop} are outside its "
                                 f"{count} documents")
-            return _row_units(start, stop, hints.arrow_unit_rows, min_units)
+            return row_units(start, stop, hints.arrow_unit_rows, min_units)
         if fmt == "parquet":
             return _plan_parquet(path, min_units)
         if fmt == "arrow":
@@ -206,16 +185,7 @@ def _open_arrow(path: str) -> pa.Table:
 
 
 def _plan_arrow(path: str, unit_rows: int, min_units: int) -> list[UnitSpec]:
-    return _row_units(0, _open_arrow(path).num_rows, unit_rows, min_units)
-
-
-def _row_units(start: int, stop: int, unit_rows: int, min_units: int) -> list[UnitSpec]:
-    rows = stop - start
-    if rows <= 0:
-        return []
-    per_unit = min(unit_rows, max(1, math.ceil(rows / max(min_units, 1))))
-    return [UnitSpec("rows", 0, s, min(s + per_unit, stop)) for s in range(start, stop,
-                                                                           per_unit)]
+    return row_units(0, _open_arrow(path).num_rows, unit_rows, min_units)
 
 
 def read_unit(path: str, fmt: str, compression: str | None, unit: UnitSpec,

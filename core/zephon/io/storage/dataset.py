@@ -40,6 +40,7 @@ from typing import Any
 from zephon.errors import ConfigError, DataError
 from zephon.io import cancel, local_glob
 from zephon.io.dataset import _METADATA, DataFile, Dataset
+from zephon.io.file_formats import companion_files
 from zephon.io.formats import (
     PlanHints,
     UnitSpec,
@@ -172,6 +173,10 @@ class ObjectStoreDataset(Dataset):
                 skipped.append(f"{shown} (Megatron indexed data is read from local disk)")
             else:
                 chosen.append((info, *detected))
+        companions = companion_files([(info.key, fmt) for info, fmt, _ in chosen])
+        skipped += [f"{self.store.url}/{info.key} (metadata of the {companions[info.key]} "
+                    "files beside it)" for info, _, _ in chosen if info.key in companions]
+        chosen = [entry for entry in chosen if entry[0].key not in companions]
         if not chosen:
             raise DataError(f"Dataset {self.name!r}: no .parquet, .jsonl(.gz/.zst), .json or "
                             f".arrow objects match {self.path!r} (pass fmt=... to read other "

@@ -1,0 +1,119 @@
+"""Mosaic Streaming's MDS shards (tests/data/mds, written by Streaming's own MDSWriter, see
+make_mds.py there) read as a dataset: every column as written, the same documents and
+tokens as the same rows in JSON Lines, compressed or not, resumed exactly, and from an
+object store through a registered scheme."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.hub.hubdata import fast_options
+from tests.objectstore.test_scheme_plugin import BUCKETS, MemoryBucket
+from zephon import Pipeline
+from zephon.errors import DataError
+from zephon.io import Dataset, storage
+from zephon.io.formats import PlanHints, read_unit
+from zephon.work import MixtureSpec, StaticMixtureWorkSource
+
+MDS = Path(__file__).resolve().parents[1] / "data" / "mds"
+EXPECTED = [json.loads(line) for line in (MDS / "expected.jsonl").read_text().splitlines()]
+
+
+def rows_of(dataset: Dataset) -> list[dict]:
+    table = dataset.plan(PlanHints(1 << 20, 7), 1)
+    rows = []
+    for i in range(len(table)):
+        file_index, unit = table[i]
+        data_file = dataset.files()[file_index]
+        with dataset.local_file(data_file) as local:
+            columns, keys = read_unit(local, data_file.fmt, data_file.compression, unit, None,
+                                      data_file.path)
+        rows += [{name: values[r] for name, values in columns.items()}
+                 for r in range(len(keys))]
+    return rows
+
+
+@pytest.mark.parametrize("variant", ["plain", "zstd"])
+def test_every_column_reads_as_streaming_wrote_it(variant):
+    dataset = Dataset.from_path("m", MDS / variant)
+    assert {f.fmt for f in dataset.files()} == {"mds"} and len(dataset.files()) >= 4
+    assert dataset.skipped_files() == (
+        f"{MDS / variant / 'index.json'} (metadata of the mds files beside it)",)
+    rows = rows_of(dataset)
+    assert [r["id"] for r in rows] == [e["id"] for e in EXPECTED]
+    for got, want in zip(rows, EXPECTED, strict=True):
+        assert got["text"] == want["text"] and got["meta"] == want["meta"]
+        assert got["tokens"].tolist() == want["tokens"] and str(got["tokens"].dtype) == "int32"
+        assert got["raw"] == bytes.fromhex(want["raw"])
+        assert got["score"] == pytest.approx(want["score"], abs=1e-6)
+
+
+def pipeline_over(path, tokenizer_dir, **options) -> Pipeline:
+    source = StaticMixtureWorkSource([Dataset.from_path("d", path)], MixtureSpec({"d": 1.0}),
+                                     seed=4, repeat=False, arrow_unit_rows=5)
+    return (Pipeline(source).tokenize(tokenizer_id=tokenizer_dir).pack_flat(33, "wrap")
+            .batch(2, drop_last=False).options(lanes=1, **options))
+
+
+def token_rows(pipeline) -> list[bytes]:
+    return [r.payload["input_ids"].tobytes() for b in pipeline for r in b.records]
+
+
+def test_mds_gives_the_documents_of_the_same_rows_in_json_lines(tokenizer_dir, tmp_path):
+    assert token_rows(pipeline_over(MDS / "plain", tokenizer_dir)) == token_rows(
+        pipeline_over(MDS / "zstd", tokenizer_dir))
+    jsonl = tmp_path / "rows.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": e["text"]}) + "\n" for e in EXPECTED))
+
+    def documents(path) -> list[bytes]:
+        source = StaticMixtureWorkSource([Dataset.from_path("d", path)],
+                                         MixtureSpec({"d": 1.0}), seed=4, repeat=False)
+        pipeline = (Pipeline(source).tokenize(tokenizer_id=tokenizer_dir).batch(1)
+                    .options(lanes=1))
+        return sorted(token_rows(pipeline))
+
+    from_mds = documents(MDS / "plain")
+    assert len(from_mds) == len(EXPECTED) and from_mds == documents(jsonl)
+
+
+def test_mds_resumes_exactly_and_reads_from_an_object_store(tokenizer_dir, tmp_path):
+    reference = token_rows(pipeline_over(MDS / "zstd", tokenizer_dir))
+    pipeline = pipeline_over(MDS / "zstd", tokenizer_dir)
+    iterator = iter(pipeline)
+    first = [r.payload["input_ids"].tobytes() for _ in range(3) for r in next(iterator).records]
+    state = pickle.loads(pickle.dumps(pipeline.state_dict()))
+    resumed = pipeline_over(MDS / "zstd", tokenizer_dir)
+    resumed.load_state_dict(state)
+    assert first + token_rows(resumed) == reference
+    storage.register_scheme("mem", storage.Scheme(MemoryBucket))
+    try:
+        BUCKETS["mds"] = {f"train/{p.name}": p.read_bytes()
+                          for p in sorted((MDS / "zstd").iterdir())}
+        remote = pipeline_over("mem://mds/train/", tokenizer_dir,
+                               io_options=fast_options(tmp_path / "cache"))
+        assert token_rows(remote) == reference
+        assert remote.loader().source.datasets[0].skipped_files() == (
+            "mem://mds/train/index.json (metadata of the mds files beside it)",)
+    finally:
+        storage.unregister_scheme("mem")
+        BUCKETS.clear()
+
+
+def test_damaged_and_unreadable_shards_are_named(tmp_path):
+    folder = tmp_path / "bad"
+    shutil.copytree(MDS / "plain", folder)
+    shard = folder / "shard.00001.mds"
+    data = bytearray(shard.read_bytes())
+    shard.write_bytes(bytes(data[:-7]))  # cut short: the offsets no longer fit
+    with pytest.raises(DataError, match=r"shard\.00001\.mds: not an MDS shard \(its sample "
+                                        r"offsets do not fit"):
+        rows_of(Dataset.from_path("m", folder))
+    (folder / "shard.00001.mds").unlink()
+    (folder / "shard.00002.mds.br").write_bytes(b"x" * 10)
+    with pytest.raises(DataError, match="br-compressed MDS shards are not read"):
+        rows_of(Dataset.from_path("m", folder))
