@@ -45,7 +45,7 @@ install: $(STAMP) $(AZURITE)
 $(STAMP312): pyproject.toml
 	$(PYTHON312) -m venv $(VENV312)
 	$(PY312) -m pip install -q --upgrade pip
-	$(PY312) -m pip install -q -e ".[hf,dev,megatron,fast]" $(TORCH_PIN) $(MEGATRON_CORE_312) tensorboard
+	$(PY312) -m pip install -q -e ".[hf,s3,dev,megatron,fast]" $(TORCH_PIN) $(MEGATRON_CORE_312) tensorboard
 	touch $(STAMP312)
 
 # The loader tour (core), then TorchTitan's debug model trained for 10 steps with it (adapter).

@@ -1,0 +1,54 @@
+"""The Megatron adapter, unchanged, reads an ``s3://`` recipe (moto's S3 server on
+127.0.0.1): the same microbatches as the same files on local disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from megatron_helpers import PACKED, megatron_argv, parse
+
+from tests.objectstore.servers import KEY_ID, REGION, SECRET, S3Server
+from tests.objectstore.test_object_stores import upload
+from zephon.demo.assets import build_demo_assets
+from zephon.recipe import DataRecipe
+from zephon_megatron.arguments import settings_from_args
+from zephon_megatron.provider import Topology, build_iterator
+
+pytestmark = pytest.mark.usefixtures("megatron_cpu")
+
+
+@pytest.fixture
+def s3(monkeypatch, tmp_path):
+    server = S3Server()
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", server.url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY_ID)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setenv("AWS_REGION", REGION)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    yield server
+    server.close()
+
+
+def microbatches(recipe: Path, n: int) -> list[list[list[int]]]:
+    settings = settings_from_args(parse(megatron_argv(recipe, "--zephon-prefetch", "0",
+                                                      "--zephon-lanes", "4")))
+    reader = build_iterator(DataRecipe.from_toml(recipe), settings, Topology(0, 1))
+    return [next(reader)["tokens"].tolist() for _ in range(n)]
+
+
+def test_megatron_reads_an_s3_recipe_as_the_local_files(s3, tmp_path):
+    corpus = Path(build_demo_assets()["corpus"])
+    upload(s3, "megatron", corpus, prefix="web/")
+    cache = f'\n[cache]\nroot = "{tmp_path / "cache"}"\n'
+    local = tmp_path / "local.toml"
+    local.write_text(PACKED.read_text().replace('path = "demo:corpus"', f'path = "{corpus}"')
+                     + cache)
+    remote = tmp_path / "s3.toml"
+    remote.write_text(PACKED.read_text().replace('path = "demo:corpus"',
+                                                 'path = "s3://megatron/web/*.parquet"')
+                      + cache)
+    expected = microbatches(local, 5)
+    assert microbatches(remote, 5) == expected and expected[0]
