@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from megatron_helpers import PACKED, megatron_argv, parse
 
-from tests.objectstore.servers import KEY_ID, REGION, SECRET, S3Server
+from tests.objectstore.servers import S3Server, s3_environment
 from tests.objectstore.test_object_stores import upload
 from zephon.demo.assets import build_demo_assets
 from zephon.recipe import DataRecipe
@@ -21,13 +21,7 @@ pytestmark = pytest.mark.usefixtures("megatron_cpu")
 @pytest.fixture
 def s3(monkeypatch, tmp_path):
     server = S3Server()
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", server.url)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY_ID)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-    monkeypatch.setenv("AWS_REGION", REGION)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    s3_environment(monkeypatch, tmp_path, server.url)
     yield server
     server.close()
 

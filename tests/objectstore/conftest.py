@@ -11,13 +11,11 @@ from tests.objectstore.servers import (
     AZURITE_ACCOUNT,
     AZURITE_BIN,
     AZURITE_KEY,
-    KEY_ID,
-    REGION,
-    SECRET,
     AzuriteServer,
     FaultProxy,
     GCSServer,
     S3Server,
+    s3_environment,
 )
 
 logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server logs every request
@@ -33,16 +31,7 @@ def s3_server():
 @pytest.fixture
 def s3(s3_server, monkeypatch, tmp_path):
     """The S3 server as the AWS tools would find it: endpoint and keys in the environment."""
-    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_REGION",
-                "AWS_DEFAULT_REGION"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server.url)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY_ID)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-    monkeypatch.setenv("AWS_REGION", REGION)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    s3_environment(monkeypatch, tmp_path, s3_server.url)
     return s3_server
 
 

@@ -158,6 +158,20 @@ class AzuriteServer:
         self._process.wait(timeout=30)
 
 
+def s3_environment(monkeypatch, tmp_path: Path, endpoint: str) -> None:
+    """The environment the AWS tools would find ``endpoint`` through, with the test keys and
+    no profile of the user's in reach."""
+    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY_ID)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setenv("AWS_REGION", REGION)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+
+
 @dataclass
 class Fault:
     """Answer requests whose ``METHOD path?query`` (without the Range) matches ``pattern``

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.objectstore.servers import KEY_ID, REGION, SECRET, S3Server
+from tests.objectstore.servers import S3Server, s3_environment
 from tests.objectstore.test_object_stores import upload
 from zephon.demo.assets import build_demo_assets
 from zephon_torchtitan.dataloader import ZephonDataLoader
@@ -18,13 +18,7 @@ from zephon_torchtitan.dataloader import ZephonDataLoader
 def s3(monkeypatch, tmp_path):
     """moto's S3 server, found through the environment as the AWS tools find it."""
     server = S3Server()
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", server.url)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY_ID)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-    monkeypatch.setenv("AWS_REGION", REGION)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    s3_environment(monkeypatch, tmp_path, server.url)
     yield server
     server.close()
 

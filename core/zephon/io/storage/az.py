@@ -14,11 +14,10 @@ The path option ``endpoint`` (else ``AZURE_STORAGE_ENDPOINT``) overrides the ser
 from __future__ import annotations
 
 import os
-from datetime import timedelta
 from typing import Any
 
 from zephon.errors import ConfigError
-from zephon.io.storage.obstore_bucket import ObstoreBucket
+from zephon.io.storage.obstore_bucket import NO_RETRIES, ObstoreBucket, client_options
 from zephon.io.store_options import StoreOptions
 
 
@@ -42,14 +41,11 @@ def open_bucket(container: str, io: StoreOptions, *, account: str | None = None,
         source = ("none in the environment; workload identity, managed identity or the Azure "
                   "CLI, if any")
     endpoint = endpoint or os.environ.get("AZURE_STORAGE_ENDPOINT")
-    client: dict[str, Any] = {"timeout": timedelta(seconds=io.timeout_s),
-                              "connect_timeout": timedelta(seconds=min(io.timeout_s, 30))}
     if endpoint:
         if not endpoint.startswith(("http://", "https://")):
             raise ConfigError(f"az endpoint {endpoint!r} must start with http:// or https://")
         config["endpoint"] = endpoint.rstrip("/")
-        client["allow_http"] = endpoint.startswith("http://")
-    retry = {"max_retries": 0, "retry_timeout": timedelta(seconds=1)}
-    store = AzureStore(container, config=config, client_options=client, retry_config=retry)
+    store = AzureStore(container, config=config, client_options=client_options(io, endpoint),
+                      retry_config=NO_RETRIES)
     where = f" at {config['endpoint']}" if endpoint else ""
     return ObstoreBucket(f"az://{container}", store, f"account {account}, {source}{where}", io)

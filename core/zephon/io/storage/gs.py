@@ -15,11 +15,10 @@ The path option ``endpoint`` overrides the service URL (a private endpoint or an
 from __future__ import annotations
 
 import os
-from datetime import timedelta
 from typing import Any
 
 from zephon.errors import ConfigError
-from zephon.io.storage.obstore_bucket import ObstoreBucket
+from zephon.io.storage.obstore_bucket import NO_RETRIES, ObstoreBucket, client_options
 from zephon.io.store_options import StoreOptions
 
 
@@ -45,14 +44,11 @@ def open_bucket(bucket: str, io: StoreOptions, *, endpoint: str | None = None
     else:
         source = ("none in the environment; gcloud's application default credentials or the "
                   "instance's metadata server, if any")
-    client: dict[str, Any] = {"timeout": timedelta(seconds=io.timeout_s),
-                              "connect_timeout": timedelta(seconds=min(io.timeout_s, 30))}
     if endpoint:
         if not endpoint.startswith(("http://", "https://")):
             endpoint = "http://" + endpoint  # STORAGE_EMULATOR_HOST is often host:port
         config["base_url"] = endpoint.rstrip("/")
-        client["allow_http"] = endpoint.startswith("http://")
-    retry = {"max_retries": 0, "retry_timeout": timedelta(seconds=1)}
-    store = GCSStore(bucket, config=config, client_options=client, retry_config=retry)
+    store = GCSStore(bucket, config=config, client_options=client_options(io, endpoint),
+                      retry_config=NO_RETRIES)
     where = f" at {config['base_url']}" if endpoint else ""
     return ObstoreBucket(f"gs://{bucket}", store, source + where, io)

@@ -27,6 +27,7 @@ import random
 import re
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any, BinaryIO, TypeVar
 
 from zephon.errors import DataError
@@ -46,6 +47,21 @@ _STATUS = re.compile(r"status(?: code)?:? (\d{3})", re.IGNORECASE)
 _DROPPED = ("error sending request", "connection", "body error", "timed out", "timeout",
             "reset", "broken pipe", "incomplete")
 T = TypeVar("T")
+
+
+def client_options(io: StoreOptions, endpoint: str | None) -> dict[str, Any]:
+    """obstore client options: ``io``'s timeouts, and plain HTTP allowed for an ``http://``
+    endpoint (an emulator, a store on a private network)."""
+    options: dict[str, Any] = {"timeout": timedelta(seconds=io.timeout_s),
+                               "connect_timeout": timedelta(seconds=min(io.timeout_s, 30))}
+    if endpoint:
+        options["allow_http"] = endpoint.startswith("http://")
+    return options
+
+
+NO_RETRIES = {"max_retries": 0, "retry_timeout": timedelta(seconds=1)}
+"""obstore's own retries, off: :class:`ObstoreBucket` retries (the same policy and
+cancellation as every scheme)."""
 
 
 def version_of(meta: dict[str, Any]) -> str:

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import configparser
 import os
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from zephon.errors import ConfigError
-from zephon.io.storage.obstore_bucket import ObstoreBucket
+from zephon.io.storage.obstore_bucket import NO_RETRIES, ObstoreBucket, client_options
 from zephon.io.store_options import StoreOptions
 
 
@@ -57,17 +56,13 @@ def open_bucket(bucket: str, io: StoreOptions, *, endpoint: str | None = None,
     config["region"] = (region or os.environ.get("AWS_REGION")
                         or os.environ.get("AWS_DEFAULT_REGION") or settings.get("region")
                         or "us-east-1")
-    client: dict[str, Any] = {"timeout": timedelta(seconds=io.timeout_s),
-                              "connect_timeout": timedelta(seconds=min(io.timeout_s, 30))}
     if endpoint:
         if not endpoint.startswith(("http://", "https://")):
             raise ConfigError(f"s3 endpoint {endpoint!r} must start with http:// or https://")
         config["endpoint"] = endpoint.rstrip("/")
         config["virtual_hosted_style_request"] = False
-        client["allow_http"] = endpoint.startswith("http://")
-    # Retries are ObstoreBucket's (the same policy and cancellation as every scheme).
-    retry = {"max_retries": 0, "retry_timeout": timedelta(seconds=1)}
-    store = S3Store(bucket, config=config, client_options=client, retry_config=retry)
+    store = S3Store(bucket, config=config, client_options=client_options(io, endpoint),
+                      retry_config=NO_RETRIES)
     where = f" at {config['endpoint']}" if endpoint else ""
     return ObstoreBucket(f"s3://{bucket}", store, source + where, io)
 
