@@ -32,13 +32,38 @@ from pathlib import Path
 
 KEY_ID, SECRET, REGION = "bench-key", "bench-secret", "us-east-1"
 SERVER = """
-import logging, sys
+import json, logging, sys
 logging.getLogger("werkzeug").setLevel(logging.WARNING)
 from moto.server import ThreadedMotoServer
+
+class Counted:
+    \"\"\"Counts the requests moto answers (not the uploads) by kind, and the bytes of GETs.\"\"\"
+    def __init__(self, app):
+        self.app, self.counts = app, {}
+    def __call__(self, environ, start_response):
+        method, query = environ["REQUEST_METHOD"], environ.get("QUERY_STRING", "")
+        if method == "GET" and ("list-type" in query or environ["PATH_INFO"].count("/") < 2):
+            kind = "list"
+        elif method == "GET":
+            kind = "range" if "HTTP_RANGE" in environ else "get"
+        else:
+            kind = method.lower()
+        body = self.app(environ, start_response)
+        n = 0
+        for part in body:
+            n += len(part)
+            yield part
+        if kind != "put":
+            self.counts[kind] = self.counts.get(kind, 0) + 1
+            self.counts[kind + "_bytes"] = self.counts.get(kind + "_bytes", 0) + n
+
 server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
 server.start()
+server._server.app = counted = Counted(server._server.app)
 print(server.get_host_and_port()[1], flush=True)
-sys.stdin.read()
+for line in sys.stdin:  # "stats": print the counts so far and start again
+    print(json.dumps(counted.counts), flush=True)
+    counted.counts = {}
 """
 
 
@@ -61,10 +86,20 @@ def build_corpus(root: Path, shards: int, per_shard: int) -> Path:
 
 
 def start_server() -> tuple[subprocess.Popen, str]:
+    """moto's S3 server in a process of its own; write a line to its stdin to read back the
+    requests it answered since the last line (:func:`request_counts`)."""
     proc = subprocess.Popen([sys.executable, "-c", SERVER], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     port = int(proc.stdout.readline())
     return proc, f"http://127.0.0.1:{port}"
+
+
+def request_counts(server: subprocess.Popen) -> dict[str, int]:
+    """The requests the server answered since the last call, by kind (``list``, ``range``,
+    ``get``, ``head``) and their body bytes (``range_bytes``...); uploads are not counted."""
+    server.stdin.write("stats\n")
+    server.stdin.flush()
+    return json.loads(server.stdout.readline())
 
 
 def client_rates(endpoint: str, keys: list[str], total: int) -> dict[str, float]:
