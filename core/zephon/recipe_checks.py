@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from zephon.errors import ConfigError, DataError, ZephonError
-from zephon.io.file_formats import plugin
+from zephon.io.file_formats import context_keyword, plugin
 from zephon.io.storage import is_remote
 from zephon.loader_options import lanes_problem
 from zephon.ops.base import applies_to
@@ -130,21 +130,22 @@ def _check_fields(recipe: DataRecipe) -> list[str]:
             continue  # reported when the recipe was read
         for data_file in files:
             problem = _field_problem(data_file.path, data_file.fmt, data_file.compression,
-                                     spec.field, spec.op_name)
+                                     spec.field, spec.op_name, data_file.context)
             if problem:
                 problems.append(f"{recipe.source}: dataset {entry.name!r}: {problem}")
     return problems
 
 
 def _field_problem(path: str, fmt: str, compression: str | None, field: str,
-                   op: str) -> str | None:
+                   op: str, context: str | None = None) -> str | None:
     """What is wrong with ``field`` in one file for operator ``op`` (None: nothing)."""
     try:
-        kind = peek_field(path, fmt, compression, field)
+        kind = peek_field(path, fmt, compression, field, context)
     except (OSError, ValueError, pa.ArrowException) as exc:
         return f"{path}: cannot be read ({exc})"
     if kind is None:
-        fields = ", ".join(repr(name) for name in file_fields(path, fmt, compression)[:20])
+        fields = ", ".join(repr(name)
+                           for name in file_fields(path, fmt, compression, context)[:20])
         return (f"{path}: has no field {field!r} (the {op} operator reads it); its fields: "
                 f"{fields or 'none'}. Set the dataset's field = <one of them>, or [tokenize] "
                 "field for every dataset")
@@ -159,11 +160,14 @@ def _field_problem(path: str, fmt: str, compression: str | None, field: str,
     return None
 
 
-def file_fields(path: str, fmt: str, compression: str | None) -> list[str]:
-    """The field names of a file: its schema's, or its first JSON line's keys."""
+def file_fields(path: str, fmt: str, compression: str | None,
+                context: str | None = None) -> list[str]:
+    """The field names of a file: its schema's, or its first JSON line's keys (a plug-in's
+    ``fields``, with the file's ``context`` where its format has an index)."""
     registered = plugin(fmt)
     if registered is not None:
-        return list(registered.fields(path)) if registered.fields is not None else []
+        return (list(registered.fields(path, **context_keyword(registered, context)))
+                if registered.fields is not None else [])
     if fmt == "megatron":
         return ["input_ids"]
     if fmt == "parquet":
@@ -188,13 +192,15 @@ def _first_line(path: str, compression: str | None) -> bytes:
     return buffer.lstrip().split(b"\n", 1)[0]
 
 
-def peek_field(path: str, fmt: str, compression: str | None, field: str) -> str | None:
+def peek_field(path: str, fmt: str, compression: str | None, field: str,
+               context: str | None = None) -> str | None:
     """The kind of ``field`` in a file from its schema or first line: ``"text"``,
     ``"list<int>"``, ``"list"``, ``"null"``, another type's name, ``"empty"`` (no rows to
     tell), or None when the field is absent."""
     registered = plugin(fmt)
     if registered is not None:
-        return registered.fields(path).get(field) if registered.fields is not None else "empty"
+        return (registered.fields(path, **context_keyword(registered, context)).get(field)
+                if registered.fields is not None else "empty")
     if fmt == "megatron":
         return "list<int>" if field == "input_ids" else None
     if fmt == "parquet":
@@ -297,6 +303,13 @@ def _peek_remote(recipe: DataRecipe, entry: Any, dataset: Any) -> list[str]:
         return []
     problems = []
     for data_file in dataset.files()[:PEEKED_OBJECTS]:
+        if data_file.context is not None:  # its format's index says what it holds
+            problem = _field_problem(dataset.display_name(data_file), data_file.fmt,
+                                     data_file.compression, spec.field, spec.op_name,
+                                     data_file.context)
+            if problem:
+                problems.append(f"{recipe.source}: dataset {entry.name!r}: {problem}")
+            continue
         with dataset.peek_file(data_file) as local:
             if local is None:
                 continue

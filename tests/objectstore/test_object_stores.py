@@ -422,3 +422,21 @@ def test_fetch_ahead_downloads_in_the_background_once(s3_corpus, tmp_path):
     with dataset.local_file(files[1]):
         pass
     assert dataset.cache.stats.hits == 1
+
+
+def test_litdata_from_each_store_gives_the_local_tokens(store, tokenizer_dir, tmp_path,
+                                                        tmp_path_factory, request):
+    """A LitData dataset (index.json and chunks written by litdata.optimize) in each store:
+    the index is read once while listing, the chunks through the cache, and the tokens are
+    the local folder's."""
+    from tests.core import litdata_sets
+    from tests.core.test_litdata import pipeline_over, token_rows
+
+    local = litdata_sets.build(tmp_path_factory.getbasetemp() / "litdata-sets", "batch")
+    scheme, server = store
+    bucket = f"lit-{scheme}-{request.node.callspec.id}".replace("_", "-")
+    upload(server, bucket, local, "train/")
+    remote = pipeline_over(f"{scheme}://{bucket}/train/", tokenizer_dir,
+                           io_options=fast_options(tmp_path / "cache"))
+    assert token_rows(remote) == token_rows(pipeline_over(local, tokenizer_dir))
+    assert {f.fmt for f in remote.loader().source.datasets[0].files()} == {"litdata"}

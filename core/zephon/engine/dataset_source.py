@@ -313,7 +313,7 @@ class DatasetSource:
         display = self.dataset.display_name(data_file)
         with self.dataset.local_file(data_file) as local:
             table, keys = read_unit(local, data_file.fmt, data_file.compression, spec,
-                                    self.columns, display)
+                                    self.columns, display, data_file.context)
         return table, keys, functools.partial(RowLabel, display, local, data_file.fmt,
                                               data_file.compression)
 

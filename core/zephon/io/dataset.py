@@ -32,6 +32,7 @@ matches split folders (``d/*``) reads each of them through its own ``state.json`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import importlib
 import json
@@ -44,7 +45,7 @@ from typing import Any, ClassVar
 
 from zephon.errors import ConfigError, DataError
 from zephon.io import local_glob
-from zephon.io.file_formats import companion_files, known_formats
+from zephon.io.file_formats import companion_files, described_files, known_formats
 from zephon.io.formats import (
     PlanHints,
     compression_of,
@@ -76,6 +77,10 @@ class DataFile:
     row_groups: tuple[int, ...] | None = None
     """Rows of each row group of a Parquet file, read from its footer while listing (the
     listing reads its last 4 KiB anyway), so planning opens it no more; None: unknown."""
+    context: str | None = None
+    """What a format's index says about this file (a plug-in with ``describe``, such as
+    LitData's ``index.json``), for its ``plan`` and ``read``; None: the file speaks for
+    itself."""
 
 
 SCHEMES: dict[str, str] = {"hf": "zephon.io.hub.dataset:HubDataset"}
@@ -211,8 +216,16 @@ class Dataset:
         if not candidates and not skipped:
             raise DataError(f"Dataset {self.name!r}: no files match {self.path!r}")
         candidates = _through_saved_listings(candidates, skipped, self.path)
+        claimed, indexes = described_files(candidates, _read_bytes)
         files: list[DataFile | tuple[str, str, str | None]] = []
         for candidate in candidates:
+            if candidate in indexes:
+                skipped.append(f"{candidate} (index of the {indexes[candidate]} files beside "
+                               "it)")
+                continue
+            if candidate in claimed:
+                files.append((candidate, claimed[candidate][0], None))
+                continue
             prefix = prefix_of(candidate)
             if prefix is not None and (self.fmt in (None, "megatron")):
                 if candidate.endswith(".bin"):
@@ -235,6 +248,9 @@ class Dataset:
             files.append((candidate, fmt, compression))
         files = _without_companions(files, skipped)
         files = _described(files)
+        if claimed:
+            files = [dataclasses.replace(f, context=claimed[f.path][1]) if f.path in claimed
+                     else f for f in files]
         if not files:
             raise DataError(
                 f"Dataset {self.name!r}: no .parquet, .jsonl(.gz/.zst), .json or .arrow files "
@@ -284,7 +300,7 @@ class Dataset:
                 planned = parquet_units(data_file.row_groups, per_file)
             else:
                 planned = plan_file(data_file.path, data_file.fmt, data_file.compression,
-                                    hints, per_file, self.documents)
+                                    hints, per_file, self.documents, data_file.context)
             for unit in planned:
                 units.add(index, unit)
         return units.table()
@@ -312,6 +328,11 @@ class Dataset:
         need no options and return themselves. The dataset itself never changes, so pipelines
         built from one dataset object do not affect each other."""
         return self
+
+
+def _read_bytes(path: str) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
 
 
 def _without_companions(entries: list[Any], skipped: list[str]) -> list[Any]:
@@ -419,15 +440,17 @@ def _tail_digest(path: str) -> str:
 
 def encoded(data_file: DataFile) -> list[Any]:
     """``data_file`` as a JSON list (a listing handed to other ranks, a saved plan)."""
-    return [data_file.path, data_file.size, data_file.fmt, data_file.compression,
-            data_file.version, list(data_file.row_groups) if data_file.row_groups else None]
+    entry = [data_file.path, data_file.size, data_file.fmt, data_file.compression,
+             data_file.version, list(data_file.row_groups) if data_file.row_groups else None]
+    return [*entry, data_file.context] if data_file.context is not None else entry
 
 
 def decoded(entry: list[Any]) -> DataFile:
     """The DataFile :func:`encoded` wrote."""
-    path, size, fmt, compression, version, groups = entry
+    path, size, fmt, compression, version, groups, *context = entry
     return DataFile(path, size, fmt, compression, version,
-                    tuple(groups) if groups is not None else None)
+                    tuple(groups) if groups is not None else None,
+                    context[0] if context else None)
 
 
 def _root_of(path: str) -> str:

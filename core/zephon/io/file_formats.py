@@ -14,6 +14,15 @@ A unit is a :class:`~zephon.io.formats.UnitSpec` whose meaning is the format's o
 ``start..stop`` of the file, say); its rows must come out the same, in the same order, every
 time it is read, since exact resume counts rows into units. Remote files are read from the
 shard cache, so ``plan`` and ``read`` always receive a local path.
+
+Some formats keep what their files hold in a separate index (LitData's ``index.json``: the
+field names, encodings and item counts of its ``chunk-*.bin`` files). Such a format has a
+``describe`` hook: the listing reads each companion file (locally, or with one request from a
+store, once per job), ``describe`` names the files it describes and a context string for each,
+and those files are of this format whatever their suffix. The context travels with the file
+(:attr:`zephon.io.dataset.DataFile.context`, in listings shared between ranks and in saved
+plans) and is passed to ``plan``, ``read`` and ``fields`` as ``context=``, so a file read from
+the shard cache, with no index beside it, is still understood.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from zephon.errors import ConfigError
+from zephon.errors import ConfigError, DataError
 
 BUILT_IN = ("parquet", "jsonl", "arrow", "megatron")
 
@@ -52,12 +61,16 @@ class FileFormat:
     companions: tuple[str, ...] = ()
     """File names that accompany files of this format (``index.json`` of MDS): a listing
     skips them, as metadata, in a folder that holds files of this format."""
+    describe: Callable[[bytes, str], dict[str, str] | None] | None = None
+    """``describe(companion_bytes, display) -> {file name: context}``, or None when the
+    companion is not this format's index (another format's ``index.json``); see the module
+    docstring. With it set, ``plan``, ``read`` and ``fields`` take a ``context=`` keyword."""
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
             raise ConfigError(f"FileFormat: name {self.name!r} must be an identifier")
         bad = [s for s in self.suffixes if not s.startswith(".") or s != s.lower()]
-        if bad or not self.suffixes:
+        if bad or not (self.suffixes or self.describe):
             raise ConfigError(f"FileFormat {self.name!r}: suffixes must be lower-case and "
                               f"start with '.', got {self.suffixes!r}")
 
@@ -66,9 +79,13 @@ _PLUGINS: dict[str, FileFormat] = {}
 _BUNDLED: dict[str, tuple[tuple[str, ...], str]] = {
     "mds": ((".mds", ".mds.zstd", ".mds.gz", ".mds.bz2", ".mds.br", ".mds.snappy"),
             "zephon.io.mds:MDS"),
+    "litdata": ((), "zephon.io.litdata:LITDATA"),
 }
 """Plug-ins shipped with zephon, by name: their suffixes, and where the FileFormat is
 (imported on first use)."""
+_BUNDLED_INDEXES = {"index.json": ("litdata",)}
+"""Companion names that bundled formats with a ``describe`` hook read (imported when a
+listing first meets such a file)."""
 
 
 def _load_bundled(name: str) -> FileFormat | None:
@@ -134,3 +151,44 @@ def companion_files(paths_and_formats: list[tuple[str, str]]) -> dict[str, str]:
             if registered is not None and name in registered.companions:
                 found[path] = fmt
     return found
+
+
+def context_keyword(fmt: FileFormat, context: str | None) -> dict[str, str | None]:
+    """The ``context=`` keyword ``fmt``'s hooks take: none unless it has ``describe``."""
+    return {"context": context} if fmt.describe is not None else {}
+
+
+def _describers(name: str) -> list[FileFormat]:
+    """The formats whose ``describe`` reads a companion called ``name``."""
+    for bundled in _BUNDLED_INDEXES.get(name, ()):
+        plugin(bundled)
+    return [f for f in _PLUGINS.values() if f.describe is not None and name in f.companions]
+
+
+def described_files(paths: list[str], read: Callable[[str], bytes],
+                    shown: Callable[[str], str] = str) -> tuple[dict[str, tuple[str, str]],
+                                                                dict[str, str]]:
+    """What the indexes among ``paths`` (``"folder/name"`` strings) say:
+    ``({path: (format, context)}, {index path: format})``. ``read(path)`` gives a companion's
+    bytes; ``shown(path)`` names a path in errors. A file an index names that is not among
+    ``paths`` is a DataError: the dataset is incomplete."""
+    listed = set(paths)
+    claimed: dict[str, tuple[str, str]] = {}
+    indexes: dict[str, str] = {}
+    for path in paths:
+        folder, _, name = path.rpartition("/")
+        for fmt in _describers(name):
+            described = fmt.describe(read(path), shown(path))
+            if described is None:
+                continue
+            named = {(f"{folder}/{file}" if folder else file): context
+                     for file, context in described.items()}
+            missing = sorted(set(named) - listed)
+            if missing:
+                raise DataError(f"{shown(path)} names {len(missing)} {fmt.name} file(s) that "
+                                f"are not there, e.g. {shown(missing[0])}: the dataset is "
+                                "incomplete (or the path selects only part of it)")
+            claimed.update((p, (fmt.name, context)) for p, context in named.items())
+            indexes[path] = fmt.name
+            break
+    return claimed, indexes

@@ -34,7 +34,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from zephon.errors import DataError
-from zephon.io.file_formats import BUILT_IN, detect_plugin, known_formats, plugin
+from zephon.io.file_formats import (
+    BUILT_IN,
+    context_keyword,
+    detect_plugin,
+    known_formats,
+    plugin,
+)
 from zephon.io.indexed import DocumentColumn, open_indexed
 from zephon.io.units import PlanHints, UnitSpec, row_units
 
@@ -87,12 +93,16 @@ def compression_of(name: str) -> str | None:
 
 
 def plan_file(path: str, fmt: str, compression: str | None, hints: PlanHints,
-              min_units: int = 1, rows: tuple[int, int] | None = None) -> list[UnitSpec]:
+              min_units: int = 1, rows: tuple[int, int] | None = None,
+              context: str | None = None) -> list[UnitSpec]:
     """Split one file into units; ``min_units`` asks for at least that many when possible.
-    ``rows`` limits a Megatron indexed dataset to a range of its documents."""
+    ``rows`` limits a Megatron indexed dataset to a range of its documents; ``context`` is
+    the file's :attr:`~zephon.io.dataset.DataFile.context`."""
     registered = plugin(fmt)
     if registered is not None:
-        return _plugin_call(lambda: registered.plan(path, hints, min_units), fmt, path)
+        extra = context_keyword(registered, context)
+        return _plugin_call(lambda: registered.plan(path, hints, min_units, **extra), fmt,
+                            path)
     try:
         if fmt == "megatron":
             count = open_indexed(path).documents
@@ -189,16 +199,20 @@ def _plan_arrow(path: str, unit_rows: int, min_units: int) -> list[UnitSpec]:
 
 
 def read_unit(path: str, fmt: str, compression: str | None, unit: UnitSpec,
-              columns: list[str] | None, display: str) -> tuple[dict[str, list[Any]], list[int]]:
+              columns: list[str] | None, display: str,
+              context: str | None = None) -> tuple[dict[str, list[Any]], list[int]]:
     """Read one unit's rows, column-wise, and a stable key per row.
 
     ``columns=None`` reads every column. Keys identify a row inside its file: the row number
     (Parquet, Arrow, compressed JSONL: the line number) or the byte offset of the line
-    (uncompressed JSONL). ``display`` names the file in error messages.
+    (uncompressed JSONL). ``display`` names the file in error messages; ``context`` is the
+    file's :attr:`~zephon.io.dataset.DataFile.context`.
     """
     registered = plugin(fmt)
     if registered is not None:
-        return _plugin_call(lambda: registered.read(path, unit, columns, display), fmt, display)
+        extra = context_keyword(registered, context)
+        return _plugin_call(lambda: registered.read(path, unit, columns, display, **extra),
+                            fmt, display)
     try:
         if fmt == "parquet":
             table, base = _read_row_group(path, unit.group, columns, display)

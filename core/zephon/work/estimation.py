@@ -92,7 +92,7 @@ def estimate_dataset(source: Any, index: int, lanes: int, columns: list[str] | N
         display = dataset.display_name(data_file)
         with dataset.local_file(data_file) as local:
             table, keys = read_unit(local, data_file.fmt, data_file.compression, unit,
-                                    columns, display)
+                                    columns, display, data_file.context)
         step = max(1, len(keys) // per_unit)
         picked = list(range(0, len(keys), step))[:per_unit]
         rows += [{c: values[r] for c, values in table.items()} for r in picked]

@@ -160,6 +160,9 @@ class HubDataset(Dataset):
                 specs = byte_units(data_file.size, hints.unit_bytes, per_file)
             elif data_file.fmt == "jsonl":
                 specs = [UnitSpec("file", 0, 0, -1)]
+            elif data_file.context is not None:  # the format's index says all it needs
+                specs = plan_file(data_file.path, data_file.fmt, data_file.compression, hints,
+                                  per_file, context=data_file.context)
             else:
                 with self.local_file(data_file) as local:
                     specs = plan_file(local, data_file.fmt, data_file.compression, hints,

@@ -40,7 +40,7 @@ from typing import Any
 from zephon.errors import ConfigError, DataError
 from zephon.io import cancel, local_glob
 from zephon.io.dataset import _METADATA, DataFile, Dataset
-from zephon.io.file_formats import companion_files
+from zephon.io.file_formats import companion_files, described_files
 from zephon.io.formats import (
     PlanHints,
     UnitSpec,
@@ -156,6 +156,10 @@ class ObjectStoreDataset(Dataset):
                             f"({len(listed)} object(s) under {self.store.url}/{prefix})")
         skipped: list[str] = []
         chosen: list[tuple[ObjectInfo, str, str | None]] = []
+        by_key = {info.key: info for info in matched}
+        claimed, indexes = described_files(
+            list(by_key), lambda key: self.store.read_range(by_key[key], 0, by_key[key].size),
+            lambda key: f"{self.store.url}/{key}")
         for info in matched:
             shown = f"{self.store.url}/{info.key}"
             name = PurePosixPath(info.key).name
@@ -164,6 +168,10 @@ class ObjectStoreDataset(Dataset):
                 skipped.append(f"{shown} (folder marker)")
             elif any(part.startswith(".") for part in relative.split("/")):
                 skipped.append(f"{shown} (hidden)")
+            elif info.key in indexes:
+                skipped.append(f"{shown} (index of the {indexes[info.key]} files beside it)")
+            elif info.key in claimed:
+                chosen.append((info, claimed[info.key][0], None))
             elif self.fmt is not None:
                 chosen.append((info, self.fmt, compression_of(name)))
             elif name in _METADATA:
@@ -190,7 +198,8 @@ class ObjectStoreDataset(Dataset):
             groups = list(pool.map(
                 lambda entry: self._row_groups(entry[0]) if entry[1] == "parquet" else None,
                 chosen))
-        return [DataFile(info.key, info.size, fmt, compression, info.version, rows)
+        return [DataFile(info.key, info.size, fmt, compression, info.version, rows,
+                         claimed[info.key][1] if info.key in claimed else None)
                 for (info, fmt, compression), rows in zip(chosen, groups, strict=True)]
 
     def _row_groups(self, info: ObjectInfo) -> tuple[int, ...]:
@@ -251,6 +260,9 @@ class ObjectStoreDataset(Dataset):
                 specs = byte_units(data_file.size, hints.unit_bytes, per_file)
             elif data_file.fmt == "jsonl":
                 specs = [UnitSpec("file", 0, 0, -1)]
+            elif data_file.context is not None:  # the format's index says all it needs
+                specs = plan_file(data_file.path, data_file.fmt, data_file.compression, hints,
+                                  per_file, context=data_file.context)
             else:
                 with self.local_file(data_file) as local:
                     specs = plan_file(local, data_file.fmt, data_file.compression, hints,

@@ -1,0 +1,182 @@
+"""LitData datasets (written by ``litdata.optimize`` itself, see litdata_sets.py) read as a
+dataset: every field as written at each compression level, the same documents as the same
+items in JSON Lines, exact resume, reads from an object store with no index beside the
+cached chunks, and named refusals of what is not read."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+
+import pytest
+
+from tests.core import litdata_sets
+from tests.core.litdata_sets import ITEMS, item
+from tests.hub.hubdata import fast_options
+from tests.objectstore.test_scheme_plugin import BUCKETS, MemoryBucket
+from zephon import Pipeline
+from zephon.errors import DataError
+from zephon.io import Dataset, storage
+from zephon.io.formats import PlanHints, read_unit
+from zephon.io.litdata import LITDATA
+from zephon.recipe_checks import file_fields, peek_field
+from zephon.work import MixtureSpec, StaticMixtureWorkSource
+
+
+@pytest.fixture(scope="module")
+def litdata(tmp_path_factory):
+    """Each variant's folder, written once for the session."""
+    root = tmp_path_factory.getbasetemp() / "litdata-sets"
+    return {variant: litdata_sets.build(root, variant) for variant in litdata_sets.VARIANTS}
+
+
+def rows_of(dataset: Dataset) -> list[dict]:
+    table = dataset.plan(PlanHints(1 << 20, 4), 1)
+    rows = []
+    for i in range(len(table)):
+        file_index, unit = table[i]
+        data_file = dataset.files()[file_index]
+        with dataset.local_file(data_file) as local:
+            columns, keys = read_unit(local, data_file.fmt, data_file.compression, unit, None,
+                                      data_file.path, data_file.context)
+        rows += [{name: values[r] for name, values in columns.items()}
+                 for r in range(len(keys))]
+    return rows
+
+
+@pytest.mark.parametrize("variant", list(litdata_sets.VARIANTS))
+def test_every_field_reads_as_litdata_wrote_it(litdata, variant):
+    dataset = Dataset.from_path("l", litdata[variant])
+    assert {f.fmt for f in dataset.files()} == {"litdata"} and len(dataset.files()) >= 3
+    assert dataset.skipped_files() == (
+        f"{litdata[variant] / 'index.json'} (index of the litdata files beside it)",)
+    rows = rows_of(dataset)
+    assert len(rows) == ITEMS
+    for i, got in enumerate(rows):
+        want = item(i)
+        assert got["text"] == want["text"] and got["id"] == i and got["raw"] == want["raw"]
+        assert got["score"] == want["score"] and got["flag"] is want["flag"]
+        assert got["tokens"].tolist() == want["tokens"].tolist()
+        assert got["tokens"].dtype == want["tokens"].dtype
+
+
+def pipeline_over(path, tokenizer_dir, **options) -> Pipeline:
+    source = StaticMixtureWorkSource([Dataset.from_path("d", path)], MixtureSpec({"d": 1.0}),
+                                     seed=4, repeat=False, arrow_unit_rows=5)
+    return (Pipeline(source).tokenize(tokenizer_id=tokenizer_dir).pack_flat(33, "wrap")
+            .batch(2, drop_last=False).options(lanes=1, **options))
+
+
+def token_rows(pipeline) -> list[bytes]:
+    return [r.payload["input_ids"].tobytes() for b in pipeline for r in b.records]
+
+
+def test_litdata_gives_the_documents_of_the_same_items_in_json_lines(litdata, tokenizer_dir,
+                                                                     tmp_path):
+    reference = token_rows(pipeline_over(litdata["plain"], tokenizer_dir))
+    for variant in ("batch", "chunk", "sample"):
+        assert token_rows(pipeline_over(litdata[variant], tokenizer_dir)) == reference
+    jsonl = tmp_path / "items.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": item(i)["text"]}) + "\n"
+                             for i in range(ITEMS)))
+
+    def documents(path) -> list[bytes]:
+        source = StaticMixtureWorkSource([Dataset.from_path("d", path)],
+                                         MixtureSpec({"d": 1.0}), seed=4, repeat=False)
+        pipeline = (Pipeline(source).tokenize(tokenizer_id=tokenizer_dir).batch(1)
+                    .options(lanes=1))
+        return sorted(token_rows(pipeline))
+
+    from_litdata = documents(litdata["batch"])
+    assert len(from_litdata) == ITEMS and from_litdata == documents(jsonl)
+
+
+def test_litdata_resumes_exactly_and_reads_from_an_object_store(litdata, tokenizer_dir,
+                                                                 tmp_path):
+    reference = token_rows(pipeline_over(litdata["batch"], tokenizer_dir))
+    pipeline = pipeline_over(litdata["batch"], tokenizer_dir)
+    iterator = iter(pipeline)
+    first = [r.payload["input_ids"].tobytes() for _ in range(3) for r in next(iterator).records]
+    state = pickle.loads(pickle.dumps(pipeline.state_dict()))
+    resumed = pipeline_over(litdata["batch"], tokenizer_dir)
+    resumed.load_state_dict(state)
+    assert first + token_rows(resumed) == reference
+    storage.register_scheme("mem", storage.Scheme(MemoryBucket))
+    try:
+        BUCKETS["lit"] = {f"train/{p.name}": p.read_bytes()
+                          for p in sorted(litdata["batch"].iterdir())}
+        remote = pipeline_over("mem://lit/train/", tokenizer_dir,
+                               io_options=fast_options(tmp_path / "cache"))
+        assert token_rows(remote) == reference
+        dataset = remote.loader().source.datasets[0]
+        assert dataset.skipped_files() == (
+            "mem://lit/train/index.json (index of the litdata files beside it)",)
+        assert all(f.context for f in dataset.files())
+        cached = list((tmp_path / "cache").rglob("*"))
+        assert not [p for p in cached if p.name == "index.json"]  # chunks read without it
+    finally:
+        storage.unregister_scheme("mem")
+        BUCKETS.clear()
+
+
+def test_zephon_check_knows_the_fields_from_the_index(litdata):
+    data_file = Dataset.from_path("l", litdata["plain"]).files()[0]
+    kinds = {name: peek_field(data_file.path, "litdata", None, name, data_file.context)
+             for name in ("text", "tokens", "id", "raw", "absent")}
+    assert kinds == {"text": "text", "tokens": "list<int>", "id": "int", "raw": "bytes",
+                     "absent": None}
+    assert file_fields(data_file.path, "litdata", None, data_file.context) == [
+        "text", "id", "tokens", "score", "flag", "raw"]
+
+
+def edited_index(litdata, tmp_path, edit) -> Dataset:
+    folder = tmp_path / "edited"
+    shutil.copytree(litdata["plain"], folder)
+    index = json.loads((folder / "index.json").read_text())
+    edit(index)
+    (folder / "index.json").write_text(json.dumps(index))
+    return Dataset.from_path("l", folder)
+
+
+def test_what_is_not_read_is_refused_by_name(litdata, tmp_path):
+    def loader(index):
+        index["config"]["item_loader"] = "TokensLoader"
+
+    with pytest.raises(DataError, match=r"index\.json: items stored by LitData's TokensLoader"):
+        edited_index(litdata, tmp_path / "a", loader).files()
+
+    def pickled(index):
+        index["config"]["data_format"][1] = "pickle"
+
+    with pytest.raises(DataError, match=r"field 'id' is encoded as 'pickle'.*unpickling"):
+        edited_index(litdata, tmp_path / "b", pickled).files()
+
+    def tupled(index):
+        index["config"]["data_spec"] = json.dumps(
+            [1, {"type": "builtins.tuple", "context": "null", "children_spec": []}])
+
+    with pytest.raises(DataError, match=r"builtins\.tuple pytrees"):
+        edited_index(litdata, tmp_path / "c", tupled).files()
+
+
+def test_missing_and_damaged_chunks_are_named(litdata, tmp_path):
+    folder = tmp_path / "missing"
+    shutil.copytree(litdata["plain"], folder)
+    (folder / "chunk-0-2.bin").unlink()
+    with pytest.raises(DataError, match=r"index\.json names 1 litdata file\(s\) that are not "
+                                        r"there, e.g. .*chunk-0-2\.bin"):
+        Dataset.from_path("l", folder).files()
+    folder = tmp_path / "cut"
+    shutil.copytree(litdata["plain"], folder)
+    chunk = folder / "chunk-0-1.bin"
+    chunk.write_bytes(chunk.read_bytes()[:-9])
+    with pytest.raises(DataError, match=r"chunk-0-1\.bin: (its item offsets run past|item \d+ "
+                                        r"is longer)"):
+        rows_of(Dataset.from_path("l", folder))
+
+
+def test_an_mds_index_is_not_taken_for_a_litdata_one():
+    mds_index = json.dumps({"version": 2, "shards": []}).encode()
+    assert LITDATA.describe(mds_index, "index.json") is None
+    assert LITDATA.describe(b"not json", "index.json") is None
