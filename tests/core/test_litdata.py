@@ -180,3 +180,36 @@ def test_an_mds_index_is_not_taken_for_a_litdata_one():
     mds_index = json.dumps({"version": 2, "shards": []}).encode()
     assert LITDATA.describe(mds_index, "index.json") is None
     assert LITDATA.describe(b"not json", "index.json") is None
+
+
+def test_a_saved_plan_carries_the_index_so_chunks_read_without_it(litdata, tokenizer_dir,
+                                                                   tmp_path):
+    from zephon.cli import main as zephon
+    from zephon.recipe import DataRecipe
+
+    folder = tmp_path / "lit"
+    shutil.copytree(litdata["sample"], folder)
+    body = f"""\
+lanes = 2
+seed = 3
+prefetch = 0
+[[datasets]]
+name = "lit"
+path = "lit"
+[tokenize]
+tokenizer = "{tokenizer_dir}"
+"""
+    (tmp_path / "listed.toml").write_text(body)
+    assert zephon(["plan", str(tmp_path / "listed.toml"), "--out", str(tmp_path / "job.plan")]
+                  ) == 0
+    (tmp_path / "uses_plan.toml").write_text('plan = "job.plan"\n' + body)
+
+    def batches(recipe: str) -> list[bytes]:
+        pipeline = DataRecipe.from_toml(tmp_path / recipe).build(seq_len=31,
+                                                                 microbatch_size=2)
+        return [r.payload["input_ids"].tobytes() for _, b in zip(range(8), pipeline)
+                for r in b.records]
+
+    reference = batches("listed.toml")
+    (folder / "index.json").unlink()
+    assert batches("uses_plan.toml") == reference
