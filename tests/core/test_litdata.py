@@ -19,7 +19,7 @@ from zephon import Pipeline
 from zephon.errors import DataError
 from zephon.io import Dataset, storage
 from zephon.io.formats import PlanHints, read_unit
-from zephon.io.litdata import LITDATA
+from zephon.io.formats.litdata import LITDATA
 from zephon.recipe_checks import file_fields, peek_field
 from zephon.work import MixtureSpec, StaticMixtureWorkSource
 

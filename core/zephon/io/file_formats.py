@@ -1,8 +1,9 @@
 """File-format plug-ins: a new format is one module and one :func:`register_format` call.
 
 Zephon reads Parquet, JSON Lines (plain, ``.gz``, ``.zst``), Arrow IPC and Megatron indexed
-datasets itself (:mod:`zephon.io.formats`), and Mosaic Streaming's MDS shards through a plug-in
-it ships (:mod:`zephon.io.mds`). Any other format is a :class:`FileFormat`: its
+datasets itself (:mod:`zephon.io.formats`, one module each), and Mosaic Streaming's MDS shards
+and LitData's optimized datasets through plug-ins it ships (:mod:`zephon.io.formats.mds`,
+:mod:`zephon.io.formats.litdata`). Any other format is a :class:`FileFormat`: its
 file suffixes, how a file is cut into units, how a unit is read, and (for ``zephon check``)
 which fields a file has. Once registered, it is detected by suffix in local folders and globs
 and in every object store, named by ``fmt=`` or a recipe's ``fmt``, planned, read, resumed
@@ -78,8 +79,8 @@ class FileFormat:
 _PLUGINS: dict[str, FileFormat] = {}
 _BUNDLED: dict[str, tuple[tuple[str, ...], str]] = {
     "mds": ((".mds", ".mds.zstd", ".mds.gz", ".mds.bz2", ".mds.br", ".mds.snappy"),
-            "zephon.io.mds:MDS"),
-    "litdata": ((), "zephon.io.litdata:LITDATA"),
+            "zephon.io.formats.mds:MDS"),
+    "litdata": ((), "zephon.io.formats.litdata:LITDATA"),
 }
 """Plug-ins shipped with zephon, by name: their suffixes, and where the FileFormat is
 (imported on first use)."""

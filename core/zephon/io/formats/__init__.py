@@ -1,0 +1,156 @@
+"""File formats: planning work units inside a file and reading them, one module a format.
+
+A *unit* is the smallest piece of a file that is read on its own: a Parquet row group
+(:mod:`.parquet`; split into row ranges only when a dataset has too few groups for its lanes),
+a byte range of an uncompressed JSON Lines file or a whole compressed one (:mod:`.jsonl`), a
+row range of an Arrow IPC file (:mod:`.arrow`), or a range of documents of a Megatron indexed
+dataset (:mod:`.megatron`). Each built-in module has its ``SUFFIXES``, ``plan`` and ``read``;
+this module detects a file's format and sends it to its module. Plug-in formats
+(:mod:`zephon.io.file_formats`) come first: MDS (:mod:`.mds`) and LitData (:mod:`.litdata`)
+ship with zephon, others are one module and one ``register_format`` call.
+
+Readers return the requested columns by row. Only the projected columns are read from Parquet
+and Arrow; JSON Lines are parsed line by line so an error can name its line.
+
+What is read is checked before it is trusted, so a damaged file is a :class:`DataError` naming
+it, never a crash or a value made of bytes that belong elsewhere
+(:mod:`.arrow_columns`: Arrow IPC offsets and buffers validated in full, Parquet strings
+checked for UTF-8; JSON Lines text is checked by the JSON parser).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from zephon.errors import DataError
+from zephon.io.file_formats import (
+    BUILT_IN,
+    context_keyword,
+    detect_plugin,
+    known_formats,
+    plugin,
+)
+from zephon.io.formats import arrow, jsonl, megatron, parquet
+from zephon.io.formats.arrow_columns import ListColumn, read_memory_pool
+from zephon.io.formats.jsonl import byte_units, line_number
+from zephon.io.formats.megatron import TOKENS_FIELD
+from zephon.io.formats.parquet import parquet_units, row_groups_from_tail
+from zephon.io.units import PlanHints, UnitSpec, row_units
+
+__all__ = ["FORMATS", "TOKENS_FIELD", "ListColumn", "PlanHints", "RowLabel", "UnitSpec",
+           "byte_units", "compression_of", "detect_format", "parquet_units", "plan_file",
+           "read_memory_pool", "read_unit", "row_groups_from_tail", "row_units"]
+
+FORMATS = BUILT_IN
+"""The formats read here; :func:`~zephon.io.file_formats.known_formats` adds the plug-ins."""
+_MODULES: dict[str, Any] = {"parquet": parquet, "jsonl": jsonl, "arrow": arrow,
+                            "megatron": megatron}
+"""The module of each built-in format."""
+_SUFFIXES: dict[str, tuple[str, str | None]] = {
+    suffix: (name, compression) for name, module in _MODULES.items()
+    for suffix, compression in module.SUFFIXES.items()}
+
+_READ_ERRORS = (OSError, pa.ArrowException, UnicodeDecodeError)
+"""What pyarrow raises for an unreadable file; UnicodeDecodeError when a field name in damaged
+metadata is not UTF-8 (values are validated before they are decoded)."""
+
+
+def detect_format(name: str) -> tuple[str, str | None] | None:
+    """(format, compression) from a file name, or None when the suffix is not a data file;
+    a registered format's suffixes (:mod:`zephon.io.file_formats`) come first."""
+    registered = detect_plugin(name)
+    if registered is not None:
+        return registered, None
+    lower = name.lower()
+    for suffix in sorted(_SUFFIXES, key=len, reverse=True):
+        if lower.endswith(suffix):
+            return _SUFFIXES[suffix]
+    return None
+
+
+def compression_of(name: str) -> str | None:
+    lower = name.lower()
+    if lower.endswith(".gz"):
+        return "gzip"
+    if lower.endswith(".zst"):
+        return "zstd"
+    return None
+
+
+def plan_file(path: str, fmt: str, compression: str | None, hints: PlanHints,
+              min_units: int = 1, rows: tuple[int, int] | None = None,
+              context: str | None = None) -> list[UnitSpec]:
+    """Split one file into units; ``min_units`` asks for at least that many when possible.
+    ``rows`` limits a Megatron indexed dataset to a range of its documents; ``context`` is
+    the file's :attr:`~zephon.io.dataset.DataFile.context`."""
+    registered = plugin(fmt)
+    if registered is not None:
+        extra = context_keyword(registered, context)
+        return _named_errors(lambda: registered.plan(path, hints, min_units, **extra), fmt,
+                             path)
+    module = _MODULES.get(fmt)
+    if module is None:
+        raise DataError(f"unknown format {fmt!r} for {path}; known formats: "
+                        f"{', '.join(known_formats())}")
+    return _named_errors(lambda: module.plan(path, compression, hints, min_units, rows), fmt,
+                         path)
+
+
+def read_unit(path: str, fmt: str, compression: str | None, unit: UnitSpec,
+              columns: list[str] | None, display: str,
+              context: str | None = None) -> tuple[dict[str, Any], list[int]]:
+    """Read one unit's rows, column-wise, and a stable key per row.
+
+    ``columns=None`` reads every column. Keys identify a row inside its file: the row number
+    (Parquet, Arrow, compressed JSONL: the line number) or the byte offset of the line
+    (uncompressed JSONL). ``display`` names the file in error messages; ``context`` is the
+    file's :attr:`~zephon.io.dataset.DataFile.context`.
+    """
+    registered = plugin(fmt)
+    if registered is not None:
+        extra = context_keyword(registered, context)
+        return _named_errors(lambda: registered.read(path, unit, columns, display, **extra),
+                             fmt, display)
+    module = _MODULES.get(fmt)
+    if module is None:
+        raise DataError(f"unknown format {fmt!r} for {display}")
+    return _named_errors(lambda: module.read(path, compression, unit, columns, display), fmt,
+                         display)
+
+
+def _named_errors(call: Any, fmt: str, display: str) -> Any:
+    """``call()``, with what a reader raises for an unreadable file as a DataError naming it."""
+    try:
+        return call()
+    except DataError:
+        raise
+    except _READ_ERRORS as exc:
+        raise DataError(f"cannot read {fmt} file {display}: {exc}") from exc
+
+
+class RowLabel:
+    """Names one row of a file in messages: ``file:line`` for JSON Lines (from a byte offset
+    the line is counted only when a message is made, so labelling every row costs nothing),
+    ``file: row n`` for Parquet and Arrow."""
+
+    __slots__ = ("display", "key", "kind", "path")
+
+    def __init__(self, display: str, path: str, fmt: str, compression: str | None, key: int):
+        self.display, self.path, self.key = display, path, key
+        registered = plugin(fmt)
+        self.kind = (registered.row_label if registered is not None else "row"
+                     if fmt != "jsonl" else "line" if compression else "offset")
+
+    def __str__(self) -> str:
+        if self.kind == "offset":
+            try:
+                return f"{self.display}:{line_number(self.path, self.key)}"
+            except OSError:  # the file went away (an evicted shard): say where in bytes
+                return f"{self.display}: byte {self.key}"
+        if self.kind == "line":
+            return f"{self.display}:{self.key}"
+        return f"{self.display}: {self.kind} {self.key}"
+
+    __repr__ = __str__

@@ -1,0 +1,149 @@
+"""JSON Lines, plain or compressed (``.gz``, ``.zst``; ``.json`` is read as JSON Lines). A unit
+of a plain file is a byte range, and owns the lines that *start* inside it, so ranges need no
+alignment; a compressed file is one unit (gzip and zstd streams cannot be entered in the
+middle). Lines are parsed one by one, so an error names its line; the JSON parser checks the
+text."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from zephon.errors import DataError
+from zephon.io.units import PlanHints, UnitSpec
+
+SUFFIXES = {".jsonl": None, ".json": None, ".ndjson": None, ".jsonl.gz": "gzip",
+            ".json.gz": "gzip", ".jsonl.zst": "zstd", ".json.zst": "zstd"}
+
+
+def plan(path: str, compression: str | None, hints: PlanHints, min_units: int,
+         rows: tuple[int, int] | None = None) -> list[UnitSpec]:
+    """Byte ranges of about ``hints.unit_bytes``, or the whole file when compressed."""
+    if compression is not None:
+        return [UnitSpec("file", 0, 0, -1)]
+    return byte_units(Path(path).stat().st_size, hints.unit_bytes, min_units)
+
+
+def read(path: str, compression: str | None, unit: UnitSpec, columns: list[str] | None,
+         display: str) -> tuple[dict[str, list[Any]], list[int]]:
+    """A unit's rows; a row's key is its line number (compressed) or the byte offset of its
+    line."""
+    return _read_jsonl(path, compression, unit, columns, display)
+
+
+def byte_units(size: int, unit_bytes: int, min_units: int) -> list[UnitSpec]:
+    """The units of an uncompressed JSON Lines file of ``size`` bytes: byte ranges of about
+    ``unit_bytes`` (at least ``min_units`` of them while each holds a byte); a reader starts
+    at the first line that begins inside its range."""
+    if size == 0:
+        return []
+    n = min(max(math.ceil(size / unit_bytes), min_units), size)
+    step = math.ceil(size / n)
+    return [UnitSpec("bytes", 0, s, min(s + step, size)) for s in range(0, size, step)]
+
+
+def _jsonl_lines(path: str, compression: str | None, unit: UnitSpec):
+    """Yield (line_number_or_None, byte_offset, raw_line) for the lines the unit owns."""
+    if unit.kind == "file":
+        stream = pa.input_stream(path, compression=compression)
+        buffered = _LineReader(stream)
+        for number, line in enumerate(buffered, start=1):
+            yield number, None, line
+        return
+    with open(path, "rb") as fh:
+        offset = unit.start
+        if offset > 0:
+            fh.seek(offset - 1)
+            skipped = fh.readline()  # finishes the line that began before this unit
+            offset += len(skipped) - 1
+        while offset < unit.stop:
+            line = fh.readline()
+            if not line:
+                break
+            yield None, offset, line
+            offset += len(line)
+
+
+class _LineReader:
+    """Lines of a pyarrow input stream (handles gzip/zstd transparently)."""
+
+    def __init__(self, stream: pa.NativeFile, chunk: int = 1 << 20):
+        self._stream = stream
+        self._chunk = chunk
+
+    def __iter__(self):
+        rest = b""
+        with self._stream as stream:
+            while True:
+                data = stream.read(self._chunk)
+                if not data:
+                    break
+                data = rest + data
+                lines = data.split(b"\n")
+                rest = lines.pop()
+                for line in lines:
+                    yield line + b"\n"
+        if rest:
+            yield rest
+
+
+def line_number(path: str, offset: int) -> int:
+    with open(path, "rb") as fh:
+        return fh.read(offset).count(b"\n") + 1
+
+
+def _json_hint(path: str, raw: bytes | str) -> str:
+    """For a ``.json`` file whose line is not a JSON document: it is read as JSON Lines."""
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+    if not path.endswith((".json", ".json.gz", ".json.zst")):
+        return ""
+    stripped = text.strip()
+    pretty = stripped in ("]", "}", "},", "],") or stripped.endswith((",", "{", "["))
+    shape = " (it looks like a pretty-printed JSON document or array)" if pretty else ""
+    return (f"; .json files are read as JSON Lines, one object per line{shape}: rewrite it "
+            "with one object per line (for example jq -c '.[]' FILE > FILE.jsonl)")
+
+
+def _read_jsonl(path: str, compression: str | None, unit: UnitSpec, columns: list[str] | None,
+                display: str) -> tuple[dict[str, list[Any]], list[int]]:
+    rows: list[dict[str, Any]] = []
+    keys: list[int] = []
+    for number, offset, raw in _jsonl_lines(path, compression, unit):
+        if not raw.strip():
+            continue
+        try:
+            value = json.loads(raw)
+        except ValueError as exc:
+            line = number if number is not None else line_number(path, offset)
+            hint = _json_hint(path, raw)
+            raise DataError(f"{display}:{line}: malformed JSON line ({exc}){hint}") from None
+        except RecursionError:
+            line = number if number is not None else line_number(path, offset)
+            raise DataError(f"{display}:{line}: the JSON on this line nests deeper than Python "
+                            f"can parse (limit {sys.getrecursionlimit()} levels); flatten it or "
+                            "leave the file out") from None
+        if not isinstance(value, dict):
+            line = number if number is not None else line_number(path, offset)
+            raise DataError(f"{display}:{line}: expected a JSON object, got "
+                            f"{type(value).__name__}")
+        if columns is not None:
+            for name in columns:
+                if name not in value:
+                    line = number if number is not None else line_number(path, offset)
+                    raise DataError(f"{display}:{line}: missing field {name!r}; the line has "
+                                    f"fields {sorted(value)}")
+        rows.append(value)
+        keys.append(number if number is not None else offset)
+    if columns is None:
+        names: list[str] = []
+        for row in rows:
+            for key in row:
+                if key not in names:
+                    names.append(key)
+        columns = names
+    return {name: [row.get(name) for row in rows] for name in columns}, keys
