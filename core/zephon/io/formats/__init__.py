@@ -20,6 +20,8 @@ checked for UTF-8; JSON Lines text is checked by the JSON parser).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import pyarrow as pa
@@ -41,6 +43,7 @@ from zephon.io.units import PlanHints, UnitSpec, row_units
 
 __all__ = ["FORMATS", "TOKENS_FIELD", "ListColumn", "PlanHints", "RowLabel", "UnitSpec",
            "byte_units", "compression_of", "detect_format", "parquet_units", "plan_file",
+           "plan_listed",
            "read_memory_pool", "read_unit", "row_groups_from_tail", "row_units"]
 
 FORMATS = BUILT_IN
@@ -96,6 +99,28 @@ def plan_file(path: str, fmt: str, compression: str | None, hints: PlanHints,
                         f"{', '.join(known_formats())}")
     return _named_errors(lambda: module.plan(path, compression, hints, min_units, rows), fmt,
                          path)
+
+
+def plan_listed(data_file: Any, hints: PlanHints, min_units: int,
+                local_file: Callable[[Any], AbstractContextManager[str]],
+                row_groups: Sequence[int] | None = None) -> list[UnitSpec]:
+    """The units of a remote file (a :class:`~zephon.io.dataset.DataFile`) from what its
+    listing knows, downloading nothing where it can: Parquet row groups (``row_groups``, else
+    the listing's), byte ranges of a plain JSON Lines file from its size, a compressed one
+    whole, a plug-in's units from its index (``context``); any other file is planned from the
+    local copy ``local_file(data_file)`` gives."""
+    groups = row_groups if row_groups is not None else data_file.row_groups
+    if data_file.fmt == "parquet" and groups is not None:
+        return parquet_units(groups, min_units)
+    if data_file.fmt == "jsonl" and data_file.compression is None:
+        return byte_units(data_file.size, hints.unit_bytes, min_units)
+    if data_file.fmt == "jsonl":
+        return [UnitSpec("file", 0, 0, -1)]
+    if data_file.context is not None:
+        return plan_file(data_file.path, data_file.fmt, data_file.compression, hints,
+                         min_units, context=data_file.context)
+    with local_file(data_file) as local:
+        return plan_file(local, data_file.fmt, data_file.compression, hints, min_units)
 
 
 def read_unit(path: str, fmt: str, compression: str | None, unit: UnitSpec,

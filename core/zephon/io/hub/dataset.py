@@ -28,7 +28,7 @@ from typing import Any
 
 from zephon.errors import ConfigError, DataError
 from zephon.io.dataset import DataFile, Dataset
-from zephon.io.formats import PlanHints, UnitSpec, byte_units, parquet_units, plan_file
+from zephon.io.formats import PlanHints, UnitSpec, plan_listed
 from zephon.io.hub.cache import CachedFile, ContentCheck, ShardCache
 from zephon.io.hub.client import HubClient
 from zephon.io.hub.path import HubPath, parse_hub_path
@@ -154,19 +154,8 @@ class HubDataset(Dataset):
         groups = {f.path: f.row_groups for f in self.resolution.files}
         units: list[tuple[int, UnitSpec]] = []
         for index, data_file in enumerate(files):
-            if data_file.fmt == "parquet" and groups.get(data_file.path) is not None:
-                specs = parquet_units(groups[data_file.path], per_file)
-            elif data_file.fmt == "jsonl" and data_file.compression is None:
-                specs = byte_units(data_file.size, hints.unit_bytes, per_file)
-            elif data_file.fmt == "jsonl":
-                specs = [UnitSpec("file", 0, 0, -1)]
-            elif data_file.context is not None:  # the format's index says all it needs
-                specs = plan_file(data_file.path, data_file.fmt, data_file.compression, hints,
-                                  per_file, context=data_file.context)
-            else:
-                with self.local_file(data_file) as local:
-                    specs = plan_file(local, data_file.fmt, data_file.compression, hints,
-                                      per_file)
+            specs = plan_listed(data_file, hints, per_file, self.local_file,
+                                groups.get(data_file.path))
             units.extend((index, spec) for spec in specs)
         return units
 

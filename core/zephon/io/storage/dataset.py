@@ -43,12 +43,9 @@ from zephon.io.dataset import _METADATA, DataFile, Dataset
 from zephon.io.file_formats import companion_files, described_files
 from zephon.io.formats import (
     PlanHints,
-    UnitSpec,
-    byte_units,
     compression_of,
     detect_format,
-    parquet_units,
-    plan_file,
+    plan_listed,
     row_groups_from_tail,
 )
 from zephon.io.hub.cache import CachedFile, ShardCache
@@ -253,21 +250,7 @@ class ObjectStoreDataset(Dataset):
         per_file = max(1, -(-min_units // len(files)))
         units = UnitTableBuilder()
         for index, data_file in enumerate(files):
-            specs: list[UnitSpec]
-            if data_file.row_groups is not None:
-                specs = parquet_units(data_file.row_groups, per_file)
-            elif data_file.fmt == "jsonl" and data_file.compression is None:
-                specs = byte_units(data_file.size, hints.unit_bytes, per_file)
-            elif data_file.fmt == "jsonl":
-                specs = [UnitSpec("file", 0, 0, -1)]
-            elif data_file.context is not None:  # the format's index says all it needs
-                specs = plan_file(data_file.path, data_file.fmt, data_file.compression, hints,
-                                  per_file, context=data_file.context)
-            else:
-                with self.local_file(data_file) as local:
-                    specs = plan_file(local, data_file.fmt, data_file.compression, hints,
-                                      per_file)
-            for spec in specs:
+            for spec in plan_listed(data_file, hints, per_file, self.local_file):
                 units.add(index, spec)
         return units.table()
 
