@@ -13,15 +13,13 @@ import pytest
 
 from tests.core import litdata_sets
 from tests.core.litdata_sets import ITEMS, item
+from tests.core.test_mds import pipeline_over, rows_of, sorted_documents, token_rows
 from tests.hub.hubdata import fast_options
 from tests.objectstore.test_scheme_plugin import BUCKETS, MemoryBucket
-from zephon import Pipeline
 from zephon.errors import DataError
 from zephon.io import Dataset, storage
-from zephon.io.formats import PlanHints, read_unit
 from zephon.io.formats.litdata import LITDATA
 from zephon.recipe_checks import file_fields, peek_field
-from zephon.work import MixtureSpec, StaticMixtureWorkSource
 
 
 @pytest.fixture(scope="module")
@@ -29,20 +27,6 @@ def litdata(tmp_path_factory):
     """Each variant's folder, written once for the session."""
     root = tmp_path_factory.getbasetemp() / "litdata-sets"
     return {variant: litdata_sets.build(root, variant) for variant in litdata_sets.VARIANTS}
-
-
-def rows_of(dataset: Dataset) -> list[dict]:
-    table = dataset.plan(PlanHints(1 << 20, 4), 1)
-    rows = []
-    for i in range(len(table)):
-        file_index, unit = table[i]
-        data_file = dataset.files()[file_index]
-        with dataset.local_file(data_file) as local:
-            columns, keys = read_unit(local, data_file.fmt, data_file.compression, unit, None,
-                                      data_file.path, data_file.context)
-        rows += [{name: values[r] for name, values in columns.items()}
-                 for r in range(len(keys))]
-    return rows
 
 
 @pytest.mark.parametrize("variant", list(litdata_sets.VARIANTS))
@@ -61,17 +45,6 @@ def test_every_field_reads_as_litdata_wrote_it(litdata, variant):
         assert got["tokens"].dtype == want["tokens"].dtype
 
 
-def pipeline_over(path, tokenizer_dir, **options) -> Pipeline:
-    source = StaticMixtureWorkSource([Dataset.from_path("d", path)], MixtureSpec({"d": 1.0}),
-                                     seed=4, repeat=False, arrow_unit_rows=5)
-    return (Pipeline(source).tokenize(tokenizer_id=tokenizer_dir).pack_flat(33, "wrap")
-            .batch(2, drop_last=False).options(lanes=1, **options))
-
-
-def token_rows(pipeline) -> list[bytes]:
-    return [r.payload["input_ids"].tobytes() for b in pipeline for r in b.records]
-
-
 def test_litdata_gives_the_documents_of_the_same_items_in_json_lines(litdata, tokenizer_dir,
                                                                      tmp_path):
     reference = token_rows(pipeline_over(litdata["plain"], tokenizer_dir))
@@ -81,15 +54,8 @@ def test_litdata_gives_the_documents_of_the_same_items_in_json_lines(litdata, to
     jsonl.write_text("".join(json.dumps({"text": item(i)["text"]}) + "\n"
                              for i in range(ITEMS)))
 
-    def documents(path) -> list[bytes]:
-        source = StaticMixtureWorkSource([Dataset.from_path("d", path)],
-                                         MixtureSpec({"d": 1.0}), seed=4, repeat=False)
-        pipeline = (Pipeline(source).tokenize(tokenizer_id=tokenizer_dir).batch(1)
-                    .options(lanes=1))
-        return sorted(token_rows(pipeline))
-
-    from_litdata = documents(litdata["batch"])
-    assert len(from_litdata) == ITEMS and from_litdata == documents(jsonl)
+    from_litdata = sorted_documents(litdata["batch"], tokenizer_dir)
+    assert len(from_litdata) == ITEMS and from_litdata == sorted_documents(jsonl, tokenizer_dir)
 
 
 def test_litdata_resumes_exactly_and_reads_from_an_object_store(litdata, tokenizer_dir,

@@ -25,6 +25,7 @@ EXPECTED = [json.loads(line) for line in (MDS / "expected.jsonl").read_text().sp
 
 
 def rows_of(dataset: Dataset) -> list[dict]:
+    """Every row of ``dataset``, unit by unit in plan order, as a dict of its fields."""
     table = dataset.plan(PlanHints(1 << 20, 7), 1)
     rows = []
     for i in range(len(table)):
@@ -32,7 +33,7 @@ def rows_of(dataset: Dataset) -> list[dict]:
         data_file = dataset.files()[file_index]
         with dataset.local_file(data_file) as local:
             columns, keys = read_unit(local, data_file.fmt, data_file.compression, unit, None,
-                                      data_file.path)
+                                      data_file.path, data_file.context)
         rows += [{name: values[r] for name, values in columns.items()}
                  for r in range(len(keys))]
     return rows
@@ -64,21 +65,22 @@ def token_rows(pipeline) -> list[bytes]:
     return [r.payload["input_ids"].tobytes() for b in pipeline for r in b.records]
 
 
+def sorted_documents(path, tokenizer_dir) -> list[bytes]:
+    """The token ids of every document of a dataset, one a row, sorted."""
+    source = StaticMixtureWorkSource([Dataset.from_path("d", path)], MixtureSpec({"d": 1.0}),
+                                     seed=4, repeat=False)
+    pipeline = Pipeline(source).tokenize(tokenizer_id=tokenizer_dir).batch(1).options(lanes=1)
+    return sorted(token_rows(pipeline))
+
+
 def test_mds_gives_the_documents_of_the_same_rows_in_json_lines(tokenizer_dir, tmp_path):
     assert token_rows(pipeline_over(MDS / "plain", tokenizer_dir)) == token_rows(
         pipeline_over(MDS / "zstd", tokenizer_dir))
     jsonl = tmp_path / "rows.jsonl"
     jsonl.write_text("".join(json.dumps({"text": e["text"]}) + "\n" for e in EXPECTED))
 
-    def documents(path) -> list[bytes]:
-        source = StaticMixtureWorkSource([Dataset.from_path("d", path)],
-                                         MixtureSpec({"d": 1.0}), seed=4, repeat=False)
-        pipeline = (Pipeline(source).tokenize(tokenizer_id=tokenizer_dir).batch(1)
-                    .options(lanes=1))
-        return sorted(token_rows(pipeline))
-
-    from_mds = documents(MDS / "plain")
-    assert len(from_mds) == len(EXPECTED) and from_mds == documents(jsonl)
+    from_mds = sorted_documents(MDS / "plain", tokenizer_dir)
+    assert len(from_mds) == len(EXPECTED) and from_mds == sorted_documents(jsonl, tokenizer_dir)
 
 
 def test_mds_resumes_exactly_and_reads_from_an_object_store(tokenizer_dir, tmp_path):

@@ -430,7 +430,7 @@ def test_litdata_from_each_store_gives_the_local_tokens(store, tokenizer_dir, tm
     the index is read once while listing, the chunks through the cache, and the tokens are
     the local folder's."""
     from tests.core import litdata_sets
-    from tests.core.test_litdata import pipeline_over, token_rows
+    from tests.core.test_mds import pipeline_over, token_rows
 
     local = litdata_sets.build(tmp_path_factory.getbasetemp() / "litdata-sets", "batch")
     scheme, server = store
