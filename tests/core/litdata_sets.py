@@ -36,3 +36,26 @@ def build(root: Path, variant: str) -> Path:
         chunks = json.loads((out / "index.json").read_text())["chunks"]
         assert sum(c["chunk_size"] for c in chunks) == ITEMS and len(chunks) >= 3, chunks
     return out
+
+
+def chat_item(i: int) -> dict:
+    """Item ``i`` with a nested value, which LitData keeps as Arrow rows after the chunk."""
+    return {"text": f"chat {i}",
+            "messages": [{"role": "user", "content": f"question {i}"},
+                         {"role": "assistant", "content": f"answer {i} " + "x" * (i % 4)}],
+            "n": i}
+
+
+def build_chat(root: Path, items: int = 23) -> Path:
+    """A dataset of :func:`chat_item` rows written by LitData's ``BinaryWriter`` (what
+    ``optimize`` runs in its workers), 5 items a chunk."""
+    from litdata.streaming.writer import BinaryWriter
+
+    out = root / "chat"
+    if not (out / "index.json").exists():
+        writer = BinaryWriter(str(out), chunk_size=5)
+        for i in range(items):
+            writer[i] = chat_item(i)
+        writer.done()
+        writer.merge()
+    return out

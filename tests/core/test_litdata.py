@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import pickle
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -179,3 +180,23 @@ tokenizer = "{tokenizer_dir}"
     reference = batches("listed.toml")
     (folder / "index.json").unlink()
     assert batches("uses_plan.toml") == reference
+
+
+def test_nested_rows_come_from_the_arrow_footer_litdata_writes(tmp_path_factory, tmp_path):
+    folder = litdata_sets.build_chat(tmp_path_factory.getbasetemp() / "litdata-sets")
+    config = json.loads((folder / "index.json").read_text())["config"]
+    assert "json" in config["data_format"]  # the nested value is a binary-JSON leaf
+    dataset = Dataset.from_path("chat", folder)
+    rows = rows_of(dataset)
+    assert rows == [litdata_sets.chat_item(i) for i in range(23)]
+    data_file = dataset.files()[0]
+    assert peek_field(data_file.path, "litdata", None, "messages", data_file.context) == "list"
+    assert data_file.path.endswith("chunk-0-0.bin")
+    raw = Path(data_file.path).read_bytes()
+    assert raw.endswith(b"LDARW01\0")
+    cut = tmp_path / "cut"
+    shutil.copytree(folder, cut)
+    (cut / "chunk-0-0.bin").write_bytes(raw[:-8] + b"XXXXXXXX")  # no footer: binary JSON
+    with pytest.raises(DataError, match=r"chunk-0-0\.bin: nested values \(messages\) in a "
+                                        "chunk with no Arrow footer"):
+        rows_of(Dataset.from_path("chat", cut))

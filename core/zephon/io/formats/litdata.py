@@ -13,7 +13,10 @@ A chunk (``PyTreeLoader``, LitData's default) is::
     uint32 items n | uint32 offsets[n + 1] (absolute) | items
 
 and an item is the uint32 byte sizes of its leaves, then each leaf's bytes. The item's
-pytree must be a dict of leaves, whose keys are the fields. Leaf encodings read: ``str``,
+pytree must be a dict, whose keys are the fields. LitData stores the rows of dicts of text
+(and of nested values: lists, dicts) as an Arrow IPC file appended to the chunk instead
+(``... | Arrow IPC | uint32 length | "LDARW01\0"``); those are read with pyarrow, nested values
+included, and checked as Arrow files are. Leaf encodings read: ``str``,
 ``text``, ``bytes``, ``int`` (int64), ``float`` (float64), ``bool``, ``numpy`` and
 ``no_header_numpy:<dtype>``, ``tensor`` and ``no_header_tensor:<dtype>`` (arrays of token
 ids stay numpy arrays). Compression ``zstd`` at each of LitData's levels: ``chunk`` (the
@@ -22,9 +25,9 @@ whole file, ``*.zstd.bin``), ``batch`` (frames of items: the ``LDFZ01`` layout) 
 for the units that follow.
 
 Refused by name: other item loaders (``TokensLoader`` holds one token stream cut into
-blocks, with no document boundaries to read documents from), encrypted chunks, rows kept
-only as an Arrow footer (nested types), and leaves of other encodings (images, audio,
-``json``, ``pickle``: unpickling runs code from the data).
+blocks, with no document boundaries to read documents from), encrypted chunks, leaves of other
+encodings (images, audio, ``pickle``: unpickling runs code from the data), and nested values
+(LitData's binary ``json`` leaves) in a chunk without an Arrow footer.
 
 Units are item ranges (``arrow_unit_rows`` items at most); a row's key is its item index in
 the chunk.
@@ -39,9 +42,11 @@ import struct
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from zephon.errors import DataError
 from zephon.io.file_formats import FileFormat
+from zephon.io.formats.arrow_columns import check_arrow, check_columns, table_columns
 from zephon.io.units import PlanHints, UnitSpec, row_units
 
 _NUMPY_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -54,29 +59,31 @@ _TORCH_DTYPES = {0: "float32", 1: "float32", 2: "float64", 3: "float64", 8: "flo
 """LitData's torch dtype codes that numpy holds as they are."""
 _SCALARS = {"str", "text", "bytes", "int", "float", "bool"}
 _FRAMED_MAGIC = b"LDFZ01\0\0"
+_ARROW_MAGIC = b"LDARW01\0"
 _FRAMED_PREFIX = struct.Struct("<8sHHIII")
 _FRAME = struct.Struct("<IIQII")
 _KINDS = {"str": "text", "text": "text", "bytes": "bytes", "int": "int", "float": "float",
           "bool": "bool"}
 
 
-def _field_names(config: dict[str, Any], display: str) -> list[str]:
-    """The keys of the dict each item is, from LitData's serialized pytree spec."""
+def _field_names(config: dict[str, Any], display: str) -> tuple[list[str], bool]:
+    """The keys of the dict each item is, from LitData's serialized pytree spec, and whether
+    every value is a leaf (else the rows are only readable from an Arrow footer)."""
     try:
         _, spec = json.loads(config["data_spec"])
         children = spec["children_spec"]
         names = json.loads(spec["context"]) if spec["type"] == "builtins.dict" else None
     except (KeyError, TypeError, ValueError) as exc:
         raise DataError(f"{display}: unreadable data_spec in its config ({exc})") from None
-    if names is None or any(child.get("type") is not None for child in children):
+    if names is None:
         raise DataError(f"{display}: items are {spec.get('type')} pytrees; zephon reads "
-                        "LitData items that are a dict of leaves (field name -> value)")
-    return [str(name) for name in names]
+                        "LitData items that are a dict (field name -> value)")
+    return [str(name) for name in names], all(c.get("type") is None for c in children)
 
 
 def _checked_encoding(encoding: str, field: str, display: str) -> str:
     base, _, code = encoding.partition(":")
-    known = (encoding in _SCALARS or encoding in ("numpy", "tensor")
+    known = (encoding in _SCALARS or encoding in ("numpy", "tensor", "json")
              or (base == "no_header_numpy" and code.isdigit()
                  and int(code) < len(_NUMPY_DTYPES))
              or (base == "no_header_tensor" and code.isdigit() and int(code) in _TORCH_DTYPES))
@@ -109,13 +116,17 @@ def describe(index: bytes, display: str) -> dict[str, str] | None:
                         "loader, one document an item")
     if config.get("encryption"):
         raise DataError(f"{display}: encrypted LitData chunks are not read")
-    names = _field_names(config, display)
+    names, flat = _field_names(config, display)
     encodings = list(config.get("data_format") or [])
-    if len(encodings) != len(names):
+    if flat and len(encodings) != len(names):
         raise DataError(f"{display}: {len(names)} fields but {len(encodings)} encodings in "
                         "its config")
+    types = config.get("types") if isinstance(config.get("types"), dict) else {}
     shared = {"fields": names,
-              "encodings": [_checked_encoding(e, n, display) for e, n in zip(encodings, names)],
+              "encodings": ([_checked_encoding(e, n, display)
+                             for e, n in zip(encodings, names, strict=True)] if flat else None),
+              "types": {n: (t if isinstance(t := types.get(n), str) else
+                            t.get("type") if isinstance(t, dict) else None) for n in names},
               "compression": config.get("compression"),
               "level": config.get("compression_level") or "chunk"}
     if shared["compression"] not in (None, "zstd") and not str(
@@ -147,8 +158,6 @@ def _zstd(data: bytes | memoryview) -> bytes:
 def _items_of(data: bytes, context: dict[str, Any], display: str) -> tuple[bytes, np.ndarray]:
     """(a buffer, the n + 1 offsets of its items in it) from a chunk file's bytes."""
     level = context["level"] if context["compression"] else None
-    if level == "chunk":
-        data = _zstd(data)
     if level == "batch":
         if data[:8] != _FRAMED_MAGIC:
             raise DataError(f"{display}: not a framed zstd LitData chunk")
@@ -180,13 +189,46 @@ def _items_of(data: bytes, context: dict[str, Any], display: str) -> tuple[bytes
     return data, offsets
 
 
+def _arrow_rows(data: bytes, display: str) -> pa.Table | None:
+    """The rows of a chunk's Arrow footer, or None when it has none."""
+    if len(data) < 12 or data[-8:] != _ARROW_MAGIC:
+        return None
+    (length,) = struct.unpack_from("<I", data, len(data) - 12)
+    start = len(data) - 12 - length
+    if start < 0:
+        raise DataError(f"{display}: its Arrow footer claims {length} bytes, more than the "
+                        "chunk holds")
+    ipc = pa.py_buffer(data)[start:start + length]
+    try:
+        return pa.ipc.open_file(ipc).read_all()
+    except pa.ArrowInvalid:
+        return pa.ipc.open_stream(ipc).read_all()
+
+
 @functools.lru_cache(maxsize=2)
 def _chunk(path: str, mtime_ns: int, size: int, context: str,
-           display: str) -> tuple[bytes, np.ndarray]:
+           display: str) -> pa.Table | tuple[bytes, np.ndarray]:
+    """A chunk's rows: an Arrow table (from its footer) or (a buffer, its item offsets)."""
     with open(path, "rb") as fh:
         data = fh.read()
-    buffer, offsets = _items_of(data, _context(context), display)
-    expected = _context(context)["items"]
+    described = _context(context)
+    expected = described["items"]
+    rows = _arrow_rows(data, display)
+    if rows is None and described["compression"] and described["level"] == "chunk":
+        data = _zstd(data)
+        rows = _arrow_rows(data, display)
+    if rows is not None:
+        if rows.num_rows != expected:
+            raise DataError(f"{display}: holds {rows.num_rows} rows, its index says "
+                            f"{expected}")
+        return rows
+    nested = [name for name, encoding in zip(described["fields"], described["encodings"] or [],
+                                             strict=False) if encoding == "json"]
+    if described["encodings"] is None or nested:
+        raise DataError(f"{display}: nested values ({', '.join(nested) or 'the items'}) in a "
+                        "chunk with no Arrow footer: zephon reads them only from the Arrow "
+                        "rows LitData writes beside them")
+    buffer, offsets = _items_of(data, described, display)
     if len(offsets) != expected + 1:
         raise DataError(f"{display}: holds {len(offsets) - 1} items, its index says "
                         f"{expected}")
@@ -236,7 +278,13 @@ def read(path: str, unit: UnitSpec, columns: list[str] | None, display: str, *,
     if missing:
         raise DataError(f"{display}: no field {missing[0]!r} (fields: {names})")
     stat = os.stat(path)
-    buffer, offsets = _chunk(path, stat.st_mtime_ns, stat.st_size, context, display)
+    chunk = _chunk(path, stat.st_mtime_ns, stat.st_size, context, display)
+    if isinstance(chunk, pa.Table):
+        table = chunk.slice(unit.start, unit.stop - unit.start)
+        check_columns(table.column_names, wanted, display)
+        check_arrow(table, wanted, unit.start, display)
+        return table_columns(table, wanted, display), list(range(unit.start, unit.stop))
+    buffer, offsets = chunk
     view = memoryview(buffer)
     picks = [(names.index(c), c) for c in wanted]
     out: dict[str, list[Any]] = {c: [] for c in wanted}
@@ -257,6 +305,8 @@ def read(path: str, unit: UnitSpec, columns: list[str] | None, display: str, *,
 def fields(path: str, *, context: str) -> dict[str, str]:
     """The fields and their kinds as ``zephon check`` names them, from the index."""
     described = _context(context)
+    if described["encodings"] is None:  # nested items: the writer's types name the fields
+        return {name: _KINDS.get(kind, "list") for name, kind in described["types"].items()}
     kinds = {}
     for name, encoding in zip(described["fields"], described["encodings"], strict=True):
         base, _, code = encoding.partition(":")
