@@ -167,13 +167,14 @@ def _describers(name: str) -> list[FileFormat]:
 
 
 def described_files(paths: list[str], read: Callable[[str], bytes],
-                    shown: Callable[[str], str] = str) -> tuple[dict[str, tuple[str, str]],
-                                                                dict[str, str]]:
+                    shown: Callable[[str], str] = str,
+                    present: set[str] | None = None) -> tuple[dict[str, tuple[str, str]],
+                                                             dict[str, str]]:
     """What the indexes among ``paths`` (``"folder/name"`` strings) say:
     ``({path: (format, context)}, {index path: format})``. ``read(path)`` gives a companion's
     bytes; ``shown(path)`` names a path in errors. A file an index names that is not among
-    ``paths`` is a DataError: the dataset is incomplete."""
-    listed = set(paths)
+    ``present`` (default: ``paths``) is a DataError: the dataset is incomplete."""
+    listed = set(paths) if present is None else present
     claimed: dict[str, tuple[str, str]] = {}
     indexes: dict[str, str] = {}
     for path in paths:

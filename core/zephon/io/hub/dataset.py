@@ -125,7 +125,7 @@ class HubDataset(Dataset):
         return self.resolution.commit
 
     def _list_files(self) -> list[DataFile]:
-        files = [DataFile(f.path, f.size, f.fmt, f.compression, f.version)
+        files = [DataFile(f.path, f.size, f.fmt, f.compression, f.version, context=f.context)
                  for f in self.resolution.files]
         if not files:
             raise DataError(f"dataset {self.name!r}: {self.path} holds no files")

@@ -47,6 +47,7 @@ import pyarrow.parquet as pq
 from huggingface_hub.errors import RevisionNotFoundError
 
 from zephon.errors import ConfigError, DataError
+from zephon.io.file_formats import described_files
 from zephon.io.formats import compression_of, detect_format
 from zephon.io.hub.cachefs import private_dir, read_bytes, replace_file
 from zephon.io.hub.client import HubClient
@@ -59,7 +60,7 @@ from zephon.redact import get_logger
 log = get_logger(__name__)
 
 CONVERSION_REF = "refs/convert/parquet"
-LISTING_VERSION = 1
+LISTING_VERSION = 2
 FOOTER_PROBE = 64 << 10
 FOOTER_THREADS = 16
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -82,6 +83,9 @@ class HubFile:
     """``gzip``, ``zstd`` or None."""
     row_groups: list[int] | None = None
     """Rows of each row group (Parquet files), from the footer."""
+    context: str | None = None
+    """What the format's index says about the file (LitData chunks), see
+    :attr:`zephon.io.dataset.DataFile.context`."""
 
 
 @dataclass
@@ -157,11 +161,16 @@ def _list(hub_path: HubPath, client: HubClient, info: Any, requested: str, revis
     if requested == "auto" and fmt is None and not layout.configs:
         return _fallback(hub_path, client, revision, "no data files Zephon can read")
     config, names = layout.select(hub_path.config, hub_path.split, where)
-    unplannable = sorted({Path(n).suffix or n for n in names if not _PLANNABLE.search(n)})
+    claimed, indexes = described_files(
+        names, lambda n: client.tail(n, info.sha, max(1, tree[n].size)),
+        lambda n: f"hf://{hub_path.repo_id}@{info.sha}/{n}", set(tree))
+    names = sorted({n for n in names if n not in indexes} | set(claimed))
+    unplannable = sorted({Path(n).suffix or n for n in names
+                          if not _PLANNABLE.search(n) and n not in claimed})
     if requested == "auto" and fmt is None and unplannable:
         return _fallback(hub_path, client, revision,
                          f"{', '.join(unplannable)} files, which Zephon does not read directly")
-    files = [_hub_file(tree[n], fmt, where) for n in names]
+    files = [_hub_file(tree[n], fmt, where, claimed.get(n)) for n in names]
     _add_row_groups(client, info.sha, files)
     return Resolution(hub_path.repo_id, info.sha, "original", config, hub_path.split, files)
 
@@ -198,7 +207,13 @@ def _conversion(hub_path: HubPath, client: HubClient, commit: str) -> Resolution
                       partial)
 
 
-def _hub_file(entry: Any, fmt: str | None, where: str) -> HubFile:
+def _hub_file(entry: Any, fmt: str | None, where: str,
+              described: tuple[str, str] | None = None) -> HubFile:
+    lfs = getattr(entry, "lfs", None)
+    version = f"sha256:{lfs.sha256}" if lfs is not None else f"git-sha1:{entry.blob_id}"
+    if described is not None:  # a chunk its format's index names (LitData)
+        return HubFile(entry.path, int(entry.size), version, described[0], None,
+                       context=described[1])
     detected = detect_format(entry.path)
     if fmt is not None:
         kind, compression = fmt, compression_of(entry.path)
