@@ -418,7 +418,7 @@ def test_fetch_ahead_downloads_in_the_background_once(s3_corpus, tmp_path):
     dataset.fetch_ahead(list(files))
     dataset.fetch_ahead(list(files))
     dataset.wait_fetches()
-    assert dataset.cache.stats.downloads == len(files) == dataset._fetcher.fetched
+    assert dataset.cache.stats.downloads == len(files) == dataset.fetches.fetched
     with dataset.local_file(files[1]):
         pass
     assert dataset.cache.stats.hits == 1

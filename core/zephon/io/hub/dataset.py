@@ -28,6 +28,7 @@ from typing import Any
 
 from zephon.errors import ConfigError, DataError
 from zephon.io.dataset import DataFile, Dataset
+from zephon.io.fetch_ahead import FetchAhead
 from zephon.io.formats import PlanHints, UnitSpec, plan_listed
 from zephon.io.hub.cache import CachedFile, ContentCheck, ShardCache
 from zephon.io.hub.client import HubClient
@@ -40,7 +41,7 @@ _CACHE_HINT = ("StoreOptions(cache=CacheOptions(enabled=True, root='/local/disk/
                "limit_bytes=50 << 30))")
 
 
-class HubDataset(Dataset):
+class HubDataset(FetchAhead, Dataset):
     """A Hub dataset split named by an ``hf://`` path; see the module docstring.
 
     ``token`` overrides the Hugging Face token (``False``: none); ``endpoint`` the Hub URL
@@ -77,6 +78,7 @@ class HubDataset(Dataset):
         """A copy that reads through ``io_options``; Hub data needs its shard cache enabled.
         Copies share the pinned resolution, so every pipeline reads the same commit."""
         clone = copy.copy(self)
+        clone._fetches = None
         clone.bind(io_options)
         return clone
 
@@ -88,6 +90,7 @@ class HubDataset(Dataset):
                                              source=source or self.hub_path.source)
         clone._shared = SimpleNamespace(resolution=None)
         clone._files = None
+        clone._fetches = None
         return clone
 
     def bind(self, io_options: StoreOptions) -> None:

@@ -23,23 +23,20 @@ checkpoint whose object changed since is refused naming that object; above that,
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import copy
 import hashlib
 import json
 import os
-import queue
-import threading
-import weakref
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import PurePosixPath
 from typing import Any
 
 from zephon.errors import ConfigError, DataError
-from zephon.io import cancel, local_glob
+from zephon.io import local_glob
 from zephon.io.dataset import _METADATA, DataFile, Dataset
+from zephon.io.fetch_ahead import FetchAhead
 from zephon.io.file_formats import companion_files, described_files
 from zephon.io.formats import (
     PlanHints,
@@ -67,7 +64,7 @@ _CACHE_HINT = ("StoreOptions(cache=CacheOptions(enabled=True, root='/local/disk/
                "limit_bytes=50 << 30))")
 
 
-class ObjectStoreDataset(Dataset):
+class ObjectStoreDataset(FetchAhead, Dataset):
     """The data files under an object-store path; see the module docstring. Keyword options
     are the scheme's (``endpoint``, ``region``, ``profile`` for ``s3``)."""
 
@@ -83,7 +80,6 @@ class ObjectStoreDataset(Dataset):
         self._io = StoreOptions()
         self._store: ObjectStore | None = None
         self._cache: ShardCache | None = None
-        self._fetcher = _Fetcher()
 
     def __repr__(self) -> str:
         return f"ObjectStoreDataset({self.name!r}, {self.path!r})"
@@ -91,12 +87,8 @@ class ObjectStoreDataset(Dataset):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_store"] = None  # a client is opened again in the process that reads
-        state["_fetcher"] = None
+        state["_fetches"] = None
         return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._fetcher = _Fetcher()
 
     # -- options ----------------------------------------------------------------------------
     def bound(self, io_options: StoreOptions) -> ObjectStoreDataset:
@@ -110,7 +102,7 @@ class ObjectStoreDataset(Dataset):
         clone._io = io_options
         clone._store = None
         clone._cache = ShardCache(io_options.cache)
-        clone._fetcher = _Fetcher()
+        clone._fetches = None
         return clone
 
     @property
@@ -286,39 +278,6 @@ class ObjectStoreDataset(Dataset):
             yield path
 
     # -- reading ----------------------------------------------------------------------------
-    def fetch_ahead(self, data_files: list[DataFile]) -> None:
-        """Download ``data_files`` into the shard cache in the background (one thread per
-        dataset, in order, each file once), for the units a lane reads next. What it fetches
-        is only cached, never read from here, so the data a lane reads does not depend on
-        it; under a tight cache limit a fetched file may be evicted before it is read and is
-        then downloaded again. Stopped, its partial download removed, at interpreter exit."""
-        with self._fetcher.lock:
-            for data_file in data_files:
-                if data_file.path not in self._fetcher.seen:
-                    self._fetcher.seen.add(data_file.path)
-                    self._fetcher.queue.put(data_file)
-            if self._fetcher.thread is None:
-                self._fetcher.thread = threading.Thread(
-                    target=self._fetch_loop, name="zephon-fetch-ahead", daemon=True)
-                self._fetcher.thread.start()
-
-    def wait_fetches(self) -> None:
-        """Block until every file given to :meth:`fetch_ahead` so far is fetched."""
-        self._fetcher.queue.join()
-
-    def _fetch_loop(self) -> None:
-        fetcher = self._fetcher
-        with cancel.cancel_when(fetcher.stop):
-            while not fetcher.stop.is_set():
-                data_file = fetcher.queue.get()
-                try:
-                    if data_file is not None:
-                        with self.local_file(data_file):
-                            fetcher.fetched += 1
-                except Exception as exc:  # the reader downloads it again, and reports it
-                    log.info("fetching %s ahead failed: %s", self.display_name(data_file), exc)
-                finally:
-                    fetcher.queue.task_done()
     @contextlib.contextmanager
     def local_file(self, data_file: DataFile) -> Iterator[str]:
         """The object in the shard cache (downloaded if needed), pinned while the block
@@ -334,31 +293,3 @@ class ObjectStoreDataset(Dataset):
         with self.cache.open(item, fetch) as local:
             yield local
 
-
-class _Fetcher:
-    """The background downloads of one bound dataset (see ``fetch_ahead``)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.queue: queue.Queue[DataFile | None] = queue.Queue()
-        self.seen: set[str] = set()
-        self.stop = threading.Event()
-        self.thread: threading.Thread | None = None
-        self.fetched = 0
-        _LIVE.add(self)
-
-
-_LIVE: weakref.WeakSet[_Fetcher] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_fetching() -> None:
-    """Cancel downloads in flight (their partial files are removed) before daemon threads
-    are frozen at exit; each stops within one 64 KiB chunk."""
-    fetchers = list(_LIVE)
-    for fetcher in fetchers:
-        fetcher.stop.set()
-        fetcher.queue.put(None)
-    for fetcher in fetchers:
-        if fetcher.thread is not None:
-            fetcher.thread.join(timeout=1.0)
