@@ -1,5 +1,6 @@
 """Recipes with ``s3://`` paths: kept as written, checked by listing and peeking the
-objects (footers and first lines, no downloads), and read like local data."""
+objects (footers and first lines, no downloads), and read like local data; ``zephon cache``
+lists and verifies the objects in the cache."""
 
 from __future__ import annotations
 
@@ -56,3 +57,26 @@ def test_a_recipe_reads_s3_as_it_reads_the_same_files_locally(s3, two_datasets, 
         texts[where] = [r.payload["input_ids"].tobytes() for _, batch in
                         zip(range(5), pipeline, strict=False) for r in batch.records]
     assert texts["s3"] == texts["local"] and texts["local"]
+
+
+def test_zephon_cache_lists_and_verifies_objects_it_holds(s3, two_datasets, tmp_path, capsys):
+    from zephon.cli import main as zephon
+    from zephon.io import CacheOptions, Dataset, StoreOptions
+
+    s3.bucket("cached", {f"short/{p.name}": p.read_bytes()
+                         for p in sorted(two_datasets["short"].iterdir())})
+    root = tmp_path / "cache"
+    dataset = Dataset.from_path("d", "s3://cached/short/").bound(
+        StoreOptions(cache=CacheOptions(enabled=True, root=str(root)), show_progress=False))
+    for data_file in dataset.files():
+        with dataset.local_file(data_file):
+            pass
+    count = len(dataset.files())
+    assert zephon(["cache", "ls", "--root", str(root)]) == 0
+    listing = capsys.readouterr().out
+    assert f"{count} shard(s)" in listing and "s3://cached/short/part-0.parquet" in listing
+    assert zephon(["cache", "verify", "--root", str(root)]) == 0  # MD5s from the listing
+    shard = max((root / "shards").iterdir(), key=lambda p: p.stat().st_size)
+    shard.write_bytes(b"\xff" + shard.read_bytes()[1:])
+    assert zephon(["cache", "verify", "--root", str(root)]) == 1
+    assert "its bytes do not match" in capsys.readouterr().err
