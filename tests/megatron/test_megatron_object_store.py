@@ -1,5 +1,6 @@
-"""The Megatron adapter, unchanged, reads an ``s3://`` recipe (moto's S3 server on
-127.0.0.1): the same microbatches as the same files on local disk."""
+"""The Megatron adapter, unchanged, reads an ``s3://``, ``gs://`` or ``az://`` recipe (moto's
+S3 server, fake-gcs-server, Azurite, on 127.0.0.1): the same microbatches as the same files on
+local disk."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 from megatron_helpers import PACKED, megatron_argv, parse
 
-from tests.objectstore.servers import S3Server, s3_environment
+from tests.objectstore.servers import started_store
 from tests.objectstore.test_object_stores import upload
 from zephon.demo.assets import build_demo_assets
 from zephon.recipe import DataRecipe
@@ -18,11 +19,10 @@ from zephon_megatron.provider import Topology, build_iterator
 pytestmark = pytest.mark.usefixtures("megatron_cpu")
 
 
-@pytest.fixture
-def s3(monkeypatch, tmp_path):
-    server = S3Server()
-    s3_environment(monkeypatch, tmp_path, server.url)
-    yield server
+@pytest.fixture(params=["s3", "gs", "az"])
+def store(request, monkeypatch, tmp_path):
+    server = started_store(request.param, monkeypatch, tmp_path)
+    yield request.param, server
     server.close()
 
 
@@ -33,16 +33,17 @@ def microbatches(recipe: Path, n: int) -> list[list[list[int]]]:
     return [next(reader)["tokens"].tolist() for _ in range(n)]
 
 
-def test_megatron_reads_an_s3_recipe_as_the_local_files(s3, tmp_path):
+def test_megatron_reads_a_store_recipe_as_the_local_files(store, tmp_path):
+    scheme, server = store
     corpus = Path(build_demo_assets()["corpus"])
-    upload(s3, "megatron", corpus, prefix="web/")
+    upload(server, "megatron", corpus, prefix="web/")
     cache = f'\n[cache]\nroot = "{tmp_path / "cache"}"\n'
     local = tmp_path / "local.toml"
     local.write_text(PACKED.read_text().replace('path = "demo:corpus"', f'path = "{corpus}"')
                      + cache)
-    remote = tmp_path / "s3.toml"
+    remote = tmp_path / "remote.toml"
     remote.write_text(PACKED.read_text().replace('path = "demo:corpus"',
-                                                 'path = "s3://megatron/web/*.parquet"')
+                                                 f'path = "{scheme}://megatron/web/*.parquet"')
                       + cache)
     expected = microbatches(local, 5)
     assert microbatches(remote, 5) == expected and expected[0]

@@ -8,13 +8,13 @@ import logging
 import pytest
 
 from tests.objectstore.servers import (
-    AZURITE_ACCOUNT,
     AZURITE_BIN,
-    AZURITE_KEY,
     AzuriteServer,
     FaultProxy,
     GCSServer,
     S3Server,
+    azure_environment,
+    gcs_environment,
     s3_environment,
 )
 
@@ -54,10 +54,7 @@ def gcs_server():
 @pytest.fixture
 def gs(gcs_server, monkeypatch):
     """fake-gcs-server as Google's tools find an emulator: STORAGE_EMULATOR_HOST."""
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_server.url)
-    for var in ("GOOGLE_SERVICE_ACCOUNT", "GOOGLE_APPLICATION_CREDENTIALS"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    gcs_environment(monkeypatch, gcs_server)
     return gcs_server
 
 
@@ -73,11 +70,7 @@ def azurite_server():
 @pytest.fixture
 def az(azurite_server, monkeypatch):
     """Azurite with its development account in the environment, as Azure's tools find it."""
-    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", AZURITE_ACCOUNT)
-    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", AZURITE_KEY)
-    monkeypatch.setenv("AZURE_STORAGE_ENDPOINT", azurite_server.endpoint)
-    monkeypatch.delenv("AZURE_STORAGE_SAS_TOKEN", raising=False)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    azure_environment(monkeypatch, azurite_server)
     return azurite_server
 
 

@@ -172,6 +172,38 @@ def s3_environment(monkeypatch, tmp_path: Path, endpoint: str) -> None:
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
 
 
+def gcs_environment(monkeypatch, server: GCSServer) -> None:
+    """fake-gcs-server as Google's tools find an emulator: STORAGE_EMULATOR_HOST."""
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", server.url)
+    for var in ("GOOGLE_SERVICE_ACCOUNT", "GOOGLE_APPLICATION_CREDENTIALS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+
+
+def azure_environment(monkeypatch, server: AzuriteServer) -> None:
+    """Azurite with its development account in the environment, as Azure's tools find it."""
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", AZURITE_ACCOUNT)
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", AZURITE_KEY)
+    monkeypatch.setenv("AZURE_STORAGE_ENDPOINT", server.endpoint)
+    monkeypatch.delenv("AZURE_STORAGE_SAS_TOKEN", raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+
+
+def started_store(scheme: str, monkeypatch, tmp_path: Path):
+    """A fresh server for ``scheme`` (``s3``, ``gs``, ``az``), in the environment its cloud's
+    tools read; the caller closes it."""
+    if scheme == "s3":
+        server: S3Server | GCSServer | AzuriteServer = S3Server()
+        s3_environment(monkeypatch, tmp_path, server.url)
+    elif scheme == "gs":
+        server = GCSServer()
+        gcs_environment(monkeypatch, server)
+    else:
+        server = AzuriteServer()
+        azure_environment(monkeypatch, server)
+    return server
+
+
 @dataclass
 class Fault:
     """Answer requests whose ``METHOD path?query`` (without the Range) matches ``pattern``

@@ -1,5 +1,6 @@
-"""The TorchTitan adapter, unchanged, trains from an ``s3://`` recipe: the same tensors as
-the same files on local disk, and a state that resumes at another data-parallel size."""
+"""The TorchTitan adapter, unchanged, trains from an ``s3://``, ``gs://`` or ``az://`` recipe:
+the same tensors as the same files on local disk, and a state that resumes at another
+data-parallel size."""
 
 from __future__ import annotations
 
@@ -8,18 +9,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.objectstore.servers import S3Server, s3_environment
+from tests.objectstore.servers import started_store
 from tests.objectstore.test_object_stores import upload
 from zephon.demo.assets import build_demo_assets
 from zephon_torchtitan.dataloader import ZephonDataLoader
 
 
-@pytest.fixture
-def s3(monkeypatch, tmp_path):
-    """moto's S3 server, found through the environment as the AWS tools find it."""
-    server = S3Server()
-    s3_environment(monkeypatch, tmp_path, server.url)
-    yield server
+@pytest.fixture(params=["s3", "gs", "az"])
+def store(request, monkeypatch, tmp_path):
+    """Each store's test server, found through the environment as its cloud's tools find
+    it: ``(scheme, server)``."""
+    server = started_store(request.param, monkeypatch, tmp_path)
+    yield request.param, server
     server.close()
 
 
@@ -57,20 +58,21 @@ def batches(dl, n: int) -> list:
     return [next(it) for _ in range(n)]
 
 
-def test_torchtitan_trains_from_s3_as_from_local_files(s3, tmp_path):
+def test_torchtitan_trains_from_a_store_as_from_local_files(store, tmp_path):
+    scheme, server = store
     assets = build_demo_assets()
-    upload(s3, "titan", Path(assets["corpus"]), prefix="corpus/")
+    upload(server, "titan", Path(assets["corpus"]), prefix="corpus/")
     local = recipe(tmp_path / "local.toml", assets["corpus"], assets["tokenizer"],
                    tmp_path / "cache")
-    remote = recipe(tmp_path / "s3.toml", "s3://titan/corpus/*.parquet", assets["tokenizer"],
-                    tmp_path / "cache")
+    remote = recipe(tmp_path / "remote.toml", f"{scheme}://titan/corpus/*.parquet",
+                    assets["tokenizer"], tmp_path / "cache")
     expected = batches(loader(local), 6)
     got = batches(loader(remote), 6)
     for (want, want_labels), (have, have_labels) in zip(expected, got, strict=True):
         assert torch.equal(want["input"], have["input"])
         assert torch.equal(want["positions"], have["positions"])
         assert torch.equal(want_labels, have_labels)
-    # two ranks over s3, then one rank resumes their state: the single rank's next batches
+    # two ranks over the store, then one rank resumes their state: the single rank's next batches
     ranks = [loader(remote, r, 2) for r in range(2)]
     iters = [iter(dl) for dl in ranks]
     for _ in range(2):
