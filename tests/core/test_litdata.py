@@ -200,3 +200,10 @@ def test_nested_rows_come_from_the_arrow_footer_litdata_writes(tmp_path_factory,
     with pytest.raises(DataError, match=r"chunk-0-0\.bin: nested values \(messages\) in a "
                                         "chunk with no Arrow footer"):
         rows_of(Dataset.from_path("chat", cut))
+
+
+def test_fmt_names_the_format_that_reads_the_index(litdata):
+    named = Dataset.from_path("l", litdata["plain"], fmt="litdata")
+    assert {f.fmt for f in named.files()} == {"litdata"} and len(rows_of(named)) == ITEMS
+    other = Dataset.from_path("l", litdata["plain"], fmt="mds")  # no index of its own
+    assert not any(f.context for f in other.files())

@@ -216,7 +216,7 @@ class Dataset:
         if not candidates and not skipped:
             raise DataError(f"Dataset {self.name!r}: no files match {self.path!r}")
         candidates = _through_saved_listings(candidates, skipped, self.path)
-        claimed, indexes = described_files(candidates, _read_bytes)
+        claimed, indexes = described_files(candidates, _read_bytes, fmt=self.fmt)
         files: list[DataFile | tuple[str, str, str | None]] = []
         for candidate in candidates:
             if candidate in indexes:

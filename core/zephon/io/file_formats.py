@@ -168,29 +168,32 @@ def _describers(name: str) -> list[FileFormat]:
 
 def described_files(paths: list[str], read: Callable[[str], bytes],
                     shown: Callable[[str], str] = str,
-                    present: set[str] | None = None) -> tuple[dict[str, tuple[str, str]],
-                                                             dict[str, str]]:
+                    present: set[str] | None = None, fmt: str | None = None
+                    ) -> tuple[dict[str, tuple[str, str]], dict[str, str]]:
     """What the indexes among ``paths`` (``"folder/name"`` strings) say:
     ``({path: (format, context)}, {index path: format})``. ``read(path)`` gives a companion's
-    bytes; ``shown(path)`` names a path in errors. A file an index names that is not among
-    ``present`` (default: ``paths``) is a DataError: the dataset is incomplete."""
+    bytes; ``shown(path)`` names a path in errors; ``fmt`` (a dataset's ``fmt=``), when set,
+    is the only format asked. A file an index names that is not among ``present`` (default:
+    ``paths``) is a DataError: the dataset is incomplete."""
     listed = set(paths) if present is None else present
     claimed: dict[str, tuple[str, str]] = {}
     indexes: dict[str, str] = {}
     for path in paths:
         folder, _, name = path.rpartition("/")
-        for fmt in _describers(name):
-            described = fmt.describe(read(path), shown(path))
+        for describer in _describers(name):
+            if fmt is not None and describer.name != fmt:
+                continue
+            described = describer.describe(read(path), shown(path))
             if described is None:
                 continue
             named = {(f"{folder}/{file}" if folder else file): context
                      for file, context in described.items()}
             missing = sorted(set(named) - listed)
             if missing:
-                raise DataError(f"{shown(path)} names {len(missing)} {fmt.name} file(s) that "
+                raise DataError(f"{shown(path)} names {len(missing)} {describer.name} file(s) that "
                                 f"are not there, e.g. {shown(missing[0])}: the dataset is "
                                 "incomplete (or the path selects only part of it)")
-            claimed.update((p, (fmt.name, context)) for p, context in named.items())
-            indexes[path] = fmt.name
+            claimed.update((p, (describer.name, context)) for p, context in named.items())
+            indexes[path] = describer.name
             break
     return claimed, indexes

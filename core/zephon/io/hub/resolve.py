@@ -163,7 +163,7 @@ def _list(hub_path: HubPath, client: HubClient, info: Any, requested: str, revis
     config, names = layout.select(hub_path.config, hub_path.split, where)
     claimed, indexes = described_files(
         names, lambda n: client.tail(n, info.sha, max(1, tree[n].size)),
-        lambda n: f"hf://{hub_path.repo_id}@{info.sha}/{n}", set(tree))
+        lambda n: f"hf://{hub_path.repo_id}@{info.sha}/{n}", set(tree), fmt)
     names = sorted({n for n in names if n not in indexes} | set(claimed))
     unplannable = sorted({Path(n).suffix or n for n in names
                           if not _PLANNABLE.search(n) and n not in claimed})

@@ -148,7 +148,7 @@ class ObjectStoreDataset(FetchAhead, Dataset):
         by_key = {info.key: info for info in matched}
         claimed, indexes = described_files(
             list(by_key), lambda key: self.store.read_range(by_key[key], 0, by_key[key].size),
-            lambda key: f"{self.store.url}/{key}")
+            lambda key: f"{self.store.url}/{key}", fmt=self.fmt)
         for info in matched:
             shown = f"{self.store.url}/{info.key}"
             name = PurePosixPath(info.key).name
