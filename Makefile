@@ -6,6 +6,8 @@ PIP := $(PY) -m pip
 # torch is pinned for the test setup only (a CPU build); the library itself leaves it open.
 TORCH_PIN := torch==2.13.0
 STAMP := $(VENV)/.installed
+# litdata writes the LitData test datasets. Its torchvision requirement serves images, and the
+# registry's torchvision does not load with the CPU torch, so it is installed without it.
 LITDATA := litdata==0.2.76 lightning-utilities==0.15.3 zstd==1.5.7.2
 # The Megatron tests and smoke run again under Python 3.12 with the newest megatron-core
 # (0.17+ needs 3.12; there torch 2.13.0 is a CUDA build from the registry, about 5 GB).
@@ -35,8 +37,6 @@ AZURITE_VERSION := 3.35.0
 $(STAMP): $(PY) pyproject.toml
 	$(PIP) install -q $(TORCH_PIN)
 	$(PIP) install -q -e ".[hf,s3,gs,az,dev,torch,torchtitan,megatron,viz,fast]" $(TORCH_PIN)
-	# litdata writes the LitData test datasets. Its torchvision requirement serves images, and
-	# the registry's torchvision does not load with the CPU torch, so it comes without it.
 	$(PIP) install -q --no-deps $(LITDATA)
 	touch $(STAMP)
 
