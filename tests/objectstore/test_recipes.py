@@ -80,3 +80,20 @@ def test_zephon_cache_lists_and_verifies_objects_it_holds(s3, two_datasets, tmp_
     shard.write_bytes(b"\xff" + shard.read_bytes()[1:])
     assert zephon(["cache", "verify", "--root", str(root)]) == 1
     assert "its bytes do not match" in capsys.readouterr().err
+
+
+def test_a_litdata_recipe_is_checked_from_its_index_without_downloads(s3, tmp_path,
+                                                                     tmp_path_factory,
+                                                                     tokenizer_dir):
+    from tests.core import litdata_sets
+
+    local = litdata_sets.build(tmp_path_factory.getbasetemp() / "litdata-sets", "plain")
+    upload(s3, "lit-recipes", local, prefix="train/")
+    assert check_recipe(recipe_for(tmp_path, tokenizer_dir, "s3://lit-recipes/train/")) == []
+    problems = check_recipe(recipe_for(tmp_path, tokenizer_dir, "s3://lit-recipes/train/",
+                                       field="body"))
+    chunks = len([p for p in local.iterdir() if p.name != "index.json"])
+    assert len(problems) == chunks  # one a chunk, as one a file of other formats
+    assert "s3://lit-recipes/train/chunk-0-0.bin: has no field 'body'" in problems[0]
+    assert "its fields: 'text', 'id', 'tokens'" in problems[0]
+    assert not any((tmp_path / "cache" / "shards").iterdir())  # the index sufficed
