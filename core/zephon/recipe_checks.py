@@ -21,17 +21,15 @@ machines, most of it importing the tokenizer libraries.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from zephon.errors import ConfigError, DataError, ZephonError
-from zephon.io.file_formats import context_keyword, plugin
+from zephon.io.formats import file_fields as fields_of
 from zephon.io.storage import is_remote
 from zephon.loader_options import lanes_problem
 from zephon.ops.base import applies_to
@@ -162,34 +160,9 @@ def _field_problem(path: str, fmt: str, compression: str | None, field: str,
 
 def file_fields(path: str, fmt: str, compression: str | None,
                 context: str | None = None) -> list[str]:
-    """The field names of a file: its schema's, or its first JSON line's keys (a plug-in's
-    ``fields``, with the file's ``context`` where its format has an index)."""
-    registered = plugin(fmt)
-    if registered is not None:
-        return (list(registered.fields(path, **context_keyword(registered, context)))
-                if registered.fields is not None else [])
-    if fmt == "megatron":
-        return ["input_ids"]
-    if fmt == "parquet":
-        return list(pq.read_schema(path).names)
-    if fmt == "arrow":
-        try:
-            return list(pa.ipc.open_file(pa.memory_map(path, "r")).schema.names)
-        except pa.ArrowInvalid:
-            return list(pa.ipc.open_stream(pa.memory_map(path, "r")).schema.names)
-    row = json.loads(_first_line(path, compression) or b"{}")
-    return list(row) if isinstance(row, dict) else []
-
-
-def _first_line(path: str, compression: str | None) -> bytes:
-    with pa.input_stream(path, compression=compression) as stream:
-        buffer = b""
-        while True:
-            chunk = stream.read(1 << 16)
-            buffer += chunk
-            if not chunk or b"\n" in buffer.lstrip():
-                break
-    return buffer.lstrip().split(b"\n", 1)[0]
+    """The field names of a file: its schema's, its first JSON line's keys, or its format's
+    index's (``context``)."""
+    return list(fields_of(path, fmt, compression, context) or {})
 
 
 def peek_field(path: str, fmt: str, compression: str | None, field: str,
@@ -197,52 +170,8 @@ def peek_field(path: str, fmt: str, compression: str | None, field: str,
     """The kind of ``field`` in a file from its schema or first line: ``"text"``,
     ``"list<int>"``, ``"list"``, ``"null"``, another type's name, ``"empty"`` (no rows to
     tell), or None when the field is absent."""
-    registered = plugin(fmt)
-    if registered is not None:
-        return (registered.fields(path, **context_keyword(registered, context)).get(field)
-                if registered.fields is not None else "empty")
-    if fmt == "megatron":
-        return "list<int>" if field == "input_ids" else None
-    if fmt == "parquet":
-        return _arrow_kind(pq.read_schema(path), field)
-    if fmt == "arrow":
-        source = pa.memory_map(path, "r")
-        try:
-            schema = pa.ipc.open_file(source).schema
-        except pa.ArrowInvalid:
-            schema = pa.ipc.open_stream(pa.memory_map(path, "r")).schema
-        return _arrow_kind(schema, field)
-    line = _first_line(path, compression)
-    if not line.strip():
-        return "empty"
-    try:
-        row = json.loads(line)
-    except ValueError as exc:
-        raise DataError(f"{path}:1: malformed JSON line ({exc})") from None
-    if not isinstance(row, dict):
-        return "not an object"
-    if field not in row:
-        return None
-    value = row[field]
-    if value is None:
-        return "null"
-    if isinstance(value, str):
-        return "text"
-    if isinstance(value, list):
-        is_ids = all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-        return "list<int>" if value and is_ids else "list"
-    return type(value).__name__
-
-
-def _arrow_kind(schema: pa.Schema, field: str) -> str | None:
-    if field not in schema.names:
-        return None
-    kind = schema.field(field).type
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        return "text"
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        return "list<int>" if pa.types.is_integer(kind.value_type) else "list"
-    return str(kind)
+    kinds = fields_of(path, fmt, compression, context)
+    return "empty" if kinds is None else kinds.get(field)
 
 
 def _check_tokenizer(recipe: DataRecipe, vocab_size: int | None) -> list[str]:

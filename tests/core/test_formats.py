@@ -342,3 +342,31 @@ def test_a_column_named_twice_is_named_in_the_error(tmp_path):
     with pytest.raises(DataError, match=r"dup\.parquet: column\(s\) \['text'\] appear more "
                                         r"than once"):
         list(pipeline.options(prefetch=0).batch(1, drop_last=False))
+
+
+def test_each_built_in_format_is_one_module_with_the_same_protocol(tmp_path):
+    """parquet, jsonl, arrow and megatron each give their suffixes, plan, read and fields;
+    the dispatch sends every call to the file's module."""
+    import importlib
+
+    from zephon.io.formats import FORMATS, file_fields, plan_file
+
+    for name in FORMATS:
+        module = importlib.import_module(f"zephon.io.formats.{name}")
+        assert {"SUFFIXES", "plan", "read", "fields"} <= set(dir(module)), name
+        assert all(detect_format(f"x{s}")[0] == name for s in module.SUFFIXES), name
+    parquet = write_parquet(tmp_path / "a.parquet", ["one", "two", "three"], row_group_size=2)
+    pq.write_table(pa.table({"text": ["x"], "ids": [[1, 2]]}), tmp_path / "b.parquet")
+    with pa.ipc.new_file(tmp_path / "c.arrow", pa.schema([("text", pa.string())])) as w:
+        w.write_table(pa.table({"text": ["y", "z"]}))
+    jsonl = write_jsonl(tmp_path / "d.jsonl", [{"text": "w", "n": 3, "ids": [4]}])
+    assert file_fields(str(tmp_path / "b.parquet"), "parquet", None) == {
+        "text": "text", "ids": "list<int>"}
+    assert file_fields(str(tmp_path / "c.arrow"), "arrow", None) == {"text": "text"}
+    assert file_fields(str(jsonl), "jsonl", None) == {"text": "text", "n": "int",
+                                                       "ids": "list<int>"}
+    units = plan_file(str(parquet), "parquet", None, PlanHints(1 << 20, 64))
+    assert [(u.group, u.start, u.stop) for u in units] == [(0, 0, 2), (1, 0, 1)]
+    (tmp_path / "e.jsonl").write_text("[1, 2]\n")
+    with pytest.raises(DataError, match=r"e\.jsonl:1: expected a JSON object, got list"):
+        file_fields(str(tmp_path / "e.jsonl"), "jsonl", None)

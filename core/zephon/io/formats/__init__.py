@@ -42,7 +42,8 @@ from zephon.io.formats.parquet import parquet_units, row_groups_from_tail
 from zephon.io.units import PlanHints, UnitSpec, row_units
 
 __all__ = ["FORMATS", "TOKENS_FIELD", "ListColumn", "PlanHints", "RowLabel", "UnitSpec",
-           "byte_units", "compression_of", "detect_format", "parquet_units", "plan_file",
+           "byte_units", "compression_of", "detect_format", "file_fields", "parquet_units",
+           "plan_file",
            "plan_listed",
            "read_memory_pool", "read_unit", "row_groups_from_tail", "row_units"]
 
@@ -121,6 +122,23 @@ def plan_listed(data_file: Any, hints: PlanHints, min_units: int,
                          min_units, context=data_file.context)
     with local_file(data_file) as local:
         return plan_file(local, data_file.fmt, data_file.compression, hints, min_units)
+
+
+def file_fields(path: str, fmt: str, compression: str | None,
+                context: str | None = None) -> dict[str, str] | None:
+    """A file's fields and their kinds as ``zephon check`` names them (``"text"``,
+    ``"list<int>"``, ``"list"``, ``"null"``, another type's name), from its schema, first
+    line or index; None when nothing tells (an empty JSON Lines file, a plug-in without
+    ``fields``)."""
+    registered = plugin(fmt)
+    if registered is not None:
+        if registered.fields is None:
+            return None
+        return dict(registered.fields(path, **context_keyword(registered, context)))
+    module = _MODULES.get(fmt)
+    if module is None:
+        raise DataError(f"unknown format {fmt!r} for {path}")
+    return module.fields(path, compression)
 
 
 def read_unit(path: str, fmt: str, compression: str | None, unit: UnitSpec,

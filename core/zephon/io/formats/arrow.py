@@ -8,7 +8,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from zephon.io.formats.arrow_columns import check_arrow, check_columns, table_columns
+from zephon.io.formats.arrow_columns import (
+    arrow_kind,
+    check_arrow,
+    check_columns,
+    table_columns,
+)
 from zephon.io.units import PlanHints, UnitSpec, row_units
 
 SUFFIXES = {".arrow": None, ".feather": None, ".ipc": None}
@@ -18,6 +23,15 @@ def plan(path: str, compression: str | None, hints: PlanHints, min_units: int,
          rows: tuple[int, int] | None = None) -> list[UnitSpec]:
     """Row ranges of ``hints.arrow_unit_rows`` rows at most."""
     return row_units(0, open_arrow(path).num_rows, hints.arrow_unit_rows, min_units)
+
+
+def fields(path: str, compression: str | None) -> dict[str, str]:
+    """The file's fields and their kinds, from its schema."""
+    try:
+        schema = pa.ipc.open_file(pa.memory_map(path, "r")).schema
+    except pa.ArrowInvalid:
+        schema = pa.ipc.open_stream(pa.memory_map(path, "r")).schema
+    return {f.name: arrow_kind(f.type) for f in schema}
 
 
 def read(path: str, compression: str | None, unit: UnitSpec, columns: list[str] | None,

@@ -37,6 +37,16 @@ def read_memory_pool() -> pa.MemoryPool:
         return pa.system_memory_pool()
 
 
+def arrow_kind(kind: pa.DataType) -> str:
+    """A column type as ``zephon check`` names it: ``"text"``, ``"list<int>"``, ``"list"``, or
+    Arrow's name for another type."""
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return "text"
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return "list<int>" if pa.types.is_integer(kind.value_type) else "list"
+    return str(kind)
+
+
 def check_columns(available: list[str], wanted: list[str], display: str) -> None:
     missing = [c for c in wanted if c not in available]
     if missing:

@@ -29,6 +29,39 @@ def plan(path: str, compression: str | None, hints: PlanHints, min_units: int,
     return byte_units(Path(path).stat().st_size, hints.unit_bytes, min_units)
 
 
+def fields(path: str, compression: str | None) -> dict[str, str] | None:
+    """The fields of the file's first line and their kinds (``"text"``, ``"list<int>"``,
+    ``"list"``, ``"null"``, another type's name); None when the file has no line to tell."""
+    with pa.input_stream(path, compression=compression) as stream:
+        buffer = b""
+        while True:
+            chunk = stream.read(1 << 16)
+            buffer += chunk
+            if not chunk or b"\n" in buffer.lstrip():
+                break
+    line = buffer.lstrip().split(b"\n", 1)[0]
+    if not line.strip():
+        return None
+    try:
+        row = json.loads(line)
+    except ValueError as exc:
+        raise DataError(f"{path}:1: malformed JSON line ({exc})") from None
+    if not isinstance(row, dict):
+        raise DataError(f"{path}:1: expected a JSON object, got {type(row).__name__}")
+    return {name: _json_kind(value) for name, value in row.items()}
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, list):
+        is_ids = all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        return "list<int>" if value and is_ids else "list"
+    return type(value).__name__
+
+
 def read(path: str, compression: str | None, unit: UnitSpec, columns: list[str] | None,
          display: str) -> tuple[dict[str, list[Any]], list[int]]:
     """A unit's rows; a row's key is its line number (compressed) or the byte offset of its

@@ -28,6 +28,11 @@ def plan(path: str, compression: str | None, hints: PlanHints, min_units: int,
     return row_units(start, stop, hints.arrow_unit_rows, min_units)
 
 
+def fields(path: str, compression: str | None) -> dict[str, str]:
+    """Its one field: each document's token ids."""
+    return {TOKENS_FIELD: "list<int>"}
+
+
 def read(path: str, compression: str | None, unit: UnitSpec, columns: list[str] | None,
          display: str) -> tuple[dict[str, Any], list[int]]:
     """A unit's documents, as a column of token-id arrays read from the mapped ``.bin``."""

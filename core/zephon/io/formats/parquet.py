@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from zephon.io.formats.arrow_columns import (
+    arrow_kind,
     check_columns,
     check_text,
     read_memory_pool,
@@ -32,6 +33,11 @@ def plan(path: str, compression: str | None, hints: PlanHints, min_units: int,
     meta = pq.ParquetFile(path).metadata
     return parquet_units([meta.row_group(i).num_rows for i in range(meta.num_row_groups)],
                          min_units)
+
+
+def fields(path: str, compression: str | None) -> dict[str, str]:
+    """The file's fields and their kinds, from its schema."""
+    return {f.name: arrow_kind(f.type) for f in pq.read_schema(path)}
 
 
 def read(path: str, compression: str | None, unit: UnitSpec, columns: list[str] | None,
