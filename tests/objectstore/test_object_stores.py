@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -369,46 +370,53 @@ def test_four_ranks_on_four_nodes_list_and_read_footers_once_for_the_job(s3, pro
     assert one_downloads == len(objects) and four_downloads <= 1.3 * len(objects)
 
 
-def test_a_lane_fetches_its_next_units_files_ahead_and_reads_the_same(s3, tmp_path,
-                                                                     tokenizer_dir):
-    from tests.hub.hubdata import docs, sharded
+def one_lane_with_fetches(monkeypatch, remote: str, local: Path, options) -> Any:
+    """Read ``remote`` and the same files under ``local`` through one lane each: they must
+    give the same rows, and every ``fetch_ahead`` call of the remote dataset asks for at most
+    the files of a lane's next ``FETCH_AHEAD`` units, and all of them in the end. Returns the
+    remote dataset, its fetches waited for."""
     from zephon import Pipeline
     from zephon.engine.dataset_source import DatasetSource
-    from zephon.io.storage.dataset import ObjectStoreDataset
+    from zephon.io.fetch_ahead import FetchAhead
     from zephon.work import MixtureSpec, StaticMixtureWorkSource
 
-    objects = sharded(docs(120, seed=8), 6, "ahead/{i}.parquet", row_group_size=20)
-    s3.bucket("ahead", objects)
     asked: list[list[str]] = []
-    original = ObjectStoreDataset.fetch_ahead
+    original = FetchAhead.fetch_ahead
 
     def recording(self, data_files):
         asked.append([f.path for f in data_files])
         original(self, data_files)
 
-    def read(path, options):
+    def read(path, **options):
         source = StaticMixtureWorkSource([Dataset.from_path("d", path)],
                                          MixtureSpec({"d": 1.0}), seed=2, repeat=False)
         pipeline = Pipeline(source).batch(4, drop_last=False).options(lanes=1, **options)
-        return [r.payload["id"] for b in pipeline for r in b.records], pipeline
+        return [r.payload["text"] for b in pipeline for r in b.records], pipeline
 
-    ObjectStoreDataset.fetch_ahead = recording
-    try:
-        remote, pipeline = read("s3://ahead/ahead/*.parquet",
-                                {"io_options": fast_options(tmp_path / "cache")})
-    finally:
-        ObjectStoreDataset.fetch_ahead = original
-    local_root = tmp_path / "local"
-    for key, data in objects.items():
-        (local_root / key).parent.mkdir(parents=True, exist_ok=True)
-        (local_root / key).write_bytes(data)
-    assert remote == read(str(local_root / "ahead"), {})[0]
-    # one lane reads all six files; each unit it opens asks for its next units' files
+    with monkeypatch.context() as patched:
+        patched.setattr(FetchAhead, "fetch_ahead", recording)
+        rows, pipeline = read(remote, io_options=options)
+    assert rows == read(str(local))[0]
+    files = len(list(local.iterdir()))
     assert asked and all(0 < len(paths) <= DatasetSource.FETCH_AHEAD for paths in asked)
-    assert len({p for paths in asked for p in paths}) >= len(objects) - 1
+    assert len({p for paths in asked for p in paths}) >= files - 1
     dataset = pipeline.loader().source.datasets[0]
     dataset.wait_fetches()
-    assert dataset.cache.stats.downloads == len(objects)  # each object once, either way
+    assert dataset.cache.stats.downloads == files  # each file once, either way
+    return dataset
+
+
+def test_a_lane_fetches_its_next_units_files_ahead_and_reads_the_same(s3, tmp_path,
+                                                                     monkeypatch):
+    from tests.hub.hubdata import docs, sharded
+
+    objects = sharded(docs(120, seed=8), 6, "ahead/{i}.parquet", row_group_size=20)
+    s3.bucket("ahead", objects)
+    for key, data in objects.items():
+        (tmp_path / "local" / key).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "local" / key).write_bytes(data)
+    one_lane_with_fetches(monkeypatch, "s3://ahead/ahead/*.parquet", tmp_path / "local" / "ahead",
+                          fast_options(tmp_path / "cache"))
 
 
 def test_fetch_ahead_downloads_in_the_background_once(s3_corpus, tmp_path):
