@@ -178,7 +178,11 @@ def described_files(paths: list[str], read: Callable[[str], bytes],
     listed = set(paths) if present is None else present
     claimed: dict[str, tuple[str, str]] = {}
     indexes: dict[str, str] = {}
+    index_names = tuple({*_BUNDLED_INDEXES, *(c for f in _PLUGINS.values()
+                                             if f.describe is not None for c in f.companions)})
     for path in paths:
+        if not path.endswith(index_names):  # one C call a file: listings run to 100,000s
+            continue
         folder, _, name = path.rpartition("/")
         for describer in _describers(name):
             if fmt is not None and describer.name != fmt:

@@ -43,9 +43,8 @@ from zephon.io.units import PlanHints, UnitSpec, row_units
 
 __all__ = ["FORMATS", "TOKENS_FIELD", "ListColumn", "PlanHints", "RowLabel", "UnitSpec",
            "byte_units", "compression_of", "detect_format", "file_fields", "parquet_units",
-           "plan_file",
-           "plan_listed",
-           "read_memory_pool", "read_unit", "row_groups_from_tail", "row_units"]
+           "plan_file", "plan_listed", "read_memory_pool", "read_unit", "row_groups_from_tail",
+           "row_units"]
 
 FORMATS = BUILT_IN
 """The formats read here; :func:`~zephon.io.file_formats.known_formats` adds the plug-ins."""
