@@ -101,14 +101,42 @@ def version() -> str:
         return "?"
 
 
-def encode(fast: Any, texts: list[str], split_special_tokens: bool) -> list[np.ndarray]:
-    """Each text's ids as an int32 array (views of one writable copy of the call's buffer).
-    A text holding a surrogate code point raises UnicodeEncodeError."""
+def encode(fast: Any, texts: list[str], split_special_tokens: bool,
+           bos: int | None = None, eos: int | None = None) -> list[np.ndarray]:
+    """Each text's ids as an int32 array (views of one writable copy of the call's buffer),
+    each non-empty text's framed by ``bos`` and ``eos`` where given: the framing is done in
+    that one copy (``np.insert``), not by a concatenation a text. A text holding a surrogate
+    code point raises UnicodeEncodeError."""
     ids, bounds = fast.encode_batch_flat(texts, add_special_tokens=False,
                                          split_special_tokens=split_special_tokens)
-    flat = np.frombuffer(ids, dtype="<u4").astype(np.int32)
-    ends = np.frombuffer(bounds, dtype="<u8").tolist()
+    raw = np.frombuffer(ids, dtype="<u4")
+    if bos is None and eos is None:
+        flat = raw.astype(np.int32)
+        ends = np.frombuffer(bounds, dtype="<u8").tolist()
+    else:
+        flat, ends = _framed(raw, np.frombuffer(bounds, dtype="<u8").astype(np.intp), bos, eos)
     return [flat[start:end] for start, end in pairwise(ends)]
+
+
+def _framed(raw: np.ndarray, ends: np.ndarray, bos: int | None, eos: int | None
+            ) -> tuple[np.ndarray, list[int]]:
+    """``raw`` (every text's ids, text ``i`` at ``ends[i]:ends[i + 1]``) as int32 with ``bos``
+    before and ``eos`` after each non-empty text, and the texts' new bounds. Where one text's
+    EOS and the next one's BOS go at the same place, the EOS comes first (a stable sort in
+    ``np.insert``)."""
+    starts, stops = ends[:-1], ends[1:]
+    kept = stops > starts
+    marks = [(where[kept], token) for where, token in ((starts, bos), (stops, eos))
+             if token is not None]
+    if len(marks) == 1:
+        (where, token), = marks
+        flat = np.insert(raw.view("<i4"), where, token)
+    else:
+        where = np.stack([m[0] for m in marks], axis=1).ravel()
+        tokens = np.tile(np.array([m[1] for m in marks], dtype=np.int32), kept.sum())
+        flat = np.insert(raw.view("<i4"), where, tokens)
+    added = np.concatenate([[0], np.cumsum(kept) * len(marks)])
+    return flat, (ends + added).tolist()
 
 
 def self_check(fast: Any, backend: Any, split_special_tokens: bool, long_chars: int

@@ -465,31 +465,34 @@ class TextEncoder:
         except TypeError as exc:
             raise refusal([text], exc) from None
 
-    def encode(self, texts: list[str]) -> list[np.ndarray]:
-        """Each text's ids; texts over :data:`LONG_TEXT_CHARS` go through :meth:`slices`, the
+    def encode(self, texts: list[str], bos: int | None = None, eos: int | None = None
+               ) -> list[np.ndarray]:
+        """Each text's ids, each non-empty text's framed by ``bos`` and ``eos`` where given
+        (fastokens frames them in its one buffer a call); texts over :data:`LONG_TEXT_CHARS` go through :meth:`slices`, the
         others through one batch call. A batch call of :data:`~zephon.pool_turns.MIN_TEXTS`
         texts or more takes its turn in the tokenizer's pool (:mod:`zephon.pool_turns`) with
         its texts longest first; the ids come back in the order given. A text the backend
         refuses raises :class:`UnencodableText` naming its index in ``texts``."""
         try:
-            return self._encode(texts)
+            return self._encode(texts, bos, eos)
         except (TypeError, UnicodeError, UnencodableText) as exc:
             raise refusal(texts, exc) from None
 
-    def _encode(self, texts: list[str]) -> list[np.ndarray]:
+    def _encode(self, texts: list[str], bos: int | None, eos: int | None) -> list[np.ndarray]:
         if all(len(t) <= LONG_TEXT_CHARS for t in texts):
-            return self._encode_batch(texts)
+            return self._encode_batch(texts, bos, eos)
         if not self.sliceable:
             limit = self._unsliced_limit
             for index, text in enumerate(texts):
                 if limit is not None and len(text) > limit:
                     raise self._too_long(index, 0, len(text))
-            return self._encode_batch(texts)
+            return self._encode_batch(texts, bos, eos)
         short = iter(self._encode_batch([t for t in texts if len(t) <= LONG_TEXT_CHARS]))
-        return [np.concatenate(list(self.slices(t))) if len(t) > LONG_TEXT_CHARS
-                else next(short) for t in texts]
+        return framed([np.concatenate(list(self.slices(t))) if len(t) > LONG_TEXT_CHARS
+                       else next(short) for t in texts], bos, eos)
 
-    def _encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+    def _encode_batch(self, texts: list[str], bos: int | None = None, eos: int | None = None
+                      ) -> list[np.ndarray]:
         if not texts:
             return []
         preparing = self._preparing
@@ -500,13 +503,13 @@ class TextEncoder:
                 started.ready.wait()
         fast = self._fast
         if fast is not None:
-            return fast_engine.encode(fast, texts, self._split_special)
+            return fast_engine.encode(fast, texts, self._split_special, bos, eos)
         ids = self._encode_tokenizers(texts)
         preparing = self._preparing
         if preparing is not None:
             preparing.first_call_returned = True
             self._start_preparing()
-        return ids
+        return framed(ids, bos, eos)
 
     def _encode_tokenizers(self, texts: list[str]) -> list[np.ndarray]:
         if self._backend is not None:
@@ -643,6 +646,16 @@ def _lowest_priority() -> None:
     nice 19."""
     with contextlib.suppress(AttributeError, OSError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+
+
+def framed(ids: list[np.ndarray], bos: int | None, eos: int | None) -> list[np.ndarray]:
+    """Each non-empty array between ``bos`` and ``eos`` where given (an empty one stays
+    empty)."""
+    if bos is None and eos is None:
+        return ids
+    parts = [np.array([t], dtype=np.int32) if t is not None else None for t in (bos, eos)]
+    return [np.concatenate([p for p in (parts[0], x, parts[1]) if p is not None]) if x.size
+            else x for x in ids]
 
 
 def ids_array(ids: list[int]) -> np.ndarray:

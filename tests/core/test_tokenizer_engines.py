@@ -232,6 +232,27 @@ def test_both_engines_agree_on_a_corpus_and_fuzzed_unicode(shapes, shape, split,
     assert bool(specials & {i for ids in expected for i in ids}) is not split
 
 
+@needs_fastokens
+@pytest.mark.parametrize("bos, eos", [(None, 7), (5, None), (5, 7), (7, 7)])
+def test_both_engines_frame_documents_with_bos_and_eos_alike(shapes, bos, eos):
+    """BOS and EOS are framed inside fastokens's one buffer a call (``np.insert``) and by a
+    concatenation a text on the tokenizers path: the same ids, empty texts staying empty
+    (among them adjacent empties, and an empty first and last text), and each text's array
+    writable and its own."""
+    tokenizer = backend(shapes["gpt2"])
+    texts = ["", "", *corpus()[:40], "", "a", "", *fuzzed(seed=3, n=60, added=["<|eos|>"]), ""]
+    plain = [ids.tolist() for ids in TextEncoder(tokenizer).encode(texts)]
+    expected = [[*([bos] if bos is not None else []), *ids, *([eos] if eos is not None else [])]
+                if ids else [] for ids in plain]
+    for engine in ("hf", "fastokens"):
+        encoder = TextEncoder(tokenizer, engine=engine)
+        framed = encoder.encode(texts, bos, eos)
+        assert [ids.tolist() for ids in framed] == expected, engine
+        assert all(ids.dtype == np.int32 and ids.flags.writeable for ids in framed)
+        framed[2][:] = -1
+        assert framed[3].tolist() == expected[3]  # no overlap with the next text's ids
+
+
 def refused(kind: str, path: Path) -> object:
     """Tokenizers fastokens does not load: an NFKC normalizer, a Metaspace pre-tokenizer, a
     Unigram model."""

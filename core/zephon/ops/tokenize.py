@@ -281,22 +281,12 @@ class DocumentTokenizer(DocumentOperator):
 
     def encode(self, texts: list[str]) -> list[list[np.ndarray]]:
         """Each text -> its pieces (an empty list for an empty document)."""
-        encoded = self.encoder.encode(texts)
-        out: list[list[np.ndarray]] = []
-        bos = np.array([self.bos], dtype=np.int32) if self.bos is not None else None
-        eos = np.array([self.eos], dtype=np.int32) if self.eos is not None else None
+        encoded = self.encoder.encode(texts, self.bos, self.eos)
         limit = self.spec.max_document_tokens
-        for ids in encoded:
-            if ids.size == 0:
-                out.append([])
-                continue
-            parts = [p for p in (bos, ids, eos) if p is not None]
-            doc = np.concatenate(parts) if len(parts) > 1 else ids
-            if limit is None or doc.size <= limit:
-                out.append([doc])
-            else:
-                out.append([doc[i:i + limit] for i in range(0, doc.size, limit)])
-        return out
+        if limit is None:
+            return [[doc] if doc.size else [] for doc in encoded]
+        return [[doc] if 0 < doc.size <= limit else
+                [doc[i:i + limit] for i in range(0, doc.size, limit)] for doc in encoded]
 
 
 LONG_DOCUMENT_TOKENS = 1 << 20
