@@ -282,8 +282,14 @@ class Packer:
         size = self.spec.max_length
         if not self._bins:
             self._bins, self._used = [[]], [0]
+        total = len(doc.tokens)
+        used = self._used[0]
+        if used + total < size:  # the common case: the document ends inside the open row
+            self._bins[0].append((doc, 0, total))
+            self._used[0] = used + total
+            return []
         rows = []
-        start, total = 0, len(doc.tokens)
+        start = 0
         while start < total:
             take = min(size - self._used[0], total - start)
             self._bins[0].append((doc, start, take))
@@ -328,36 +334,47 @@ class Packer:
         return self._emit(segments)
 
     def _emit(self, segments: list[_Segment]) -> Record:
+        """One row of ``segments``: for ``pack_flat`` the tokens copied once into the row's
+        array and the positions into another (a slice assignment a segment), then padding."""
         size = self.spec.max_length
-        spans, offset = [], 0
+        row_id = f"lane{self.lane}/row{self.rows_made}"
+        self.rows_made += 1
+        masked = False
+        spans = []
+        offset = 0
         for doc, start, length in segments:
             spans.append(DocSpan(doc.doc_id, doc.dataset, doc.doc_start + start, offset, length))
             offset += length
-        padding = size - offset if self.spec.flat else 0
-        row_id = f"lane{self.lane}/row{self.rows_made}"
-        self.rows_made += 1
-        self.padding_tokens += padding
-        meta = {"id": row_id, "lane": self.lane, "documents": tuple(spans), "padding": padding}
+            if doc.train_mask is not None:
+                masked = True
         if not self.spec.flat:
-            meta["packed_sequences"] = True
+            meta = {"id": row_id, "lane": self.lane, "documents": tuple(spans), "padding": 0,
+                    "packed_sequences": True}
             payload = {"documents": [doc.tokens[s:s + n] for doc, s, n in segments]}
-            if any(doc.train_mask is not None for doc, _, _ in segments):
+            if masked:
                 payload["train_masks"] = [_mask_of(doc, s, n) for doc, s, n in segments]
             return Record(payload, meta)
-        parts = [doc.tokens[s:s + n] for doc, s, n in segments]
-        positions = [self._arange[:n] for _, _, n in segments]
+        padding = size - offset
+        self.padding_tokens += padding
+        arange = self._arange
+        ids = np.empty(size, dtype=np.int32)
+        positions = np.empty(size, dtype=np.int32)
+        offset = 0
+        for doc, start, length in segments:
+            end = offset + length
+            ids[offset:end] = doc.tokens[start:start + length]
+            positions[offset:end] = arange[:length]
+            offset = end
         if padding:
-            parts.append(np.full(padding, self.pad, dtype=np.int32))
-            positions.append(self._arange[:padding])
-        payload = {
-            "input_ids": np.concatenate(parts).astype(np.int32, copy=False),
-            "positions": np.concatenate(positions),
-        }
-        if any(doc.train_mask is not None for doc, _, _ in segments):
+            ids[offset:] = self.pad
+            positions[offset:] = arange[:padding]
+        payload = {"input_ids": ids, "positions": positions}
+        if masked:
             masks = [_mask_of(doc, s, n) for doc, s, n in segments]
             if padding:
                 masks.append(np.zeros(padding, dtype=bool))
             payload["train_mask"] = np.concatenate(masks)
+        meta = {"id": row_id, "lane": self.lane, "documents": tuple(spans), "padding": padding}
         return Record(payload, meta)
 
 
