@@ -468,11 +468,12 @@ class TextEncoder:
     def encode(self, texts: list[str], bos: int | None = None, eos: int | None = None
                ) -> list[np.ndarray]:
         """Each text's ids, each non-empty text's framed by ``bos`` and ``eos`` where given
-        (fastokens frames them in its one buffer a call); texts over :data:`LONG_TEXT_CHARS` go through :meth:`slices`, the
-        others through one batch call. A batch call of :data:`~zephon.pool_turns.MIN_TEXTS`
-        texts or more takes its turn in the tokenizer's pool (:mod:`zephon.pool_turns`) with
-        its texts longest first; the ids come back in the order given. A text the backend
-        refuses raises :class:`UnencodableText` naming its index in ``texts``."""
+        (fastokens frames them in its one buffer a call); texts over
+        :data:`LONG_TEXT_CHARS` go through :meth:`slices`, the others through one batch call.
+        A batch call of :data:`~zephon.pool_turns.MIN_TEXTS` texts or more takes its turn in
+        the tokenizer's pool (:mod:`zephon.pool_turns`) with its texts longest first; the ids
+        come back in the order given. A text the backend refuses raises
+        :class:`UnencodableText` naming its index in ``texts``."""
         try:
             return self._encode(texts, bos, eos)
         except (TypeError, UnicodeError, UnencodableText) as exc:
