@@ -39,6 +39,8 @@ class DeficitMixer:
         self._normalized = self._normalize()
 
     def _normalize(self) -> list[float]:
+        live = [i for i, a in enumerate(self.active) if a]
+        self._sole = live[0] if len(live) == 1 else None
         total = sum(w for w, a in zip(self.weights, self.active, strict=True) if a)
         return [w / total if a and total > 0 else 0.0
                 for w, a in zip(self.weights, self.active, strict=True)]
@@ -56,6 +58,8 @@ class DeficitMixer:
         self._normalized = self._normalize()
 
     def choose(self) -> int | None:
+        if self._sole is not None:  # one dataset left (or only one): no deficit to compare
+            return self._sole
         total = float(sum(self.delivered))
         best, best_deficit = None, 0.0
         for index, (weight, delivered, active) in enumerate(
