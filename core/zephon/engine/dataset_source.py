@@ -43,8 +43,6 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-import numpy as np
-
 from zephon.engine.document_threads import DocumentThreads
 from zephon.engine.state import lane_key
 from zephon.engine.transform import transform_documents
@@ -100,7 +98,7 @@ class _LoadedUnit:
     __slots__ = ("columns", "epoch", "file_index", "k", "keys", "label", "order")
 
     def __init__(self, k: int, epoch: int, columns: dict[str, list[Any]], keys: list[int],
-                 order: np.ndarray, file_index: int, label: Callable[[int], RowLabel]):
+                 order: list[int], file_index: int, label: Callable[[int], RowLabel]):
         self.k, self.epoch, self.columns, self.keys, self.order = k, epoch, columns, keys, order
         self.file_index, self.label = file_index, label
 
@@ -265,9 +263,10 @@ class DatasetSource:
                 doc, after = item.doc, item.after
                 self._ahead.popleft()
             self.position, self.epoch = after, item.epoch
-            for reason in item.drops:
-                self.skipped[reason] = self.skipped.get(reason, 0) + 1
-            item.drops = []
+            if item.drops:
+                for reason in item.drops:
+                    self.skipped[reason] = self.skipped.get(reason, 0) + 1
+                item.drops = []
             if doc is not None:
                 return doc
 
@@ -280,7 +279,7 @@ class DatasetSource:
         epoch, unit_index, (file_index, spec) = found
         self._fetch_ahead(k, file_index)
         table, keys, label = self._unit_rows(file_index, spec)
-        order = self.source.row_order(self.index, epoch, unit_index, len(keys))
+        order = self.source.row_order(self.index, epoch, unit_index, len(keys)).tolist()
         self._unit = _LoadedUnit(k, epoch, table, keys, order, file_index, label)
         return self._unit
 
@@ -365,17 +364,20 @@ class DatasetSource:
                 self._empty_units = self._empty_units + 1 if n == 0 else 0
                 if self._empty_units >= self._pass_units:
                     self._check_documents_exist()
-            names = list(unit.columns)
+            columns = unit.columns
+            prefix = f"{self.name}:{unit.file_index}:"
+            # a repeated dataset's documents come back once per epoch
+            suffix = f"#e{unit.epoch}" if unit.epoch else ""
+            keys, order, label, epoch = unit.keys, unit.order, unit.label, unit.epoch
             while row < n and len(docs) < chunk and chars < CHUNK_CHARS:
-                r = int(unit.order[row])
-                doc_id = f"{self.name}:{unit.file_index}:{unit.keys[r]}"
-                if unit.epoch:  # a repeated dataset's documents come back once per epoch
-                    doc_id += f"#e{unit.epoch}"
-                fields = {c: unit.columns[c][r] for c in names}
-                chars += sum(len(v) for v in fields.values() if isinstance(v, str))
-                docs.append(Doc(None, doc_id, self.name, fields=fields))
-                labels.append(unit.label(unit.keys[r]))
-                where.append((k, row, skip, unit.epoch))
+                key = keys[order[row]]
+                fields = {c: values[order[row]] for c, values in columns.items()}
+                for value in fields.values():
+                    if isinstance(value, str):
+                        chars += len(value)
+                docs.append(Doc(None, f"{prefix}{key}{suffix}", self.name, fields=fields))
+                labels.append(label(key))
+                where.append((k, row, skip, epoch))
                 row += 1
                 skip = 0
             if row >= n:
@@ -388,6 +390,9 @@ class DatasetSource:
     def _settle(self, where: list[tuple[int, int, int, int]],
                 rows: list[tuple[list[Doc], list[str]]]) -> None:
         for (wk, wrow, wskip, epoch), (outputs, drops) in zip(where, rows, strict=True):
+            if len(outputs) == 1 and not wskip and not isinstance(outputs[0], LazyPieces):
+                self._ahead.append(_Ahead(outputs[0], (wk, wrow + 1, 0), epoch, drops))
+                continue  # the common row: one document
             if wskip:  # resumed inside this row: its drops were counted before
                 drops = []
             if any(isinstance(o, LazyPieces) for o in outputs):

@@ -19,13 +19,19 @@ def transform_documents(ops: Sequence[DocumentOperator], docs: list[Doc], labels
     otherwise, and before later operators, they are made into documents here."""
     rows: list[tuple[list[Any], list[str]]] = [([d], []) for d in docs]
     for index, op in enumerate(ops):
-        items = [(i, d) for i, (outputs, _) in enumerate(rows) for d in outputs]
-        if not items:
+        if index == 0:  # each row is its one document
+            owners: Sequence[int] = range(len(docs))
+            inputs, where = docs, labels
+        else:
+            owners = [i for i, (outputs, _) in enumerate(rows) for _ in outputs]
+            inputs = [d for outputs, _ in rows for d in outputs]
+            where = [labels[i] for i in owners]
+        if not inputs:
             break
-        outcomes = op.apply([d for _, d in items], [labels[i] for i, _ in items])
+        outcomes = op.apply(inputs, where)
         keep_lazy = lazy and index == len(ops) - 1
         fresh: list[tuple[list[Any], list[str]]] = [([], drops) for _, drops in rows]
-        for (i, _), outcome in zip(items, outcomes, strict=True):
+        for i, outcome in zip(owners, outcomes, strict=True):
             if isinstance(outcome, Dropped):
                 fresh[i][1].append(outcome.reason)
             elif isinstance(outcome, LazyPieces) and keep_lazy:

@@ -296,6 +296,9 @@ LONG_DOCUMENT_TOKENS = 1 << 20
 def split_pieces(doc: Doc, pieces: list[np.ndarray], masks: list[np.ndarray] | None
                  ) -> list[Doc]:
     """Tokenized pieces of ``doc`` as documents carrying their offsets; fields are dropped."""
+    if len(pieces) == 1:
+        return [Doc(pieces[0], doc.doc_id, doc.dataset, doc.doc_start,
+                    masks[0] if masks is not None else None)]
     out, offset = [], doc.doc_start
     for i, piece in enumerate(pieces):
         out.append(Doc(piece, doc.doc_id, doc.dataset, offset,
