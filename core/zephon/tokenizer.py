@@ -480,7 +480,7 @@ class TextEncoder:
             raise refusal(texts, exc) from None
 
     def _encode(self, texts: list[str], bos: int | None, eos: int | None) -> list[np.ndarray]:
-        if all(len(t) <= LONG_TEXT_CHARS for t in texts):
+        if max(map(len, texts), default=0) <= LONG_TEXT_CHARS:
             return self._encode_batch(texts, bos, eos)
         if not self.sliceable:
             limit = self._unsliced_limit

@@ -36,7 +36,6 @@ sequence is a unit, even with fewer units than lanes), so an empty pass is alway
 
 from __future__ import annotations
 
-import functools
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -313,7 +312,7 @@ class DatasetSource:
         with self.dataset.local_file(data_file) as local:
             table, keys = read_unit(local, data_file.fmt, data_file.compression, spec,
                                     self.columns, display, data_file.context)
-        return table, keys, functools.partial(RowLabel, display, local, data_file.fmt,
+        return table, keys, RowLabel.labeller(display, local, data_file.fmt,
                                               data_file.compression)
 
     def _fill(self) -> bool:

@@ -181,9 +181,26 @@ class RowLabel:
 
     def __init__(self, display: str, path: str, fmt: str, compression: str | None, key: int):
         self.display, self.path, self.key = display, path, key
+        self.kind = self._kind(fmt, compression)
+
+    @staticmethod
+    def _kind(fmt: str, compression: str | None) -> str:
         registered = plugin(fmt)
-        self.kind = (registered.row_label if registered is not None else "row"
-                     if fmt != "jsonl" else "line" if compression else "offset")
+        return (registered.row_label if registered is not None else "row"
+                if fmt != "jsonl" else "line" if compression else "offset")
+
+    @classmethod
+    def labeller(cls, display: str, path: str, fmt: str, compression: str | None
+                 ) -> Callable[[int], RowLabel]:
+        """Labels for the rows of one file (by key), its kind of label found once for the
+        file, not once a row."""
+        kind = cls._kind(fmt, compression)
+
+        def label(key: int) -> RowLabel:
+            made = cls.__new__(cls)
+            made.display, made.path, made.key, made.kind = display, path, key, kind
+            return made
+        return label
 
     def __str__(self) -> str:
         if self.kind == "offset":
