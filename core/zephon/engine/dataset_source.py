@@ -42,6 +42,8 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+import numpy as np
+
 from zephon.engine.document_threads import DocumentThreads
 from zephon.engine.state import lane_key
 from zephon.engine.transform import transform_documents
@@ -278,7 +280,8 @@ class DatasetSource:
         epoch, unit_index, (file_index, spec) = found
         self._fetch_ahead(k, file_index)
         table, keys, label = self._unit_rows(file_index, spec)
-        order = self.source.row_order(self.index, epoch, unit_index, len(keys)).tolist()
+        order = np.asarray(self.source.row_order(self.index, epoch, unit_index,
+                                                len(keys))).tolist()
         self._unit = _LoadedUnit(k, epoch, table, keys, order, file_index, label)
         return self._unit
 
