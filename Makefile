@@ -80,6 +80,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.throughput
+	$(PY) -m benchmarks.pipeline_cost
 	$(PY) -m benchmarks.startup
 	$(PY) -m benchmarks.state_size
 
