@@ -146,6 +146,24 @@ def test_contradictory_options_name_the_option(kwargs, option):
         golden_batch().to_training(**kwargs)
 
 
+def test_each_call_gets_its_own_options_while_checked_options_are_reused():
+    """The checked options are kept per set of arguments: calls that differ in one option
+    (the ignore index, the position mode, a renamed field, 1 and True) each get their own, a
+    refused set is refused on every call, and mutable arguments work (a dict, a list)."""
+    batch = golden_batch()
+    kwargs = {"return_labels": True, "eos_mask_loss": True, "eos_token_id": EOS}
+    assert as_list(batch.to_training(**kwargs, flatten=True)["labels"])[3] == -100
+    assert as_list(batch.to_training(**kwargs, ignore_index=-1, flatten=True)["labels"])[3] == -1
+    assert as_list(batch.to_training(position_mode="sequence")["positions"]) == [list(range(8))]
+    assert set(batch.to_training(rename_fields={"input_ids": "tokens"})) == {"tokens",
+                                                                             "positions"}
+    assert set(batch.to_training(exclude_fields=["positions"])) == {"input_ids"}
+    assert batch.to_training(return_labels=1)["labels"].shape == (1, 7)
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="eos_token_id"):
+            batch.to_training(return_labels=True, eos_mask_loss=True)
+
+
 def test_refuses_pack_sequences_rows():
     record = Record({"documents": [np.array([1, 2])]},
                     {"id": "r", "packed_sequences": True, "documents": ()})
