@@ -12,7 +12,7 @@ import time
 import weakref
 
 from tests.conftest import write_jsonl
-from zephon import Pipeline
+from zephon import Pipeline, background
 from zephon.demo.assets import make_documents
 from zephon.engine import document_threads
 from zephon.io import Dataset
@@ -47,7 +47,7 @@ def test_pipelines_share_the_tokenizer_they_read(tokenizer_dir):
 MANY_PIPELINES = textwrap.dedent("""
     import gc, json, sys
     import psutil
-    from zephon import Pipeline
+    from zephon import Pipeline, background
     from zephon.io import Dataset
     from zephon.work import StaticMixtureWorkSource
 
@@ -91,16 +91,19 @@ def test_document_threads_are_stopped_before_the_interpreter_exits():
             return "done"
 
     threads = document_threads.DocumentThreads({0: []}, threads=2)
+    before = set(threading.enumerate())
     threads._start()
-    requests, workers = document_threads._LIVE[id(threads._requests)]
+    requests = threads._requests
+    workers = set(threading.enumerate()) - before
+    assert len(workers) == 2
     running = [document_threads._Batch((), [], []) for _ in range(6)]
     for batch in running:
         slow = Slow()
         batch.run = slow.run  # type: ignore[method-assign]
         requests.put(batch)
     time.sleep(0.05)
-    document_threads._stop_at_exit()
+    assert background.stop_all(only=[threads._registration]) == []
     assert not any(w.is_alive() for w in workers)
-    assert id(requests) not in document_threads._LIVE
+    assert background.stop_all(only=[threads._registration]) == []  # forgotten once stopped
     done = [b for b in running if b.done() and not b.cancelled()]
     assert 1 <= len(done) <= 4 and any(b.cancelled() for b in running)

@@ -52,16 +52,15 @@ threads.
 
 from __future__ import annotations
 
-import atexit
 import os
 import queue
 import threading
-import time
 import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from zephon import background
 from zephon.engine.transform import transform_documents
 from zephon.ops.base import DocumentOperator
 
@@ -100,28 +99,14 @@ def _serve(requests: queue.SimpleQueue) -> None:
         del request
 
 
-def _stop(requests: queue.SimpleQueue, threads: tuple[threading.Thread, ...]) -> None:
-    _LIVE.pop(id(requests), None)
-    for _ in threads:
-        requests.put(_STOP)
-
-
-_LIVE: dict[int, tuple[queue.SimpleQueue, tuple[threading.Thread, ...]]] = {}
-"""The running threads of every :class:`DocumentThreads`, by their request queue."""
-_EXIT_JOIN_S = 10.0
-
-
-@atexit.register
-def _stop_at_exit() -> None:
-    """Stop every document thread before the interpreter tears down. A daemon thread still
-    inside the Rust tokenizer then (GIL released) would be ended as it takes the GIL back,
-    and that forced unwind through Rust frames aborts the process ("FATAL: exception not
-    rethrown", exit status 134). Batches no thread has started are cancelled; the ones
-    running finish (each is at most ``CHUNK_CHARS`` of text, well under a second), waited
-    for at most ``_EXIT_JOIN_S`` in all."""
-    live = list(_LIVE.values())
-    _LIVE.clear()
-    for requests, threads in live:
+def _stop(requests: queue.SimpleQueue, threads: tuple[threading.Thread, ...],
+          registration: int, cancel_pending: bool = False) -> None:
+    """Tell ``threads`` to stop once they have finished what they were given, or, with
+    ``cancel_pending`` (at exit), once they finish the batch each is running: the batches no
+    thread has started are cancelled. Each running batch is at most ``CHUNK_CHARS`` of text,
+    well under a second."""
+    background.unregister(registration)
+    if cancel_pending:
         while True:
             try:
                 pending = requests.get_nowait()
@@ -129,12 +114,8 @@ def _stop_at_exit() -> None:
                 break
             if pending is not _STOP:
                 pending.cancel()
-        for _ in threads:
-            requests.put(_STOP)
-    deadline = time.monotonic() + _EXIT_JOIN_S
-    for _requests, threads in live:
-        for thread in threads:
-            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    for _ in threads:
+        requests.put(_STOP)
 
 
 class _Batch(Future):
@@ -169,6 +150,7 @@ class DocumentThreads:
         the source waits for the oldest, every thread has one to go on with."""
         self._requests: queue.SimpleQueue | None = None
         self._pid = -1
+        self._registration: int | None = None
         self._finalizer: weakref.finalize | None = None
 
     @staticmethod
@@ -193,9 +175,13 @@ class DocumentThreads:
                                          daemon=True) for _ in range(self.threads))
         for thread in threads:
             thread.start()
-        _LIVE[id(requests)] = (requests, threads)
-        self._requests, self._pid = requests, os.getpid()
-        self._finalizer = weakref.finalize(self, _stop, requests, threads)
+        # Stopped before the interpreter tears down (zephon.background): a daemon thread
+        # still inside the Rust tokenizer then would abort the process.
+        registration = background.register(
+            lambda: _stop(requests, threads, registration, cancel_pending=True),
+            lambda: threads)
+        self._requests, self._pid, self._registration = requests, os.getpid(), registration
+        self._finalizer = weakref.finalize(self, _stop, requests, threads, registration)
 
     @staticmethod
     def result(future: Future) -> Rows:

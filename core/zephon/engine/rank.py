@@ -43,13 +43,13 @@ an iterator is live raises, since two consumers would each get part of the strea
 
 from __future__ import annotations
 
-import atexit
 import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from zephon import background
 from zephon.engine.agreement import RoundAgreement
 from zephon.engine.empty_run import empty_run_message
 from zephon.engine.lane import Lane, LanePlan
@@ -235,17 +235,6 @@ class _Rounds:
         return item
 
 
-_RUNNING: set[tuple[threading.Event, threading.Thread]] = set()
-
-
-@atexit.register
-def _stop_producers() -> None:
-    """Stop producers of iterators abandoned mid-way before the interpreter tears down."""
-    for stop, thread in list(_RUNNING):
-        stop.set()
-        thread.join(timeout=2)
-
-
 class RankStream:
     def __init__(self, plan: LanePlan, rank: int, world_size: int, prefetch: int,
                  agree: RoundAgreement, ahead: int = MAX_ROUNDS_AHEAD):
@@ -356,8 +345,10 @@ class RankStream:
         threaded = self.prefetch > 0
         rounds = _Rounds(self._production(lanes, start), self.rounds_ahead if threaded else 1,
                          stop, threaded, f"zephon-rank{self.rank}")
-        if rounds.thread is not None:
-            _RUNNING.add((stop, rounds.thread))
+        # An iterator abandoned mid-way has its producer stopped before the interpreter
+        # tears down (zephon.background).
+        registration = None if rounds.thread is None else \
+            background.register_thread(stop, rounds.thread)
         # Agreeing ahead, and waiting for several rounds after an outrun, pay off only where
         # a producer runs ahead and the agreement is a real collective.
         agree_ahead = threaded and not self.agree.local
@@ -417,7 +408,8 @@ class RankStream:
                 # holds (open files, partial downloads, tokenizer threads) close before the
                 # interpreter exits. On Ctrl-C the wait is short: the user asked to stop.
                 rounds.thread.join(timeout=_INTERRUPT_JOIN_S if interrupted else 30)
-                _RUNNING.discard((stop, rounds.thread))
+                if not rounds.thread.is_alive():
+                    background.unregister(registration)
 
     @staticmethod
     def _rest(rounds: _Rounds) -> tuple[_Drained, _Drained]:

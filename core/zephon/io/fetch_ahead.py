@@ -12,12 +12,13 @@ partial files removed.
 
 from __future__ import annotations
 
-import atexit
 import queue
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
+from zephon import background
 from zephon.io import cancel
 from zephon.redact import get_logger
 
@@ -35,23 +36,23 @@ class Fetches:
         self.thread: threading.Thread | None = None
         self.fetched = 0
         """Files fetched so far (downloaded, or found in the cache)."""
-        _LIVE.add(self)
 
 
-_LIVE: weakref.WeakSet[Fetches] = weakref.WeakSet()
+def _stopper(fetches: Fetches) -> tuple[Callable[[], None], Callable[[], tuple[Any, ...]]]:
+    """How :mod:`zephon.background` stops ``fetches`` at exit, without keeping it alive: a
+    download in flight is cancelled within one 64 KiB chunk and its partial file removed."""
+    ref = weakref.ref(fetches)
 
+    def stop() -> None:
+        if (live := ref()) is not None:
+            live.stop.set()
+            live.queue.put(None)
 
-@atexit.register
-def _stop_fetching() -> None:
-    """Cancel downloads in flight (their partial files are removed) before daemon threads
-    are frozen at exit."""
-    live = list(_LIVE)
-    for fetches in live:
-        fetches.stop.set()
-        fetches.queue.put(None)
-    for fetches in live:
-        if fetches.thread is not None:
-            fetches.thread.join(timeout=1.0)
+    def threads() -> tuple[Any, ...]:
+        live = ref()
+        return () if live is None or live.thread is None else (live.thread,)
+
+    return stop, threads
 
 
 class FetchAhead:
@@ -79,6 +80,7 @@ class FetchAhead:
                 fetches.thread = threading.Thread(target=self._fetch_loop, args=(fetches,),
                                                   name="zephon-fetch-ahead", daemon=True)
                 fetches.thread.start()
+                background.register(*_stopper(fetches))
 
     def wait_fetches(self) -> None:
         """Block until every file given to :meth:`fetch_ahead` so far is fetched."""
