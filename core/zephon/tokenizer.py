@@ -21,10 +21,11 @@ fastokens (:mod:`zephon.fast_engine`, the ``fast`` extra), loaded from the same 
 self-checked against the backend as the encoder is built, or a ConfigError saying why it
 cannot be used; ``"auto"`` with fastokens once it is loaded and has passed the self-check,
 else with ``tokenizers``, logging one line either way. The engine never changes the ids.
-Under ``auto`` fastokens is prepared on a thread of its own once the first batch call has
-returned, so that the first batch does not wait for it (:class:`_Preparation`: 0.63 s to
-load a 128k-token vocabulary); an encoder sent to a worker process prepares it again there
-(it cannot be pickled), without the check the sending process finished. Offsets
+Under ``auto`` fastokens is prepared on a thread of its own, at the trainer's priority, from
+the first batch call on: that call encodes with ``tokenizers`` while fastokens loads, so the
+first batch does not wait for the load, and every later call waits for it (:class:`_Preparation`
+says why waiting pays); an encoder sent to a worker process prepares it again there (it cannot
+be pickled), without the check the sending process finished. Offsets
 (:meth:`TextEncoder.encode_with_offsets`) always come from ``tokenizers``: fastokens has none.
 
 fastokens calls do not take turns (:mod:`zephon.pool_turns`): fastokens spreads each call over
@@ -55,7 +56,6 @@ of other text), so clean text pays nothing, and the refusal becomes :class:`Unen
 from __future__ import annotations
 
 import array
-import contextlib
 import hashlib
 import json
 import logging
@@ -82,9 +82,6 @@ ENGINES = ("auto", "hf", "fastokens")
 """The ``engine`` choices (see the module's docstring)."""
 _CACHE: dict[str, Any] = {}
 
-EARLY_VOCAB = 16_384
-"""With vocabularies up to this size, batch calls wait for fastokens to be ready once the
-first has returned (:class:`_Preparation`): it loads in about 35 ms at 8k tokens."""
 LONG_TEXT_CHARS = 1 << 18
 """Texts longer than this are tokenized in slices (when the tokenizer allows it). The Rust
 tokenizer holds about 550 bytes a token while it encodes (offsets, strings): a 1 MB text
@@ -338,9 +335,8 @@ class TextEncoder:
             self._prepare(serialized, check=True, announce=True)
 
     def _prepare(self, serialized: str | None, check: bool, announce: bool) -> None:
-        """Have fastokens made ready once the first batch call has returned
-        (:class:`_Preparation`), later calls waiting for it when the vocabulary is small
-        (:data:`EARLY_VOCAB`)."""
+        """Have fastokens made ready from the first batch call on (:class:`_Preparation`),
+        later calls waiting for it."""
         with _LOCK:
             known = _FAST.get((self._digest, self._split_special))
         if isinstance(known, fast_engine.Unusable):
@@ -349,8 +345,7 @@ class TextEncoder:
         if known is not None:
             self._fast = known
             return
-        early = self._backend is not None and self._backend.get_vocab_size() <= EARLY_VOCAB
-        self._preparing = _Preparation(self, serialized, check, announce, early)
+        self._preparing = _Preparation(self, serialized, check, announce)
 
     def _checked_fast(self, serialized: str | None, announce: bool) -> Any:
         """fastokens for this encoder, loaded and self-checked against the backend; raises
@@ -497,20 +492,16 @@ class TextEncoder:
         if not texts:
             return []
         preparing = self._preparing
-        if self._fast is None and preparing is not None and preparing.early and \
-                preparing.first_call_returned:
+        if self._fast is None and preparing is not None:
             started = self._start_preparing()
-            if started is not None:
+            if preparing.first_call:
+                preparing.first_call = False
+            elif started is not None:
                 started.ready.wait()
         fast = self._fast
         if fast is not None:
             return fast_engine.encode(fast, texts, self._split_special, bos, eos)
-        ids = self._encode_tokenizers(texts)
-        preparing = self._preparing
-        if preparing is not None:
-            preparing.first_call_returned = True
-            self._start_preparing()
-        return framed(ids, bos, eos)
+        return framed(self._encode_tokenizers(texts), bos, eos)
 
     def _encode_tokenizers(self, texts: list[str]) -> list[np.ndarray]:
         if self._backend is not None:
@@ -579,26 +570,25 @@ class _Preparation:
     ``serialized``, or the backend's JSON) and, with ``check``, self-checked; the engine
     announced in the log when ``announce``.
 
-    The thread starts (:meth:`start`) when the encoder's first batch call has returned, or
-    when someone asks which engine encodes; until it is ready ``tokenizers`` encodes. With
-    ``early`` (a vocabulary of at most :data:`EARLY_VOCAB` tokens) the calls after the first
-    wait for it instead: it is ready sooner than ``tokenizers`` would encode them.
-
-    The trade-off: loading and checking a small vocabulary takes a fraction of one
-    ``tokenizers`` call, so waiting for it costs nothing; a large one (128k tokens) loads in
-    about as long as the first batch takes, so it starts after the first call rather than
-    competing with it for the cores. The figures are in the README (Start-up) and
-    ``python -m benchmarks.startup`` prints them.
+    The thread starts (:meth:`start`) with the encoder's first batch call, or when someone
+    asks which engine encodes. That first call encodes with ``tokenizers`` meanwhile, so the
+    first batch never waits for the load; every later call waits until fastokens is ready
+    (or declined). Waiting pays: fastokens encodes some 60 times as fast as ``tokenizers``,
+    so whatever ``tokenizers`` would encode during the load, fastokens encodes in a sixtieth
+    of that time once loaded, and ``tokenizers``, which takes every core, would slow the load
+    itself. The thread runs at the caller's priority: at the lowest (nice 19) it starved on a
+    busy host, for longer than short runs last.
 
     The thread is not a daemon: one that Python stops at exit while fastokens runs aborts the
     process (``FATAL: exception not rethrown``); exit waits for it instead (at most the
     load)."""
 
     def __init__(self, encoder: TextEncoder, serialized: str | None, check: bool,
-                 announce: bool, early: bool):
+                 announce: bool):
         self.encoder, self.serialized = encoder, serialized
-        self.check, self.announce, self.early = check, announce, early
-        self.first_call_returned = False
+        self.check, self.announce = check, announce
+        self.first_call = True
+        """No batch call has begun yet: the next one encodes without waiting."""
         self.pid = os.getpid()
         self.ready = threading.Event()
         self._started = False
@@ -606,8 +596,7 @@ class _Preparation:
 
     def again(self) -> _Preparation:
         """The same preparation, not started (for a forked process)."""
-        return _Preparation(self.encoder, self.serialized, self.check, self.announce,
-                            self.early)
+        return _Preparation(self.encoder, self.serialized, self.check, self.announce)
 
     def start(self) -> None:
         """Start the thread, once."""
@@ -618,7 +607,6 @@ class _Preparation:
         threading.Thread(target=self._run, name="zephon-fastokens").start()
 
     def _run(self) -> None:
-        _lowest_priority()
         encoder = self.encoder
         try:
             if self.check:
@@ -638,15 +626,6 @@ class _Preparation:
             if encoder._preparing is self:
                 encoder._preparing = None
             self.ready.set()
-
-
-def _lowest_priority() -> None:
-    """Lower the calling thread's CPU priority to the least (nice 19) where the system allows
-    it per thread (Linux). Encoding 512 documents with the 128k-token vocabulary took 0.52-0.57
-    s alone, 0.80-0.91 s while fastokens loaded alongside, 0.56-0.68 s with the load at
-    nice 19."""
-    with contextlib.suppress(AttributeError, OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
 def framed(ids: list[np.ndarray], bos: int | None, eos: int | None) -> list[np.ndarray]:

@@ -7,10 +7,12 @@ import importlib.util
 import inspect
 import json
 import logging
+import os
 import pickle
 import random
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -187,27 +189,35 @@ def test_auto_switches_to_fastokens_after_its_self_check_and_says_so(tokenizer_d
 
 
 @needs_fastokens
-def test_auto_prepares_fastokens_once_the_first_call_has_returned(tokenizer_dir, monkeypatch):
-    """Nothing is loaded as the encoder is built; the first call encodes with tokenizers and
-    starts the preparation; with a small vocabulary the next call waits for it. Sent to a
-    worker process meanwhile, the encoder makes its own check there; once fastokens encodes,
-    only the load."""
+def test_auto_prepares_fastokens_from_the_first_call_and_later_calls_wait(tokenizer_dir,
+                                                                           monkeypatch):
+    """Nothing is loaded as the encoder is built; the first call starts the preparation and
+    encodes with tokenizers meanwhile; the next call waits for it, at the caller's priority.
+    Sent to a worker process meanwhile, the encoder makes its own check there; once fastokens
+    encodes, only the load."""
     from zephon.demo.assets import make_documents
 
+    priorities = []
+    started = tokenizer_module._Preparation._run
+
+    def run(self):
+        priorities.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        started(self)
+
+    monkeypatch.setattr(tokenizer_module._Preparation, "_run", run)
     texts = make_documents(20, seed=8)
     expected = [ids.tolist() for ids in TextEncoder(load_tokenizer(tokenizer_dir)).encode(texts)]
     encoder = TextEncoder(load_tokenizer(tokenizer_dir), engine="auto")
     preparing = encoder._preparing
-    assert preparing is not None and preparing.early and not preparing._started
+    assert preparing is not None and not preparing._started
     assert pickle.loads(pickle.dumps(encoder))._preparing.check  # pending: checked there
     assert [ids.tolist() for ids in encoder.encode(texts)] == expected
-    assert preparing._started and preparing.first_call_returned
+    assert preparing._started and not preparing.first_call
     assert [ids.tolist() for ids in encoder.encode(texts)] == expected
     assert encoder._fast is not None and encoder._preparing is None  # the call waited
+    assert priorities == [os.getpriority(os.PRIO_PROCESS, 0)]
     monkeypatch.setattr(tokenizer_module, "_FAST", {})  # as in a worker process
     assert not pickle.loads(pickle.dumps(encoder))._preparing.check  # loaded only
-    monkeypatch.setattr(tokenizer_module, "EARLY_VOCAB", 100)
-    assert not TextEncoder(load_tokenizer(tokenizer_dir), engine="auto")._preparing.early
 
 
 @needs_fastokens
@@ -461,7 +471,7 @@ def test_a_process_forked_while_fastokens_was_prepared_prepares_it_again(tokeniz
 
     encoder = TextEncoder(load_tokenizer(tokenizer_dir), engine="auto")
     assert encoder.engine == "fastokens"
-    orphan = _Preparation(encoder, None, check=True, announce=False, early=False)
+    orphan = _Preparation(encoder, None, check=True, announce=False)
     orphan.start = lambda: None  # never runs here: as if started in the parent
     orphan.pid = -1
     encoder._fast, encoder._preparing = None, orphan
