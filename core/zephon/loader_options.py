@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from zephon.distributed import STARTUP_TIMEOUT_S
 from zephon.errors import ConfigError
 from zephon.io.store_options import StoreOptions
 
@@ -55,6 +56,11 @@ class LoaderOptions:
     same for every value. Each worker loads the operators (the tokenizer) once, about a second
     to start and its own copy in memory; worth it where tokenization or Python per-document
     work is the bottleneck and cores are free (see ``benchmarks/throughput.py``)."""
+    startup_timeout_s: float = STARTUP_TIMEOUT_S
+    """How long a rank waits at start-up for a peer that neither arrives nor fails (one
+    listing the files for all ranks, or building its pipeline before the rank check); past it
+    the error names the ranks that did not arrive. A peer whose start-up fails is named at
+    once, whatever this says."""
     process_group: Any = dataclasses.field(default=None, metadata={"recipe": False})
     """The data-parallel group used to agree on the end of data (None: the whole world, over
     a gloo group)."""
@@ -75,6 +81,11 @@ class LoaderOptions:
             if value > most:
                 raise ConfigError(f"options: {name} = {value} is more than {most}, the most "
                                   "this option allows")
+        timeout = self.startup_timeout_s
+        if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                or not 0 < timeout < float("inf")):
+            raise ConfigError(f"options: startup_timeout_s must be a number of seconds > 0, "
+                              f"got {timeout!r}")
         if self.dp_rank >= self.dp_world_size:
             raise ConfigError(f"options: dp_rank={self.dp_rank} must be < dp_world_size="
                               f"{self.dp_world_size}")

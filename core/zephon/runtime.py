@@ -13,6 +13,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from zephon.distributed import startup
 from zephon.engine.agreement import RoundAgreement, check_agreement_group
 from zephon.engine.dataset_source import Offload, projected_columns
 from zephon.engine.document_threads import DocumentThreads
@@ -58,6 +59,13 @@ class Loader:
 
     def __init__(self, work_source: StaticMixtureWorkSource, specs: Sequence[OperatorSpec],
                  options: LoaderOptions):
+        # Every rank builds its runtime at once: a failure here reaches the peers waiting on
+        # this rank (zephon.distributed.startup) instead of leaving them in a collective.
+        with startup(options.startup_timeout_s):
+            self._build(work_source, specs, options)
+
+    def _build(self, work_source: StaticMixtureWorkSource, specs: Sequence[OperatorSpec],
+               options: LoaderOptions) -> None:
         check_chain(specs, [d.name for d in work_source.datasets])
         self.options = options
         world = options.dp_world_size

@@ -22,9 +22,11 @@ same verdict:
 Limits: it runs only where ``torch.distributed`` is initialized and the group is known (the
 ``process_group`` option, or the default group when its size is ``dp_world_size``) and the
 group's size is a multiple of ``dp_world_size``; elsewhere (ranks simulated in one process)
-the ranks cannot be compared, which is logged. A rank that fails
-before the check (a missing file raises while planning) leaves its peers waiting in the
-collective until the process group's timeout, as any collective would.
+the ranks cannot be compared, which is logged. Before the collective the ranks meet in the
+job's store (:func:`zephon.distributed.arrive`): a rank whose start-up failed before the check
+(a missing file raises while planning) has published its error there, and its peers fail at
+once naming it instead of waiting in the collective; one that never arrives is named after
+``startup_timeout_s``.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from zephon.distributed import world_gloo_group
+from zephon.distributed import arrive, world_gloo_group
 from zephon.engine import state
 from zephon.engine.state import first_difference, short, to_portable
 from zephon.errors import ConfigError
@@ -95,6 +97,7 @@ def check_ranks_agree(identity: Callable[[], dict[str, Any]], dp_rank: int,
                     dp_world_size)
         return
     mine = identity()
+    arrive(dist.get_process_group_ranks(group), "zephon's rank check")
     rows = [torch.zeros(3, dtype=torch.int64) for _ in range(size)]
     dist.all_gather(rows, torch.tensor([digest(mine), dp_rank, dp_world_size],
                                        dtype=torch.int64), group=group)
