@@ -143,6 +143,39 @@ def test_more_than_one_dataloader_worker_is_refused(recipe):
         next(iter(loader))
 
 
+def test_a_plain_dataloader_workers_state_is_refused_rather_than_replayed(recipe):
+    """With a plain DataLoader worker the pipeline runs in the worker: the main process's
+    copy has read nothing, so its state would restart the run. It says so and names the fix;
+    without a worker the state is the delivered items' own."""
+    dataset = ZephonIterableDataset(recipe, seq_len=SEQ_LEN)
+    assert digests(islice(DataLoader(dataset, batch_size=None, num_workers=1), 4)) == \
+        whole_run(recipe)[:4]
+    with pytest.raises(ConfigError, match=r"the items were handed out by a "
+                                          r"DataLoader worker.*StatefulDataLoader"):
+        dataset.state_dict()
+    in_process = ZephonIterableDataset(recipe, seq_len=SEQ_LEN)
+    assert len(list(islice(DataLoader(in_process, batch_size=None), 3))) == 3
+    resumed = ZephonIterableDataset(recipe, seq_len=SEQ_LEN)
+    resumed.load_state_dict(in_process.state_dict())
+    assert digests(islice(resumed, 2)) == whole_run(recipe)[3:5]
+
+
+def test_accelerate_prepare_is_refused_naming_the_fix(recipe):
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    try:
+        loader = Accelerator(cpu=True).prepare(
+            DataLoader(ZephonIterableDataset(recipe, seq_len=SEQ_LEN), batch_size=None))
+        with pytest.raises(ConfigError, match=r"accelerator\.prepare.*without prepare.*"
+                                              r"register_for_checkpointing"):
+            next(iter(loader))
+    finally:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+        PartialState._reset_state()
+
+
 def test_readers_must_divide_the_lanes(recipe):
     from zephon.integration import RunGeometry
 

@@ -21,19 +21,30 @@ The translation to :mod:`zephon.integration`:
   gathers every reader's lanes on each rank (a collective: call it on all ranks at once), for
   frameworks that save one file from the main process (``accelerate``'s ``save_state``).
 
+Where the state lives: the pipeline runs in the process that iterates, so with a
+``DataLoader`` worker its state is in the worker. torchdata's ``StatefulDataLoader`` asks the
+worker for it; a plain ``DataLoader`` cannot, so :meth:`ZephonIterableDataset.state_dict` in
+the main process, once a worker has handed out items, is an error naming the fix (a state of
+position 0 there would replay the run from its start).
+
 Limits: one ``DataLoader`` worker at most (the recipe's ``workers`` runs the document
-operators in processes); model-parallel layouts pass their ``geometry``.
+operators in processes); model-parallel layouts pass their ``geometry``; ``accelerate``'s
+``prepare`` on the ``DataLoader`` is refused (it would dispatch or shard the microbatches a
+second time, and with dispatching only process 0 reads, leaving the others' readers waiting).
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import sys
 from collections.abc import Iterator
+from multiprocessing.context import get_spawning_popen
 from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from zephon.distributed import world_gloo_group
+from zephon.distributed import startup, world_gloo_group
 from zephon.errors import ConfigError
 from zephon.integration import (
     LoaderSession,
@@ -67,18 +78,32 @@ class ZephonIterableDataset(IterableDataset):
         self.infinite, self.state_scope = infinite, state_scope
         self._session: LoaderSession | None = None
         self._pending: dict[str, Any] | None = None
+        self._handed: Any = multiprocessing.RawValue("q", 0)
+        """Items handed out by whichever process iterates this dataset (a DataLoader
+        worker's copy shares it): lets the main process see that its own state is not the
+        state of what was delivered."""
 
     # -- iteration -------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        _refuse_accelerate_prepare()
         session = self._open()
         while True:
-            yield from session
+            for item in session:
+                if self._handed is not None:
+                    self._handed.value += 1
+                yield item
             if not self.infinite:
                 return
 
     def _open(self) -> LoaderSession:
         if self._session is not None:
             return self._session
+        # The readers start together: a reader failing here is named to the others.
+        with startup():
+            self._session = self._start()
+        return self._session
+
+    def _start(self) -> LoaderSession:
         worker = get_worker_info()
         if worker is not None and worker.num_workers > 1:
             raise ConfigError(
@@ -101,7 +126,6 @@ class ZephonIterableDataset(IterableDataset):
         if self._pending is not None:
             session.load_state_dict(self._pending)
             self._pending = None
-        self._session = session
         return session
 
     @staticmethod
@@ -125,6 +149,15 @@ class ZephonIterableDataset(IterableDataset):
     def state_dict(self) -> dict[str, Any]:
         """``{"lane_<l>": entry}`` of the microbatches handed out: this reader's lanes, or
         every reader's under ``state_scope="job"`` (a collective)."""
+        if self._session is None and self._handed is not None and self._handed.value:
+            raise ConfigError(
+                "ZephonIterableDataset.state_dict(): the items were handed out by a "
+                "DataLoader worker process, where the pipeline and its state live (reading "
+                "ahead of the loop); this process's copy has read nothing, and its state "
+                "would replay the "
+                "run from its start. Use torchdata's StatefulDataLoader(dataset, "
+                "batch_size=None, num_workers=1), whose state_dict() carries the worker's, or "
+                "num_workers=0")
         if self._session is None and self._pending is not None and self.state_scope == "rank":
             return dict(self._pending)
         state = self._open().state_dict()
@@ -152,7 +185,30 @@ class ZephonIterableDataset(IterableDataset):
         if self._session is not None:
             copied["_pending"] = self._session.state_dict()
         copied["_session"] = None
+        if get_spawning_popen() is None:  # shared memory travels only to a starting process
+            copied["_handed"] = None
         return copied
+
+
+_ACCELERATE = "accelerate.data_loader"
+
+
+def _refuse_accelerate_prepare() -> None:
+    """A ConfigError when the caller is ``accelerate``'s prepared DataLoader (its dispatcher
+    or its shard of an iterable dataset), found among the calling frames."""
+    frame = sys._getframe(1)
+    for _ in range(40):
+        if frame is None:
+            return
+        if frame.f_globals.get("__name__", "").startswith(_ACCELERATE):
+            raise ConfigError(
+                "ZephonIterableDataset in a DataLoader passed to accelerator.prepare: the "
+                "dataset already reads this process's share of the microbatches, and prepare "
+                "would dispatch or shard them again (with dispatching, only process 0 reads "
+                "and the other processes' readers wait for it). Iterate the DataLoader (or "
+                "the dataset) without prepare, and register the dataset with "
+                "accelerator.register_for_checkpointing(dataset)")
+        frame = frame.f_back
 
 
 def _lanes_of(state: dict[str, Any] | None) -> int | None:
