@@ -27,6 +27,7 @@ from zephon.engine.state import (
     in_entry,
     lane_entries,
     lane_key,
+    sealed_entry,
     to_portable,
 )
 from zephon.engine.transform import transform_documents
@@ -195,7 +196,7 @@ class Loader:
         stream = self.stream
         out = {}
         for lane in stream.owned:
-            out[lane_key(lane)] = {
+            out[lane_key(lane)] = sealed_entry({
                 "version": STATE_VERSION,
                 "lane": lane,
                 "fingerprint": to_portable(self._fingerprint),
@@ -203,7 +204,7 @@ class Loader:
                 "finished": stream.finished,
                 "leftover": dict(stream.leftover) if lane == stream.owned[0] else None,
                 "lane_state": to_portable(stream.consumed[lane]),
-            }
+            })
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

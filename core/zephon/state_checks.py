@@ -10,11 +10,14 @@ token: a lane holding 64 packed rows of 2049 tokens (about 500 documents) restor
 with them, 0.5 ms without, next to the 7 ms of decoding its arrays.
 
 Counts and positions must be integers (never booleans, floats or strings) from 0 to
-:data:`MAX_COUNT`; token arrays must be one-dimensional integer arrays.
+:data:`MAX_COUNT`; token arrays must be one-dimensional integer arrays of ids from 0 to below
+the vocabulary of the pipeline restoring the state (:func:`token_limit`; two reductions an
+array), so an edited id cannot reach the trainer's embedding.
 """
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -26,6 +29,21 @@ from zephon.records import Doc, DocSpan, Record
 
 MAX_COUNT = 2**63 - 1
 """The largest count or position a state may hold (what int64 holds; no run gets near it)."""
+ID_LIMIT = 2**31
+"""Token ids are int32: without a known vocabulary, every id must lie below this."""
+
+_ID_LIMIT: contextvars.ContextVar[int] = contextvars.ContextVar("id_limit", default=ID_LIMIT)
+
+
+@contextmanager
+def token_limit(limit: int | None) -> Iterator[None]:
+    """Within the block, token arrays of a state must hold ids below ``limit`` (None:
+    below :data:`ID_LIMIT`)."""
+    reset = _ID_LIMIT.set(ID_LIMIT if limit is None else min(limit, ID_LIMIT))
+    try:
+        yield
+    finally:
+        _ID_LIMIT.reset(reset)
 
 
 class StateFieldError(StateMismatchError):
@@ -147,11 +165,25 @@ def need_array(value: Any, path: str, kinds: str = "iu", length: int | None = No
     return value
 
 
+def need_ids(value: Any, path: str, length: int | None = None) -> np.ndarray:
+    """``value`` as a one-dimensional integer array of token ids: each from 0 to below the
+    current :func:`token_limit`."""
+    ids = need_array(value, path, length=length)
+    if ids.size:
+        low, high, limit = int(ids.min()), int(ids.max()), _ID_LIMIT.get()
+        if low < 0:
+            raise StateFieldError(path, f"holds the token id {low}; ids are >= 0")
+        if high >= limit:
+            raise StateFieldError(path, f"holds the token id {high}, but the vocabulary has "
+                                        f"{limit} ids (0 to {limit - 1})")
+    return ids
+
+
 # -- documents and records -----------------------------------------------------------------
 def doc_from_state(value: Any, path: str) -> Doc:
     """A tokenized :class:`Doc` (a piece held in an open row) from ``Doc.to_plain`` data."""
     parts = need_list(value, path, 6)
-    tokens = need_array(parts[0], item(path, 0))
+    tokens = need_ids(parts[0], item(path, 0))
     mask = None if parts[4] is None else need_array(parts[4], item(path, 4), "b", len(tokens))
     fields = None if parts[5] is None else need_dict(parts[5], item(path, 5))
     return Doc(tokens, need_str(parts[1], item(path, 1)), need_str(parts[2], item(path, 2)),
@@ -201,14 +233,14 @@ def _check_token_payload(payload: dict[str, Any], meta: dict[str, Any], path: st
         docs_path = join(path, "documents")
         docs = need_list(_get(payload, "documents", path), docs_path, len(spans))
         for i, (tokens, span) in enumerate(zip(docs, spans, strict=True)):
-            need_array(tokens, item(docs_path, i), length=span.length)
+            need_ids(tokens, item(docs_path, i), length=span.length)
         if "train_masks" in payload:
             masks_path = join(path, "train_masks")
             masks = need_list(payload["train_masks"], masks_path, len(spans))
             for i, (mask, span) in enumerate(zip(masks, spans, strict=True)):
                 need_array(mask, item(masks_path, i), "b", span.length)
         return
-    ids = need_array(_get(payload, "input_ids", path), join(path, "input_ids"))
+    ids = need_ids(_get(payload, "input_ids", path), join(path, "input_ids"))
     if "positions" in payload:
         need_array(payload["positions"], join(path, "positions"), length=len(ids))
     if "train_mask" in payload:

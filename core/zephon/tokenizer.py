@@ -451,6 +451,17 @@ class TextEncoder:
         """A short hash of the tokenizer's full definition (vocabulary, merges, normalizer)."""
         return self._digest
 
+    @property
+    def id_limit(self) -> int:
+        """Every id this encoder gives is below this: the vocabulary with its added tokens
+        (the largest id plus one where ids leave gaps); found once."""
+        limit = self.__dict__.get("_id_limit")
+        if limit is None:
+            vocab = self._backend.get_vocab(with_added_tokens=True) \
+                if self._backend is not None else self.tokenizer.get_vocab()
+            limit = self._id_limit = max(vocab.values(), default=-1) + 1
+        return limit
+
     def encode_with_offsets(self, text: str) -> Any:
         """One text -> a tokenizers Encoding (ids and character offsets), no special tokens."""
         if self._backend is None:

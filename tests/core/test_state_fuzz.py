@@ -1,13 +1,18 @@
-"""200 seeded random changes to a valid mid-run loader state.
+"""Seeded random changes to a valid mid-run loader state.
 
-Each change is one of: delete a key or item, truncate a list, set None, give a field another
-type, set a number to a negative, huge or other value, flip a flag, change a string, add a junk
-key, swap the entries of two lanes, or swap one part between them. The changed state is loaded
-into one pipeline, one change after another. Either the load (or, for a JSON Lines row that
-only reading can count, the first read) raises a StateMismatchError naming the entry, or the
-loader accepts the state and the resumed run delivers at least one batch, whose tokens convert
-to training tensors, and a report. Any other exception, or an accepted state that delivers no
-batch, fails with the change that caused it.
+300 changes are made to the state as written: each is refused by an error naming the entry
+and the field (its checksum, for most), or, when the change left the state as it was, the
+resumed run reads exactly the batches of the untouched state. 200 more are made and the
+entries sealed again, as someone editing a state on purpose would, so that the loader's
+field checks meet them. Each change is one of: delete a key or item, truncate a list, set
+None, give a field another type, set a number to a negative, huge or other value, flip a
+flag, change a string, add a junk key, swap the entries of two lanes, or swap one part
+between them. A resealed state is loaded into one pipeline, one change after another. Either
+the load (or, for a JSON Lines row that only reading can count, the first read) raises a
+StateMismatchError naming the entry, or the loader accepts the state and the resumed run
+delivers at least one batch, whose tokens convert to training tensors, and a report. Any
+other exception, or an accepted state that delivers no batch, fails with the change that
+caused it.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Any
 import pytest
 
 from tests.core.test_state_validation import build, mid_run, write_corpus
+from tests.state_kit import resealed
 from zephon import StateMismatchError
 from zephon.tokenizer import load_tokenizer
 
@@ -126,6 +132,33 @@ def _get(state: Any, path: Path) -> Any:
     return parent(state, path)[path[-1]] if _holds(state, path) else "<deleted>"
 
 
+def batch_tokens(batches) -> list[list[list[int]]]:
+    return [[r.payload["input_ids"].tolist() for r in batch.records] for batch in batches]
+
+
+def test_random_changes_to_a_state_as_written_are_refused_naming_the_field(tmp_path,
+                                                                           tokenizer_dir):
+    corpus, tokenizer = write_corpus(tmp_path), load_tokenizer(tokenizer_dir)
+    valid = mid_run(build(corpus, tokenizer))
+    pipeline = build(corpus, tokenizer)
+    pipeline.load_state_dict(copy.deepcopy(valid))
+    expected = batch_tokens(islice(pipeline, 3))
+    rng = random.Random(SEED + 1)
+    refused = 0
+    for _ in range(300):
+        state = copy.deepcopy(valid)
+        what = change(state, rng)
+        try:
+            pipeline.load_state_dict(state)
+        except StateMismatchError as exc:
+            assert str(exc).startswith("loader state"), f"{what}: {exc}"
+            refused += 1
+            continue
+        assert state == valid, f"{what}: a changed state was accepted"
+        assert batch_tokens(islice(pipeline, 3)) == expected, what
+    assert refused >= 250, refused  # the rest changed nothing (a value set to itself)
+
+
 def test_random_changes_are_refused_or_resume(tmp_path, tokenizer_dir):
     corpus, tokenizer = write_corpus(tmp_path), load_tokenizer(tokenizer_dir)
     valid = mid_run(build(corpus, tokenizer))
@@ -136,7 +169,7 @@ def test_random_changes_are_refused_or_resume(tmp_path, tokenizer_dir):
         state = copy.deepcopy(valid)
         what = change(state, rng)
         try:
-            pipeline.load_state_dict(state)
+            pipeline.load_state_dict(resealed(state))
             batches = list(islice(pipeline, 3))
         except StateMismatchError as exc:
             assert str(exc).startswith("loader state"), f"{what}: {exc}"

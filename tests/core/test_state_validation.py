@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import write_jsonl, write_parquet
 from tests.core.test_elastic import digest
+from tests.state_kit import resealed
 from zephon import Pipeline, StateMismatchError
 from zephon.demo.assets import make_documents
 from zephon.io import Dataset
@@ -77,7 +78,7 @@ def test_an_entry_filed_under_another_lanes_key_is_refused(corpus, tokenizer):
     state["lane_0"], state["lane_1"] = state["lane_1"], state["lane_0"]
     with pytest.raises(StateMismatchError, match="loader state 'lane_0': lane is 1, but the "
                                                  "entry is filed under 'lane_0'"):
-        build(corpus, tokenizer).load_state_dict(state)
+        build(corpus, tokenizer).load_state_dict(resealed(state))
 
 
 @pytest.mark.parametrize("dataset, position, message", [
@@ -96,7 +97,7 @@ def test_positions_outside_the_plan_are_refused(corpus, tokenizer, dataset, posi
     with pytest.raises(StateMismatchError,
                        match=rf"loader state 'lane_1': nodes\[0\]\.sources\[{dataset}\]\."
                              + message):
-        build(corpus, tokenizer).load_state_dict(state)
+        build(corpus, tokenizer).load_state_dict(resealed(state))
 
 
 def test_a_json_lines_row_past_its_unit_is_an_error_when_first_read(corpus, tokenizer):
@@ -105,7 +106,8 @@ def test_a_json_lines_row_past_its_unit_is_an_error_when_first_read(corpus, toke
     k = source["position"][0]
     source["position"] = [k, 999, 0]
     resumed = build(corpus, tokenizer)
-    resumed.load_state_dict(state)  # rows of a byte range are counted only when it is read
+    # rows of a byte range are counted only when it is read
+    resumed.load_state_dict(resealed(state))
     with pytest.raises(StateMismatchError, match=rf"loader state 'lane_1': nodes\[0\]"
                                                  rf"\.sources\[1\]\.position is \[{k}, 999, 0\]"
                                                  rf", but work unit {k} of dataset 'b'"):
@@ -155,7 +157,7 @@ def test_malformed_entries_are_named(corpus, tokenizer, change, message):
     state = mid_run(build(corpus, tokenizer))
     change(state)
     with pytest.raises(StateMismatchError, match=message):
-        build(corpus, tokenizer).load_state_dict(state)
+        build(corpus, tokenizer).load_state_dict(resealed(state))
 
 
 def _truncate_nodes(state: dict[str, Any]) -> None:
@@ -179,7 +181,7 @@ def test_a_refused_state_is_refused_at_load_and_changes_nothing(corpus, tokenize
     state = mid_run(pipeline)
     damage(state)
     with pytest.raises(StateMismatchError, match=message):
-        pipeline.load_state_dict(state)
+        pipeline.load_state_dict(resealed(state))
     assert [digest(b) for b in islice(pipeline, 3)] == expected
 
 
@@ -234,7 +236,7 @@ def test_parts_that_disagree_are_refused(corpus, tokenizer, change, message):
     state = mid_run(build(corpus, tokenizer))
     change(state)
     with pytest.raises(StateMismatchError, match=message):
-        build(corpus, tokenizer).load_state_dict(state)
+        build(corpus, tokenizer).load_state_dict(resealed(state))
 
 
 @dataclass(frozen=True)
@@ -275,7 +277,7 @@ def test_a_custom_node_that_fails_on_its_state_is_named(corpus, tokenizer):
     del _nodes(state, 1)[2]["rows"]
     with pytest.raises(StateMismatchError, match=r"loader state 'lane_1': nodes\[2\] does not "
                                                  "fit PassRowsNode: KeyError"):
-        build(corpus, tokenizer, PassRowsSpec()).load_state_dict(state)
+        build(corpus, tokenizer, PassRowsSpec()).load_state_dict(resealed(state))
 
 
 def test_check_state_refuses_what_load_would_and_changes_nothing(corpus, tokenizer):
@@ -291,3 +293,47 @@ def test_check_state_refuses_what_load_would_and_changes_nothing(corpus, tokeniz
     checked.check_state(state)
     first = [digest(batch) for batch in islice(iter(build(corpus, tokenizer)), 3)]
     assert [digest(batch) for batch in islice(iter(checked), 3)] == first
+
+
+def _first_open_piece(state: dict[str, Any]) -> tuple[int, int]:
+    """(lane, bin) of an open packed row in ``state``."""
+    for lane in (0, 1):
+        bins = _nodes(state, lane)[1]["packer"]["bins"]
+        for index, held in enumerate(bins):
+            if held:
+                return lane, index
+    raise AssertionError("no open row in the state")
+
+
+@pytest.mark.parametrize("bad_id, message", [
+    (10**6, r"holds the token id 1000000, but the vocabulary has 4096 ids \(0 to 4095\)"),
+    (-7, "holds the token id -7; ids are >= 0"),
+])
+def test_token_ids_outside_the_vocabulary_are_refused(corpus, tokenizer, bad_id, message):
+    """A packed row's saved tokens are ids of the pipeline's vocabulary; an edited id (the
+    state sealed again over it) would reach the trainer's embedding and is refused."""
+    import base64
+
+    import numpy as np
+
+    state = mid_run(build(corpus, tokenizer))
+    lane, index = _first_open_piece(state)
+    piece = _nodes(state, lane)[1]["packer"]["bins"][index][0][0]
+    dtype, _, data = piece[0]["__ndarray__"]
+    tokens = np.frombuffer(base64.b64decode(data), dtype=dtype).copy()
+    tokens[len(tokens) // 2] = bad_id
+    piece[0]["__ndarray__"][2] = base64.b64encode(tokens.tobytes()).decode()
+    where = rf"nodes\[1\]\.packer\.bins\[{index}\]\[0\]\[0\]\[0\]"
+    with pytest.raises(StateMismatchError, match=rf"loader state 'lane_{lane}': {where} "
+                                                 rf"{message}"):
+        build(corpus, tokenizer).load_state_dict(resealed(state))
+
+
+def test_an_entry_changed_after_it_was_written_is_refused_by_its_checksum(corpus, tokenizer):
+    state = mid_run(build(corpus, tokenizer))
+    source_state(state, 1, 0)["position"][0] += 1
+    with pytest.raises(StateMismatchError, match=r"loader state 'lane_1': sha256 is "
+                                                 r"\w{16}\.\.\., but the content hashes to "
+                                                 r"\w{16}\.\.\.: the artifact was changed"):
+        build(corpus, tokenizer).load_state_dict(state)
+    build(corpus, tokenizer).load_state_dict(resealed(state))  # the change itself is valid

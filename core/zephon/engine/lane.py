@@ -33,6 +33,7 @@ from zephon.state_checks import (
     need_fields,
     need_int,
     need_list,
+    token_limit,
     within,
 )
 from zephon.work.static_mixture import StaticMixtureWorkSource
@@ -71,6 +72,13 @@ class LanePlan:
     workers: Offload | None = None
     """Worker processes or the document threads for the document operators (None: the lanes'
     own thread)."""
+
+    @property
+    def id_limit(self) -> int | None:
+        """Every token id the lanes make is below this: the largest vocabulary of the
+        document operators (None: they make no ids)."""
+        limits = [op.id_limit for op in self.document_ops if op.id_limit is not None]
+        return max(limits, default=None)
 
     def ops_of(self, dataset: int) -> list[DocumentOperator]:
         """The document operators that apply to dataset number ``dataset``."""
@@ -137,7 +145,8 @@ def restored_lane(plan: LanePlan, lane: int, saved: Any) -> tuple[dict[str, Any]
     stream uses it."""
     state = from_portable(saved)
     trial = Lane(plan, lane)
-    trial.restore(state)
+    with token_limit(plan.id_limit):
+        trial.restore(state)
     return state, trial
 
 

@@ -12,6 +12,12 @@ None. Token arrays are stored as ``{"__ndarray__": [dtype, shape, base64 bytes]}
 text per 3 bytes of array, no Python object per token), so a state survives ``json.dumps``,
 ``torch.load(weights_only=True)`` and any pickle-free checkpointer, and never depends on the
 names or layout of Zephon's classes. ``STATE_VERSION`` changes when the meaning of entries does.
+
+Each entry is a sealed artifact (:mod:`zephon.artifacts`): it names its kind and carries the
+SHA-256 of its content, and :func:`lane_entries` refuses one that was changed or damaged
+before it checks each field. Token ids held in a state (open packed rows, shuffle buffers)
+are checked against the vocabulary of the pipeline restoring it
+(:func:`zephon.state_checks.token_limit`).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from zephon.artifacts import opened, sealed
 from zephon.errors import StateMismatchError
 from zephon.state_checks import (
     StateFieldError,
@@ -40,7 +47,9 @@ from zephon.state_checks import (
     need_str,
 )
 
-STATE_VERSION = 2
+STATE_VERSION = 3
+ENTRY_KIND = "zephon.loader-state-lane"
+"""The artifact kind of a lane entry."""
 _ARRAY = "__ndarray__"
 
 
@@ -132,12 +141,17 @@ def lane_entries(state: Any) -> dict[int, dict[str, Any]]:
             raise StateMismatchError(
                 f"loader state has the key {key!r}, which is not a lane entry (lane_<n>): "
                 "load the dict that state_dict() returned, merged over the ranks")
-        with in_entry(key):
-            entries[int(found.group(1))] = _check_entry(entry)
+        entries[int(found.group(1))] = opened(entry, ENTRY_KIND, f"loader state {key!r}",
+                                              _check_entry)
     if not entries:
         raise StateMismatchError("loader state has no lane entries (keys lane_<n>); was it "
                                  "written by a zephon Pipeline?")
     return entries
+
+
+def sealed_entry(fields: dict[str, Any]) -> dict[str, Any]:
+    """A lane entry of ``fields`` (:data:`ENTRY_FIELDS`), sealed."""
+    return sealed(ENTRY_KIND, fields)
 
 
 def _check_entry(entry: Any) -> dict[str, Any]:

@@ -212,6 +212,13 @@ class DocumentOperator(Operator):
     the dataset, where more threads could only take turns at the GIL with it
     (``benchmarks/operator_threads.py`` measures both choices)."""
 
+    @property
+    def id_limit(self) -> int | None:
+        """Every token id this operator makes is below this (None: it makes no ids). A
+        loader state holding an id at or above the largest limit of its pipeline's operators
+        is refused."""
+        return None
+
     @abstractmethod
     def apply(self, docs: Sequence[Doc], where: Sequence[str]) -> list[Outcome]:
         """One outcome per document; ``where`` names each document's row for messages."""

@@ -103,6 +103,10 @@ class Pretokenized(DocumentOperator):
         self._limit = spec.vocab_size if spec.vocab_size is not None else ID_LIMIT
         self._checks: dict[np.dtype, tuple[bool, bool]] = {}
 
+    @property
+    def id_limit(self) -> int:
+        return self._limit
+
     def apply(self, docs: Sequence[Doc], where: Sequence[str]) -> list[Outcome]:
         out: list[Outcome] = []
         limit = self.spec.max_document_tokens

@@ -176,6 +176,10 @@ class DocumentTokenizer(DocumentOperator):
         self.eos = _special(spec.add_eos, special.eos, "add_eos", "EOS")
         self._warned_long = False
 
+    @property
+    def id_limit(self) -> int:
+        return self.encoder.id_limit
+
     def fingerprint(self) -> dict[str, Any]:
         return {
             "op": self.spec.op_name,

@@ -173,6 +173,10 @@ class ChatTokenizer(DocumentOperator):
                  "need character offsets, which fastokens does not give", self.encoder.engine)
         self.columns = [spec.field] + ([spec.tools_field] if spec.tools_field else [])
 
+    @property
+    def id_limit(self) -> int:
+        return self.encoder.id_limit
+
     def fingerprint(self) -> dict[str, Any]:
         return {
             "op": self.spec.op_name,
