@@ -182,3 +182,37 @@ def test_adapters_import_only_the_public_modules():
              if module.split(".")[0] == "zephon" and module in modules
              and module not in PUBLIC_MODULES}
     assert sorted(found) == []
+
+
+# Pickle moves a batch's operators and results between a process and the worker processes it
+# spawned (zephon.engine.workers): the same program on both ends. Nothing else unpickles.
+UNPICKLING_ALLOWED = {CORE / "engine" / "workers.py"}
+
+
+def unpickling_calls(path: Path) -> list[str]:
+    """Calls in ``path`` that can run code stored in bytes: ``pickle.load(s)``,
+    ``pickle.Unpickler``, ``dill``/``cloudpickle`` loads, and ``torch.load`` without
+    ``weights_only=True``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+            continue
+        owner = node.func.value.id if isinstance(node.func.value, ast.Name) else None
+        name = node.func.attr
+        if owner in ("pickle", "dill", "cloudpickle") and name in ("load", "loads",
+                                                                     "Unpickler"):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {owner}.{name}")
+        elif owner == "torch" and name == "load" and not any(
+                k.arg == "weights_only" and isinstance(k.value, ast.Constant)
+                and k.value.value is True for k in node.keywords):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: torch.load without "
+                         "weights_only=True")
+    return found
+
+
+def test_nothing_read_back_is_unpickled():
+    files = [p for p in [*CORE.rglob("*.py"), *(p for d in ADAPTERS for p in d.rglob("*.py"))]
+             if p not in UNPICKLING_ALLOWED]
+    assert [call for path in files for call in unpickling_calls(path)] == []
+    assert unpickling_calls(CORE / "engine" / "workers.py"), "the rule test finds nothing"

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from zephon.errors import StateMismatchError
+from zephon.errors import DataError, StateMismatchError
 from zephon.state_checks import StateFieldError, describe, need_dict, need_str
 
 T = TypeVar("T")
@@ -41,9 +41,10 @@ CHECKSUM = "sha256"
 """The field holding an artifact's checksum."""
 
 
-class ArtifactError(StateMismatchError):
+class ArtifactError(StateMismatchError, DataError):
     """An artifact read back is damaged, of another kind, or holds a value it cannot hold;
-    the message names the artifact and the field."""
+    the message names the artifact and the field. A StateMismatchError (what a resume
+    catches) and a DataError (what a reader catches)."""
 
 
 def canonical(value: Any) -> bytes:
@@ -89,6 +90,32 @@ def opened(value: Any, kind: str, where: str, check: Callable[[dict[str, Any]], 
         return check({k: v for k, v in content.items() if k != KIND})
     except StateFieldError as exc:
         raise ArtifactError(f"{where}: {exc}" if exc.path else f"{where} {exc}") from None
+
+
+def as_text(value: Any) -> str:
+    """``value`` (plain data) as JSON text: what a checkpointer that stores opaque values
+    (TorchTitan's DCP) keeps of a lane entry."""
+    return json.dumps(value, sort_keys=True)
+
+
+def from_text(value: Any, where: str) -> Any:
+    """A value stored by :func:`as_text` (JSON as text or bytes) decoded; plain data (a
+    dict, ...) passes as it is. Pickled bytes are refused, never loaded: unpickling runs
+    whatever code the bytes name."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        data = bytes(value)
+        if data[:1] == b"\x80":
+            raise ArtifactError(f"{where} is pickled bytes (written by zephon 0.2, or not by "
+                                "zephon); zephon reads loader states as plain data only and "
+                                "never unpickles them: start the data over (TorchTitan: "
+                                "--checkpoint.exclude_from_loading dataloader)")
+        value = data.decode("utf-8", errors="replace")
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError as exc:
+            raise ArtifactError(f"{where} is text that is not JSON ({exc})") from None
+    return value
 
 
 def dump(kind: str, fields: dict[str, Any]) -> bytes:

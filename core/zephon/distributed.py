@@ -195,6 +195,12 @@ def arrive(group_ranks: Sequence[int], where: str) -> None:
           lambda: f"rank(s) {missing()} did not reach {where}")
 
 
+def first_rank() -> bool:
+    """Whether this process is rank 0 of the job, or runs without one: where a message the
+    whole job shares is logged once."""
+    return job_store() is None or _rank() == 0
+
+
 def once_per_job(key: str, compute: Callable[[], bytes]) -> bytes:
     """``compute()`` on the first rank of the job that asks for ``key``, its bytes handed to
     every rank that asks (see the module docstring); without a multi-rank job, ``compute()``

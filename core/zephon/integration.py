@@ -32,6 +32,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from zephon.artifacts import as_text, from_text
 from zephon.errors import ConfigError, StateMismatchError
 from zephon.loader_options import DEFAULT_LANES_PER_READER, lanes_problem
 from zephon.meter import LoaderMeter
@@ -121,6 +122,18 @@ def merge_states(states: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
                                          "different steps")
             merged[key] = entry
     return merged
+
+
+def state_as_text(state: Mapping[str, Any]) -> dict[str, str]:
+    """``{"lane_<l>": entry}`` with each entry as JSON text, for checkpointers that store
+    opaque values per key (TorchTitan's DCP): plain data, never a pickle."""
+    return {key: as_text(entry) for key, entry in state.items()}
+
+
+def state_from_text(state: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The inverse of :func:`state_as_text` (entries already decoded pass as they are);
+    pickled entries are refused by name, never loaded."""
+    return {key: from_text(entry, f"{where}: {key}") for key, entry in state.items()}
 
 
 class LoaderSession:

@@ -11,7 +11,9 @@ then checks what only the run's values or the data can tell, without tokenizing 
 - the tokenizer loads and its vocabulary fits the model's (``vocab_size``);
 - the lanes divide by the data-parallel size, ``[pack] max_length`` is ``seq_len + 1`` and
   ``[batch] microbatch_size`` agrees with the framework's;
-- Hub datasets resolve to a commit (through the recipe's ``[cache]``).
+- Hub datasets resolve to a commit (through the recipe's ``[cache]``);
+- a saved plan (``plan = FILE``) still describes the files: each local dataset is listed
+  afresh and every file added, missing or changed since the plan was made is named.
 
 Every problem names the recipe file and key, or the data file. Cost: one small read per file
 (a footer or a line) and one tokenizer load: about 2 s for a shipped recipe on this project's
@@ -91,6 +93,34 @@ def check_recipe(recipe: str | os.PathLike[str] | DataRecipe | ResolvedRecipe, *
         problems.append(f"{src}: lanes = {lanes}: {shared}")
     problems += _size_problems(src, row_tokens, rows) or unbuildable
     problems += _check_hub(recipe)
+    problems += _check_plan(recipe)
+    return problems
+
+
+def _check_plan(recipe: DataRecipe) -> list[str]:
+    """Files added, missing or changed under a local dataset's path since the recipe's saved
+    plan was made (a full listing of each, not the plan's)."""
+    if recipe.plan is None:
+        return []
+    from zephon.io.dataset import Dataset
+    from zephon.work.plan_file import plan_changes
+
+    try:
+        plan = recipe.saved_plan()
+    except ZephonError:
+        return []  # reported when the recipe was read
+    problems = []
+    for entry in recipe.datasets:
+        if is_remote(entry.path):
+            continue
+        fresh = Dataset.from_path(entry.name, entry.path, entry.fmt)
+        try:
+            listed = fresh.files()
+        except ZephonError as exc:
+            problems.append(f"{recipe.source}: dataset {entry.name!r}: {exc}")
+            continue
+        problems += [f"{recipe.source}: dataset {entry.name!r}: plan {recipe.plan}: {change}"
+                     for change in plan_changes(plan, fresh, listed)]
     return problems
 
 

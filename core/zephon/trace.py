@@ -16,13 +16,13 @@ fingerprint refuses another recipe); datasets must be readable from here.
 
 from __future__ import annotations
 
-import pickle
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zephon.artifacts import from_text
 from zephon.errors import ConfigError, StateMismatchError
 from zephon.loader_options import lanes_problem
 
@@ -76,7 +76,11 @@ def read_loader_state(path: str | Path) -> dict[str, Any]:
     - a Megatron-LM checkpoint directory or ``iter_<7 digits>`` folder: every
       ``train_dataloader_dprank*.pt`` of the iteration (``latest_checkpointed_iteration.txt``
       says which when the directory holds several);
-    - a file written with ``torch.save`` or ``pickle`` of a ``state_dict()``.
+    - a file written with ``torch.save`` of a ``state_dict()`` (read with
+      ``weights_only=True``), or a JSON file of one.
+
+    Nothing is unpickled: entries stored as text (TorchTitan's) are decoded as JSON, and
+    every entry is then checked by the pipeline that loads it (:mod:`zephon.artifacts`).
     """
     path = Path(path)
     if not path.exists():
@@ -127,24 +131,28 @@ def _megatron_files(path: Path) -> list[Path]:
 
 
 def _load_file(path: Path) -> Any:
+    """A state file's content: JSON text, else a ``torch.save`` file read with
+    ``weights_only=True`` (which refuses anything but plain data and tensors)."""
+    data = path.read_bytes()
+    if data[:1] in (b"{", b"[", b" ", b"\n"):
+        return from_text(data, str(path))
     import torch
 
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:  # not a torch file: a pickle
-        with open(path, "rb") as handle:
-            return pickle.load(handle)
+    except Exception as exc:
+        raise StateMismatchError(f"{path}: not a loader state file (neither JSON nor a "
+                                 f"torch.save file of plain data: {str(exc)[:200]})") from None
 
 
 def _lanes(blob: Any, where: str) -> dict[str, Any]:
-    """Every ``lane_<l>`` entry anywhere in ``blob`` (bytes entries unpickled)."""
+    """Every ``lane_<l>`` entry anywhere in ``blob`` (entries stored as text decoded)."""
     found: dict[str, Any] = {}
 
     def walk(value: Any, key: str = "") -> None:
         match = _LANE_KEY.search(key)
         if match:
-            found[match.group(1)] = pickle.loads(value) if isinstance(value, (bytes, bytearray)) \
-                else value
+            found[match.group(1)] = from_text(value, f"{where}: {key}")
         elif isinstance(value, dict):
             for name, child in value.items():
                 walk(child, f"{key}.{name}" if key else str(name))

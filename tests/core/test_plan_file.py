@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pickle
+import random
 from pathlib import Path
 
 import pytest
@@ -116,7 +118,7 @@ def test_a_plan_that_does_not_fit_the_recipe_is_refused_by_name(planned, tmp_pat
     with pytest.raises(ConfigError, match=r"none\.plan.*cannot be read"):
         DataRecipe.from_toml(missing)
     planned["plan"].write_bytes(planned["plan"].read_bytes()[:-10])
-    with pytest.raises(ConfigError, match="cut short"):
+    with pytest.raises(ConfigError, match=r"job\.plan: cut short"):
         DataRecipe.from_toml(planned["uses_plan"])
 
 
@@ -153,3 +155,91 @@ def test_a_checkpoint_names_its_work_units_and_refuses_other_ones(planned, monke
     with pytest.raises(StateMismatchError, match=r"the work units cut from the files changed "
                                                   r"\(work_units\.web:"):
         recut.load_state_dict(state)
+
+
+def _rewritten(path: Path, edit) -> None:
+    """The plan at ``path`` with ``edit(datasets, tables)`` applied to its header's datasets
+    and unit tables, sealed again (as someone editing it on purpose would)."""
+    from zephon.artifacts import CHECKSUM, KIND, sealed
+    from zephon.io.unit_table import UnitTable
+    from zephon.work import plan_file
+
+    data = path.read_bytes()
+    start = len(plan_file.MAGIC) + 8
+    length = int.from_bytes(data[len(plan_file.MAGIC):start], "little")
+    header = json.loads(data[start:start + length])
+    body = data[start + length:]
+    tables = [UnitTable.from_bytes(body[o:o + n]) for o, n in
+              (e["units"] for e in header["datasets"])]
+    edit(header["datasets"], tables)
+    blobs, offset = [t.to_bytes() for t in tables], 0
+    for entry, blob, table in zip(header["datasets"], blobs, tables, strict=True):
+        entry["units"], entry["unit_count"] = [offset, len(blob)], len(table)
+        offset += len(blob)
+    body = b"".join(blobs)
+    fields = {k: v for k, v in header.items() if k not in (KIND, CHECKSUM)}
+    fields.update(body_bytes=len(body), body_sha256=hashlib.sha256(body).hexdigest())
+    text = json.dumps(sealed(plan_file.KIND, fields)).encode()
+    path.write_bytes(plan_file.MAGIC + len(text).to_bytes(8, "little") + text + body)
+
+
+def _units(table, rows):
+    from zephon.io.unit_table import UnitTable
+
+    return UnitTable.from_units(rows(list(table)))
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d, t: t.__setitem__(0, _units(t[0], lambda u: [u[0], *u])),
+     r"units\[1\] starts at 0, but the unit before it in file 0 ends at \d+: units overlap"),
+    (lambda d, t: t.__setitem__(0, _units(t[0], lambda u: u[1:])),
+     r"files\[0\] has row group 0 of 5 row\(s\), which no unit reads"),
+    (lambda d, t: t.__setitem__(0, _units(t[0], lambda u: [
+        (u[0][0], UnitSpec(u[0][1].kind, u[0][1].group + 1, u[0][1].start, u[0][1].stop)),
+        *u[1:]])), r"units\[\d+\] starts at 0, but the unit before it in file 0 ends at 5: "
+                   "units overlap or leave a gap"),
+    (lambda d, t: d[0]["files"].__setitem__(0, d[1]["files"][0]),
+     r"files\[0\]\.path is '.*wiki\.jsonl', which is not under the dataset's path"),
+    (lambda d, t: t.__setitem__(0, _units(t[0], lambda u: [(99, u[0][1]), *u[1:]])),
+     r"units\[0\] names file 99, but the dataset has files 0 to 11"),
+])
+def test_a_plan_edited_and_sealed_again_is_refused_naming_the_field(planned, edit, message):
+    """A duplicated, dropped or moved unit, a file of another dataset and a file index out
+    of range each read other documents in silence before; the plan's units are now checked
+    against its files."""
+    _rewritten(planned["plan"], edit)
+    with pytest.raises(ConfigError, match=r"dataset 'web': plan .*job\.plan: dataset 'web': "
+                                          + message):
+        DataRecipe.from_toml(planned["uses_plan"])
+
+
+def test_any_byte_changed_in_a_plan_is_refused_by_name(planned):
+    from zephon.artifacts import ArtifactError
+    from zephon.work.plan_file import read_plan
+
+    read_plan(planned["plan"])
+    original = planned["plan"].read_bytes()
+    rng = random.Random(7)
+    changed = planned["plan"].with_name("changed.plan")
+    for _ in range(300):
+        data = bytearray(original)
+        data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        changed.write_bytes(bytes(data))
+        with pytest.raises(ArtifactError, match=r"plan .*changed\.plan"):
+            read_plan(changed)
+
+
+def test_files_added_after_the_plan_are_named_at_start_and_by_check(planned, caplog, capsys):
+    write_parquet(planned["web"] / "part-99.parquet", ["a late file"] * 5, row_group_size=5)
+    with caplog.at_level("WARNING", logger="zephon"):
+        DataRecipe.from_toml(planned["uses_plan"])
+    [said] = [r.getMessage() for r in caplog.records if "not in the plan" in r.getMessage()]
+    assert "1 file(s) under" in said and "part-99.parquet" in said
+    assert zephon(["check", str(planned["uses_plan"])]) != 0
+    shown = capsys.readouterr()
+    assert "part-99.parquet: added since the plan was made (not read)" in shown.out + shown.err
+    (planned["web"] / "part-99.parquet").unlink()
+    (planned["web"] / "part-00.parquet").unlink()
+    assert zephon(["check", str(planned["uses_plan"])]) != 0
+    shown = capsys.readouterr()
+    assert "part-00.parquet: in the plan but missing now" in shown.out + shown.err

@@ -3,12 +3,16 @@ checkpoint's loader state in any of the forms adapters write."""
 
 from __future__ import annotations
 
+import json
+import os
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
 
-from zephon import Pipeline
+from zephon import Pipeline, StateMismatchError
+from zephon.artifacts import as_text
 from zephon.io import Dataset
 from zephon.trace import read_loader_state, trace_steps
 from zephon.work import MixtureSpec, StaticMixtureWorkSource
@@ -60,9 +64,11 @@ def test_steps_traced_from_a_state_are_what_the_ranks_received(two_datasets, tok
 def test_loader_states_are_read_in_every_form_adapters_write(two_datasets, tokenizer_dir,
                                                              tmp_path):
     _, state = train_two_ranks(two_datasets, tokenizer_dir, steps=2, save_after=2)
-    # a pickled state_dict()
-    (tmp_path / "state.pkl").write_bytes(pickle.dumps(state))
-    assert read_loader_state(tmp_path / "state.pkl").keys() == state.keys()
+    # a state_dict() saved as JSON, and with torch.save
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    assert read_loader_state(tmp_path / "state.json") == state
+    torch.save(state, tmp_path / "state.pt")
+    assert read_loader_state(tmp_path / "state.pt") == state
     # Megatron-LM: iter_<n>/mp_rank_00/train_dataloader_dprank<r>.pt holding the lanes
     megatron = tmp_path / "megatron"
     folder = megatron / "iter_0000002" / "mp_rank_00"
@@ -75,15 +81,43 @@ def test_loader_states_are_read_in_every_form_adapters_write(two_datasets, token
     (megatron / "latest_checkpointed_iteration.txt").write_text("2")
     assert read_loader_state(megatron) == read_loader_state(megatron / "iter_0000002")
     assert read_loader_state(megatron).keys() == state.keys()
-    # TorchTitan: a torch.distributed.checkpoint folder with dataloader.lane_<l> byte entries
+    # TorchTitan: a torch.distributed.checkpoint folder with dataloader.lane_<l> text entries
     import torch.distributed.checkpoint as dcp
 
     titan = tmp_path / "step-2"
-    dcp.save({"dataloader": {k: pickle.dumps(v) for k, v in state.items()},
+    dcp.save({"dataloader": {k: as_text(v) for k, v in state.items()},
               "model": {"w": torch.zeros(3)}}, checkpoint_id=str(titan), no_dist=True)
-    read = read_loader_state(titan)
-    assert read.keys() == state.keys()
-    assert pickle.dumps(read["lane_1"]) == pickle.dumps(state["lane_1"])
+    assert read_loader_state(titan) == state
     with pytest.raises(Exception, match="no loader state"):
-        (tmp_path / "other.pkl").write_bytes(pickle.dumps({"model": 1}))
-        read_loader_state(tmp_path / "other.pkl")
+        torch.save({"model": 1}, tmp_path / "other.pt")
+        read_loader_state(tmp_path / "other.pt")
+
+
+class _RunsCode:
+    """Unpickling this runs a command: what a crafted state file could hold."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_no_state_file_is_ever_unpickled(two_datasets, tokenizer_dir, tmp_path):
+    """A pickle file, or a pickled entry inside a torch or DCP checkpoint, is refused as it
+    is, and the code it names never runs."""
+    import torch.distributed.checkpoint as dcp
+
+    marker = tmp_path / "ran"
+    (tmp_path / "state.pkl").write_bytes(pickle.dumps({"lane_0": _RunsCode(marker)}))
+    with pytest.raises(StateMismatchError, match=r"state\.pkl: not a loader state file"):
+        read_loader_state(tmp_path / "state.pkl")
+    torch.save({"lane_0": pickle.dumps(_RunsCode(marker))}, tmp_path / "entry.pt")
+    with pytest.raises(StateMismatchError, match=r"lane_0 is pickled bytes .* never unpickles"):
+        read_loader_state(tmp_path / "entry.pt")
+    titan = tmp_path / "step-3"
+    dcp.save({"dataloader": {"lane_0": pickle.dumps(_RunsCode(marker))}},
+             checkpoint_id=str(titan), no_dist=True)
+    with pytest.raises(StateMismatchError, match="pickled bytes"):
+        read_loader_state(titan)
+    assert not marker.exists()

@@ -199,6 +199,36 @@ class Dataset:
         """The units :meth:`adopt_units` gave for ``key``, else None."""
         return self._saved_units.get(tuple(key))
 
+    def holds(self, path: str) -> bool:
+        """Whether a file at ``path`` belongs under this dataset's path (a saved plan's file
+        must): the named file, a file under the named folder, or one the glob matches."""
+        named = self.path
+        if any(ch in named for ch in "*?[") and not os.path.lexists(named):
+            return bool(local_glob.pattern_regex(named).fullmatch(path))
+        if os.path.isdir(named):
+            root = os.path.join(named, "")
+            return path.startswith(root)
+        return path == named or prefix_of(named) == path
+
+    def unplanned_files(self, planned: tuple[DataFile, ...]) -> list[str]:
+        """Data files under this dataset's path that ``planned`` (a saved plan's listing)
+        lacks, found from the names alone (no file is opened), once per job: one rank lists
+        and the others get its answer. Files skipped when the plan was made do not count."""
+        from zephon.distributed import once_per_job
+
+        def compute() -> bytes:
+            candidates, _, _ = _expand_local(self.path)
+            known = {f.path for f in planned}
+            extra = [c for c in candidates if c not in known and prefix_of(c) not in known
+                     and not any(s.startswith(c + " (") for s in self._skipped)
+                     and (detect_format(c) is not None or self.fmt is not None)]
+            return json.dumps(extra).encode()
+
+        key = json.dumps(["unplanned", self.path, self.fmt,
+                          hashlib.sha256(json.dumps([encoded(f) for f in planned])
+                                         .encode()).hexdigest()])
+        return json.loads(once_per_job(key, compute))
+
     def _encoded_listing(self) -> bytes:
         files = self._list_files()
         return json.dumps({"files": [encoded(f) for f in files],

@@ -18,7 +18,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from zephon import background
+import zephon.background as background
 from zephon.io import cancel
 from zephon.redact import get_logger
 

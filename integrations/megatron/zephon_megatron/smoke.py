@@ -198,7 +198,7 @@ def run_worker(options: argparse.Namespace, megatron_argv: list[str]) -> None:
         tracker = Path(args.load) / "latest_checkpointed_iteration.txt"
         args.iteration = int(tracker.read_text())
         blob = torch.load(Path(args.load) / f"iter_{args.iteration:07d}" / "smoke_model.pt",
-                          weights_only=False)
+                          weights_only=True)
         model.module.load_state_dict(blob["model"])
         optimizer.load_state_dict(blob["optimizer"])
         args.consumed_train_samples = blob["consumed_train_samples"]

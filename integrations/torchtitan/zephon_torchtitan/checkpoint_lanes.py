@@ -38,8 +38,10 @@ def checkpointed_lanes(folder: str | None,
 def checkpointed_entry(path: str, lane: int) -> dict | None:
     """The loader state entry of ``lane`` in the DCP checkpoint ``path`` (read alone, in
     this process, before any process group exists), or None where it cannot be read."""
-    import pickle
     import warnings
+
+    from zephon.errors import StateMismatchError
+    from zephon.integration import state_from_text
 
     try:
         from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
@@ -49,9 +51,8 @@ def checkpointed_entry(path: str, lane: int) -> dict | None:
         warnings.simplefilter("ignore")  # "assuming the intent is to load in a single process"
         found = _load_state_dict_from_keys({f"dataloader.lane_{lane}"}, checkpoint_id=path)
     value = found.get("dataloader", {}).get(f"lane_{lane}")
-    if isinstance(value, (bytes, bytearray)):
-        try:
-            value = pickle.loads(value)
-        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError):
-            return None  # not Zephon's: the restore names what it holds
+    try:
+        value = state_from_text({"entry": value}, path)["entry"]
+    except StateMismatchError:
+        return None  # not plain data from Zephon: the restore names what it holds
     return value if isinstance(value, dict) else None

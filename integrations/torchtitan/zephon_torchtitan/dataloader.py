@@ -22,7 +22,8 @@ return_padding_mask, return_num_valid_tokens):
   -100 on padding, positions restart at 0 and grow by one, the count matches) and feed the
   padding/throughput report. They never reach ``forward``, which would reject them.
 
-State: ``{"lane_<l>": pickled lane entry}`` for the lanes this rank owns. Keys are
+State: ``{"lane_<l>": lane entry as JSON text}`` for the lanes this rank owns (plain data:
+nothing is unpickled when it is read back, :func:`zephon.integration.state_from_text`). Keys are
 lane-unique, so TorchTitan's DCP checkpointer stores each lane once whichever rank wrote it,
 and a fresh loader at any data-parallel size that divides the lane count finds its lanes
 (its own ``state_dict()`` names the keys to fill). The entries describe the microbatches the
@@ -35,7 +36,6 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import pickle
 from dataclasses import dataclass, replace
 from typing import Annotated, Any, Literal
 
@@ -45,7 +45,7 @@ from torchtitan.components.dataloader import BaseDataLoader
 from torchtitan.tools.logging import logger
 
 from zephon import ConfigError, StateMismatchError
-from zephon.integration import LoaderSession, choose_lanes
+from zephon.integration import LoaderSession, choose_lanes, state_as_text, state_from_text
 from zephon.recipe import DataRecipe, TrainingPreset, load_recipe
 from zephon.trace import trace_line
 from zephon_torchtitan.metrics_processor import LoaderLink
@@ -290,11 +290,11 @@ class ZephonDataLoader(BaseDataLoader):
 
     # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """``{"lane_<l>": bytes}`` for this rank's lanes (consumed microbatches only)."""
+        """``{"lane_<l>": JSON text}`` for this rank's lanes (consumed microbatches only)."""
         state = self._pipeline.state_dict()
         if not self._started:  # TorchTitan is about to load a checkpoint into these keys
             self._check_checkpointed_lanes(state)
-        return {key: pickle.dumps(entry) for key, entry in state.items()}
+        return state_as_text(state)
 
     def _check_checkpointed_lanes(self, state: dict[str, Any]) -> None:
         """Refuse, in Zephon's words, a checkpoint written with another lane count (DCP
@@ -325,9 +325,8 @@ class ZephonDataLoader(BaseDataLoader):
                 f"the checkpoint's dataloader state has keys {foreign[:4]}, which Zephon did "
                 "not write: it comes from another dataloader. Start a new run, or exclude "
                 "the dataloader from loading (--checkpoint.exclude_from_loading dataloader).")
-        entries = {k: pickle.loads(v) if isinstance(v, (bytes, bytearray)) else v
-                   for k, v in state_dict.items()}
         try:
+            entries = state_from_text(state_dict, "the checkpoint's dataloader state")
             self._pipeline.load_state_dict(entries)
         except StateMismatchError as exc:
             raise StateMismatchError(f"cannot resume the Zephon dataloader ({self.recipe.source}"

@@ -129,6 +129,17 @@ class ObjectStoreDataset(FetchAhead, Dataset):
         head = pattern[:min(magic)]
         return head[:head.rfind("/") + 1]
 
+    def holds(self, path: str) -> bool:
+        """Whether the object key ``path`` belongs under this dataset's path."""
+        if any(c in self.pattern for c in "*?["):
+            return bool(local_glob.pattern_regex(self.pattern).fullmatch(path))
+        return path == self.pattern or path.startswith(self.pattern.rstrip("/") + "/")
+
+    def unplanned_files(self, planned: tuple[DataFile, ...]) -> list[str]:
+        """Objects under the path that a saved plan lacks: not looked for (a listing of the
+        store is a request per 1,000 objects); ``zephon check`` compares them."""
+        return []
+
     def _list_files(self) -> list[DataFile]:
         prefix = self._prefix()
         listed = sorted(self.store.list(prefix), key=lambda o: o.key)
