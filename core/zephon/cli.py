@@ -31,7 +31,8 @@ import os
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 _UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "B": 10**9, "T": 10**12}
 
@@ -231,9 +232,6 @@ def _count(value: float | None, exact: bool) -> str:
 
 
 def _trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    import dataclasses
-    import json
-
     from zephon.recipe import DataRecipe
     from zephon.trace import read_loader_state, trace_steps
 
@@ -256,8 +254,18 @@ def _trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                             dp_world_size=1, lanes=lanes, prefetch=0)
     decode = _text_decoder(recipe.tokenizer)
     first, last = args.steps
-    for traced in trace_steps(pipeline, first, last, args.global_batch_size // microbatch,
-                              args.world_size, state, decode):
+    # A step the state cannot account for, or past the end of the data, raises after the
+    # steps it could trace are printed: main() says why and exits 1.
+    _print_traces(trace_steps(pipeline, first, last, args.global_batch_size // microbatch,
+                              args.world_size, state, decode), args)
+    return 0
+
+
+def _print_traces(traces: Iterator[Any], args: argparse.Namespace) -> None:
+    import dataclasses
+    import json
+
+    for traced in traces:
         if args.json:
             print(json.dumps(dataclasses.asdict(traced)))
             continue
@@ -269,8 +277,7 @@ def _trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             for d in documents:
                 part = "" if d.start == 0 else f" from token {d.start:,}"
                 print(f"    {d.dataset:<12} {d.file}:{d.row}  {d.tokens:,} tokens{part}  "
-                      f"{d.excerpt!r}")
-    return 0
+                      f"{d.excerpt!r}", flush=True)
 
 
 def _text_decoder(tokenizer: str | None):

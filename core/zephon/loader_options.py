@@ -17,7 +17,8 @@ later resume 8x larger or at any divisor of its lanes."""
 
 
 _BOUNDS = {"lanes": (1, 1 << 20), "dp_world_size": (1, 1 << 24), "prefetch": (0, 1 << 10),
-           "dp_rank": (0, 1 << 24), "workers": (0, 1 << 10), "read_ahead_tokens": (1, 1 << 48)}
+           "dp_rank": (0, 1 << 24), "workers": (0, 1 << 10), "read_ahead_tokens": (1, 1 << 48),
+           "start_step": (0, 1 << 62)}
 """Least and most of each integer option. The upper bounds are far above any real run (a
 million lanes, 1,024 worker processes) and stop a typo from allocating per-lane state or
 spawning processes without end."""
@@ -56,6 +57,12 @@ class LoaderOptions:
     same for every value. Each worker loads the operators (the tokenizer) once, about a second
     to start and its own copy in memory; worth it where tokenization or Python per-document
     work is the bottleneck and cores are free (see ``benchmarks/throughput.py``)."""
+    start_step: int = dataclasses.field(default=0, metadata={"recipe": False})
+    """Training steps the trainer had taken when this pipeline's data began (given by the
+    framework): 0, unless the run restarted its data mid-training (TorchTitan's
+    ``--checkpoint.exclude_from_loading dataloader``). Kept in the loader state, so that
+    ``zephon trace`` maps a step to the microbatches that trained it. Never changes the
+    data."""
     startup_timeout_s: float = STARTUP_TIMEOUT_S
     """How long a rank waits at start-up for a peer that neither arrives nor fails (one
     listing the files for all ranks, or building its pipeline before the rank check); past it

@@ -69,6 +69,11 @@ class Loader:
                options: LoaderOptions) -> None:
         check_chain(specs, [d.name for d in work_source.datasets])
         self.options = options
+        self.start_step = options.start_step
+        """The trainer's step when this data began (kept in the state, for traces)."""
+        self.earlier_microbatches = 0
+        """Global microbatches of the earlier passes over the data since then (a data that
+        ended and was started over: ``reset``), kept in the state for traces."""
         world = options.dp_world_size
         if options.lanes is None and world > 1:
             warnings.warn(
@@ -181,6 +186,7 @@ class Loader:
     def reset(self) -> None:
         """Start over from the beginning of the data at the next ``iter()``."""
         stream = self.stream
+        self.earlier_microbatches += stream.consumed_global
         stream.reset_to(dict.fromkeys(stream.owned), 0, False, dict.fromkeys(stream.leftover, 0))
         self.state_loaded = False
 
@@ -203,6 +209,8 @@ class Loader:
                 "consumed_global": stream.consumed_global,
                 "finished": stream.finished,
                 "leftover": dict(stream.leftover) if lane == stream.owned[0] else None,
+                "start_step": self.start_step,
+                "earlier_microbatches": self.earlier_microbatches,
                 "lane_state": to_portable(stream.consumed[lane]),
             })
         return out
@@ -246,6 +254,11 @@ class Loader:
                                          f"microbatches were consumed ({sorted(consumed)}); "
                                          "they come from different steps")
             total = consumed.pop()
+            starts = {(e["start_step"], e["earlier_microbatches"]) for e in entries.values()}
+            if len(starts) != 1:
+                raise StateMismatchError(f"loader state entries disagree on where their data "
+                                         f"began (start_step, earlier_microbatches: "
+                                         f"{sorted(starts)}); they come from different runs")
             lane_states = {lane: self._checked_lane(lane, entries[lane], total)
                            for lane in stream.owned}
         except BaseException:
@@ -257,6 +270,8 @@ class Loader:
         leftover = next((e["leftover"] for e in entries.values() if e["leftover"]),
                         dict.fromkeys(stream.leftover, 0))
         stream.reset_to(lane_states, total, finished, dict(leftover))
+        # The stream the state continues began there.
+        self.start_step, self.earlier_microbatches = starts.pop()
         self.state_loaded = True
 
     def _checked_lane(self, lane: int, entry: dict[str, Any], total: int

@@ -10,8 +10,18 @@ from the start or from a checkpoint's loader state (:func:`read_loader_state`), 
 at the checkpoint's microbatch without replaying the steps before: tracing one step 10,000
 steps into a run costs what the first step of a fresh run costs.
 
+Data that began later than the training, or started over: a loader state records the
+trainer's step at which its data began (``start_step``: a run that restarted its data, such
+as TorchTitan's ``--checkpoint.exclude_from_loading dataloader``) and the microbatches of
+earlier passes over the data since then (``earlier_microbatches``: data that ended and was
+started over). With a state, step ``s`` is global microbatches ``[(s - start_step - 1) k -
+earlier, ...)`` of the state's pass; a step before the state's data began, or in an earlier
+pass, cannot be traced from it and is an error saying which checkpoint can; so is a step past
+the end of the data.
+
 Limits: the recipe, seq_len, microbatch size and lanes must be the run's (the loader state's
-fingerprint refuses another recipe); datasets must be readable from here.
+fingerprint refuses another recipe); datasets must be readable from here. Without a state the
+run is taken to have begun its data at step 1 and never started it over.
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from zephon.artifacts import from_text
-from zephon.errors import ConfigError, StateMismatchError
+from zephon.errors import ConfigError, DataError, StateMismatchError
 from zephon.loader_options import lanes_problem
 
 _LANE_KEY = re.compile(r"(?:^|\.)(lane_\d+)$")
@@ -174,17 +184,28 @@ def trace_steps(pipeline: Any, first: int, last: int, per_step: int, world_size:
     problem = lanes_problem(lanes, world_size)
     if problem:
         raise ConfigError(f"--world-size {world_size}: {problem}")
-    start = 0
+    start, begun, earlier = 0, 0, 0
     if state is not None:
         pipeline.load_state_dict(state)
-        start = int(next(iter(state.values()))["consumed_global"])
-        if start > (first - 1) * per_step:
-            raise ConfigError(f"the loader state is at step {start // per_step} (global "
-                              f"microbatch {start}); trace steps after it")
+        entry = next(iter(state.values()))
+        start, begun = int(entry["consumed_global"]), int(entry["start_step"])
+        earlier = int(entry["earlier_microbatches"])
+    if first <= begun:
+        raise ConfigError(f"step {first} was trained before the data of this loader state "
+                          f"began (the run restarted its data after step {begun}); trace it "
+                          f"from a checkpoint saved before step {begun + 1}")
+    offset = begun * per_step + earlier  # global microbatch g of this data is trained at
+    if (first - 1) * per_step < offset:  # step (g + offset) // per_step + 1
+        raise ConfigError(f"step {first} was trained in an earlier pass over the data (it "
+                          f"ended and started over {earlier} microbatch(es) into it); trace "
+                          "it from a checkpoint saved in that pass")
+    if offset + start > (first - 1) * per_step:
+        raise ConfigError(f"the loader state is at step {(offset + start) // per_step} "
+                          f"(global microbatch {start}); trace steps after it")
     names = {d.name: d for d in pipeline.work_source.datasets}
     index = start
     for batch in pipeline:
-        step = index // per_step + 1
+        step = (index + offset) // per_step + 1
         if step > last:
             return
         if step >= first:
@@ -193,6 +214,11 @@ def trace_steps(pipeline: Any, first: int, last: int, per_step: int, world_size:
             yield TracedMicrobatch(step, index, batch.lane, batch.lane % world_size,
                                    batch.ids, rows)
         index += 1
+    ends = (index + offset) // per_step
+    raise DataError(f"the data ends after global microbatch {index - 1} (step {ends}, with "
+                    f"{per_step} microbatch(es) a step): steps "
+                    f"{max(first, ends + 1)}..{last} were not trained on this data (a run "
+                    "that went on started it over; trace those from one of its checkpoints)")
 
 
 def _document(span: Any, record: Any, datasets: dict[str, Any], decode: Any,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from zephon import Pipeline, StateMismatchError
+from zephon import ConfigError, DataError, Pipeline, StateMismatchError
 from zephon.artifacts import as_text
 from zephon.io import Dataset
 from zephon.trace import read_loader_state, trace_steps
@@ -121,3 +121,67 @@ def test_no_state_file_is_ever_unpickled(two_datasets, tokenizer_dir, tmp_path):
     with pytest.raises(StateMismatchError, match="pickled bytes"):
         read_loader_state(titan)
     assert not marker.exists()
+
+
+def test_a_data_restart_and_a_pass_started_over_are_followed_or_refused(two_datasets,
+                                                                        tokenizer_dir):
+    """A run whose data restarted after step 10 (TorchTitan's exclude_from_loading) and
+    later started over at the end of the data: the state says both, so a step maps to the
+    microbatches that trained it, and a step the state cannot account for is refused."""
+    from zephon.integration import LoaderSession
+
+    whole = [batch.ids for batch in pipeline(two_datasets, tokenizer_dir)]
+    restarted = pipeline(two_datasets, tokenizer_dir).options(start_step=10)
+    session = LoaderSession(restarted)
+    first_pass = len(list(session.batches()))
+    assert first_pass == len(whole)
+    again = session.batches()
+    for _ in range(PER_STEP + 2):  # one step and two microbatches into the second pass
+        next(again)
+    state = restarted.state_dict()
+    entry = next(iter(state.values()))
+    assert (entry["start_step"], entry["earlier_microbatches"]) == (10, first_pass)
+    offset = 10 * PER_STEP + first_pass
+    step = -(-(offset + PER_STEP + 2) // PER_STEP) + 1  # the first step after the state
+    traced = list(trace_steps(pipeline(two_datasets, tokenizer_dir), step, step, PER_STEP, 2,
+                              state))
+    assert [t.global_microbatch for t in traced] == \
+        list(range((step - 1) * PER_STEP - offset, step * PER_STEP - offset))
+    assert [t.ids for t in traced] == whole[traced[0].global_microbatch:
+                                            traced[-1].global_microbatch + 1]
+    with pytest.raises(ConfigError, match=r"step 10 was trained before the data of this loader "
+                                          r"state began .* before step 11"):
+        list(trace_steps(pipeline(two_datasets, tokenizer_dir), 10, 10, PER_STEP, 2, state))
+    with pytest.raises(ConfigError, match="step 12 was trained in an earlier pass over the "
+                                          "data"):
+        list(trace_steps(pipeline(two_datasets, tokenizer_dir), 12, 12, PER_STEP, 2, state))
+
+
+def test_steps_past_the_end_of_the_data_are_an_error_not_silence(two_datasets, tokenizer_dir,
+                                                                 tmp_path, capsys):
+    total = len(list(pipeline(two_datasets, tokenizer_dir)))
+    last = -(-total // PER_STEP)
+    got = []
+    with pytest.raises(DataError, match=rf"the data ends after global microbatch {total - 1} "
+                                        rf"\(step {last}, .*steps {last + 1}\.\.{last + 5}"):
+        got.extend(trace_steps(pipeline(two_datasets, tokenizer_dir), last, last + 5, PER_STEP,
+                               2))
+    assert [t.step for t in got] == [last] * (total - (last - 1) * PER_STEP)
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(f"""lanes = {LANES}
+seed = 9
+[[datasets]]
+name = "short"
+path = "{two_datasets['short']}"
+[tokenize]
+tokenizer = "{tokenizer_dir}"
+[pack]
+max_length = 33
+[batch]
+microbatch_size = 2
+""")
+    from zephon.cli import main as zephon
+
+    assert zephon(["trace", str(recipe), "--steps", "100:101", "--global-batch-size",
+                   "12"]) == 1
+    assert "the data ends after global microbatch" in capsys.readouterr().err

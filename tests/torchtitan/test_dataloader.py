@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import multiprocessing
 import pickle
 import threading
@@ -110,7 +111,8 @@ def test_state_is_keyed_per_lane_and_resumes_at_another_dp_size(demo_recipe):
             next(it)
     states = [dl.state_dict() for dl in ranks]
     assert sorted(states[0]) == ["lane_0", "lane_2"] and sorted(states[1]) == ["lane_1", "lane_3"]
-    assert all(isinstance(v, bytes) for s in states for v in s.values())
+    assert all(isinstance(v, str) and json.loads(v)["lane"] in (0, 1, 2, 3)  # plain JSON text
+               for s in states for v in s.values())
     expected = [next(it) for _ in range(2) for it in iters]  # global order: rank 0, rank 1
     single = build(demo_recipe)
     assert sorted(single.state_dict()) == ["lane_0", "lane_1", "lane_2", "lane_3"]
@@ -284,3 +286,39 @@ def test_the_presets_choices_are_defaults_a_recipe_may_leave_out(tmp_path, recip
                                     "return_labels = false")
     with pytest.raises(ConfigError, match=r"return_labels = False conflicts with TorchTitan"):
         build(contrary)
+
+
+def test_a_data_restart_is_named_by_the_preflight_and_kept_in_the_state(demo_recipe,
+                                                                        tmp_path):
+    """A run that loads the checkpoint of step 6 but excludes the dataloader from it starts
+    its data over at step 6: the preflight says so, and the loader state keeps it, which is
+    how zephon trace maps later steps to this data."""
+    from types import SimpleNamespace
+
+    import torch.distributed.checkpoint as dcp
+
+    from zephon.integration import state_from_text
+    from zephon_torchtitan.config_checks import preflight
+
+    first = build(demo_recipe)
+    take(first, 3)
+    dcp.save({"dataloader": first.state_dict()}, checkpoint_id=str(tmp_path / "ckpt" / "step-6"),
+             no_dist=True)
+    config = ZephonDataLoader.Config(recipe=str(demo_recipe), fit_vocab=False,
+                                     tokenizer_from_recipe=False)
+    root = SimpleNamespace(
+        dump_folder=str(tmp_path), dataloader=config, validator=None,
+        checkpoint=SimpleNamespace(enable=True, folder="ckpt", load_step=-1,
+                                   exclude_from_loading=["dataloader"]),
+        parallelism=SimpleNamespace(tensor_parallel_degree=1, pipeline_parallel_degree=1,
+                                    context_parallel_degree=1),
+        training=SimpleNamespace(seq_len=64, local_batch_size=2))
+    installed = preflight(root)["dataloader"]
+    assert installed.data_restart_step == 6
+    restarted = installed.build(dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=64,
+                                local_batch_size=2)
+    take(restarted, 2)
+    entries = state_from_text(restarted.state_dict(), "state")
+    assert {e["start_step"] for e in entries.values()} == {6}
+    root.checkpoint.exclude_from_loading = []
+    assert preflight(root)["dataloader"].data_restart_step == 0  # a resume: no restart

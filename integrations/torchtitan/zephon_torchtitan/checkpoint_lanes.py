@@ -35,6 +35,11 @@ def checkpointed_lanes(folder: str | None,
     return path, lanes
 
 
+def step_of(path: str) -> int:
+    """The training step of a DCP checkpoint folder (``.../step-<n>``)."""
+    return int(re.fullmatch(r"step-(\d+)", os.path.basename(path.rstrip(os.sep))).group(1))
+
+
 def checkpointed_entry(path: str, lane: int) -> dict | None:
     """The loader state entry of ``lane`` in the DCP checkpoint ``path`` (read alone, in
     this process, before any process group exists), or None where it cannot be read."""

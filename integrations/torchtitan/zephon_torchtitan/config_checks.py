@@ -77,10 +77,15 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None, *,
                and (only is None or where in only)]
     checkpoint = getattr(root, "checkpoint", None)
     if checkpoint is not None and getattr(checkpoint, "enable", False):
-        loaders = [(where, replace(loader, checkpoint_folder=os.path.join(
-            root.dump_folder, checkpoint.folder), checkpoint_step=getattr(
-            checkpoint, "load_step", -1)) if where == "dataloader" else loader)
-                   for where, loader in loaders]
+        folder = os.path.join(root.dump_folder, checkpoint.folder)
+        step = getattr(checkpoint, "load_step", -1)
+        restart = 0
+        if "dataloader" in getattr(checkpoint, "exclude_from_loading", []):
+            found = checkpoint_lanes.checkpointed_lanes(folder, step)
+            restart = checkpoint_lanes.step_of(found[0]) if found is not None else 0
+        loaders = [(where, replace(loader, checkpoint_folder=folder, checkpoint_step=step,
+                                   data_restart_step=restart)
+                    if where == "dataloader" else loader) for where, loader in loaders]
     if root is not None and loaders and loaders[0][0] == "dataloader":
         follow_recipe_tokenizer(root, loaders[0][1], logger)
     values = run_values(root)

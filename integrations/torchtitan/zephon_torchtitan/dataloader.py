@@ -137,6 +137,12 @@ class ZephonDataLoader(BaseDataLoader):
         checkpoint_step: int = -1
         """See ``checkpoint_folder``."""
 
+        data_restart_step: int = 0
+        """The training step at which this run's data starts over: the step of the checkpoint
+        a run loads while excluding the dataloader from it (``--checkpoint.exclude_from_loading
+        dataloader``). The preflight fills it; the loader state keeps it, so that
+        ``zephon trace`` maps later steps to this data, and refuses earlier ones."""
+
         trace_dir: str = ""
         """If set, each rank appends one JSON line per microbatch it hands out to
         ``<trace_dir>/rank<r>.jsonl``: global microbatch index, lane, record ids and SHA-256 of
@@ -195,6 +201,8 @@ class ZephonDataLoader(BaseDataLoader):
             seq_len=self._seq_len, microbatch_size=self._rows, dp_rank=dp_rank,
             dp_world_size=dp_world_size, lanes=lanes, prefetch=config.prefetch,
             process_group=_agreement_process_group(dp_world_size))
+        if config.data_restart_step:
+            self._pipeline = self._pipeline.options(start_step=config.data_restart_step)
         group, replicas = _metrics_group(dp_world_size)
         self._session = LoaderSession(self._pipeline, self.options, metrics_group=group,
                                       replicas=replicas)
