@@ -14,10 +14,14 @@ class FakeSource:
         self.name, self.lengths, self.i, self.skipped = name, lengths, 0, {}
 
     def next(self):
+        doc = self.peek()
+        self.i += doc is not None
+        return doc
+
+    def peek(self):
         if self.i >= len(self.lengths):
             return None
-        self.i += 1
-        return Doc(np.zeros(self.lengths[self.i - 1], np.int32), f"{self.name}{self.i}",
+        return Doc(np.zeros(self.lengths[self.i], np.int32), f"{self.name}{self.i + 1}",
                    self.name)
 
     def snapshot(self):
@@ -43,6 +47,28 @@ def test_token_shares_stay_within_one_document():
         tokens[doc.dataset] += len(doc.tokens)
         assert abs(tokens["a"] - tokens["b"]) <= 50
     assert node.snapshot()["stats"]["tokens"] == tokens
+
+
+def test_by_tokens_the_next_documents_decide_and_the_lane_stays_close_to_its_target():
+    """One long document next to short ones: taking it as soon as its dataset is below
+    target (the deficit rule) overshoots by most of it; looking at the next documents keeps
+    every prefix within half of the longest document."""
+    lengths = {"short": [20, 30, 10, 40] * 60, "long": [400, 250, 500] * 30}
+    node = MixNode([FakeSource(n, v) for n, v in lengths.items()], [0.7, 0.3],
+                   by_tokens=True, on_exhausted="stop")
+    tokens = {"short": 0, "long": 0}
+    worst_after_start = 0.0
+    for step in range(200):
+        doc = node.next()
+        tokens[doc.dataset] += len(doc.tokens)
+        total = sum(tokens.values())
+        if step >= 2:
+            worst_after_start = max(worst_after_start, abs(tokens["long"] - 0.3 * total))
+    assert worst_after_start <= 500 / 2 + 40
+    deficit = DeficitMixer([0.7, 0.3])
+    assert deficit.closest([20, 400]) == 0  # the long one would overshoot the lane
+    deficit.record(0, 2000)
+    assert deficit.closest([20, 400]) == 1  # now it brings the lane closest to 0.3
 
 
 @pytest.mark.parametrize("policy, expected", [("stop", 2 * 3), ("drain", 3 + 10)])

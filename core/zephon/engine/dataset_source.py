@@ -271,6 +271,28 @@ class DatasetSource:
             if doc is not None:
                 return doc
 
+    def peek(self) -> Doc | None:
+        """The document :meth:`next` would return, left in place (None: none is left). Rows
+        that yield no document on the way are passed as :meth:`next` would pass them (their
+        drops counted), so the position stays that of the next document not taken."""
+        while True:
+            if not self._ahead and not self._fill():
+                return None
+            item = self._ahead[0]
+            if isinstance(item, _LazyRow):
+                if item.next_doc is not None:
+                    return item.next_doc
+                _, after = item.take()  # its pieces were all taken before a resume
+            else:
+                if item.doc is not None:
+                    return item.doc
+                after = item.after
+            self._ahead.popleft()  # a row without documents
+            self.position, self.epoch = after, item.epoch
+            for reason in item.drops:
+                self.skipped[reason] = self.skipped.get(reason, 0) + 1
+            item.drops = []
+
     def _load(self, k: int) -> _LoadedUnit | None:
         if self._unit is not None and self._unit.k == k:
             return self._unit
