@@ -59,3 +59,24 @@ def build_chat(root: Path, items: int = 23) -> Path:
         writer.done()
         writer.merge()
     return out
+
+
+def text_item(i: int) -> dict:
+    """Item ``i`` of text and a number, which LitData keeps only as Arrow rows after the
+    chunk's header (its items hold no bytes)."""
+    return {"text": f"text {i} " + "w" * (i % 7), "n": i}
+
+
+def build_text(root: Path, items: int = 12) -> Path:
+    """A dataset of :func:`text_item` rows written by LitData's ``BinaryWriter``, 5 items a
+    chunk."""
+    from litdata.streaming.writer import BinaryWriter
+
+    out = root / "text"
+    if not (out / "index.json").exists():
+        writer = BinaryWriter(str(out), chunk_size=5)
+        for i in range(items):
+            writer[i] = text_item(i)
+        writer.done()
+        writer.merge()
+    return out
