@@ -153,3 +153,33 @@ def test_a_checkpoint_names_its_work_units_and_refuses_other_ones(planned, monke
     with pytest.raises(StateMismatchError, match=r"the work units cut from the files changed "
                                                   r"\(work_units\.web:"):
         recut.load_state_dict(state)
+
+
+def test_a_plan_made_before_sampled_file_versions_is_refused_asking_for_a_new_one(planned):
+    """Version 1 plans hold versions of each file's last 4 KiB only, which no file matches now:
+    refused as a plan of another version, not as every file changed."""
+    data = planned["plan"].read_bytes()
+    start = len(b"ZPLAN1\n") + 8
+    length = int.from_bytes(data[start - 8:start], "little")
+    header = json.loads(data[start:start + length])
+    header["version"] = 1
+    text = json.dumps(header).encode()
+    planned["plan"].write_bytes(data[:start - 8] + len(text).to_bytes(8, "little") + text
+                                + data[start + length:])
+    with pytest.raises(ConfigError, match=r"zephon plan version 1, this zephon reads 2; make "
+                                          "it again with zephon plan"):
+        DataRecipe.from_toml(planned["uses_plan"])
+
+
+def test_lines_reordered_since_the_plan_are_refused_naming_the_file(planned):
+    from tests.core.test_file_identity import reorder_lines
+
+    wiki = planned["web"].parent / "wiki.jsonl"
+    tail = wiki.read_bytes()[-4096:]
+    reorder_lines(wiki, 0, 20)
+    assert wiki.read_bytes()[-4096:] == tail
+    pipeline = DataRecipe.from_toml(planned["uses_plan"]).build(seq_len=31, microbatch_size=2)
+    with pytest.raises(DataError, match=r"wiki\.jsonl: changed during the run \(its bytes "
+                                        "before its last 4 KiB differ"):
+        for _ in zip(range(100), pipeline):
+            pass

@@ -1,8 +1,8 @@
 """A job's plan saved to a file: ``zephon plan RECIPE --out FILE``, read by ``plan = FILE``.
 
 The plan is what every rank needs to deal units to lanes: each dataset's files (path, size,
-format, compression and version: the tail digest for local files) and its units as a
-:class:`~zephon.io.unit_table.UnitTable`, for one lane count. One process writes it; the
+format, compression and version, :mod:`zephon.io.file_identity`'s for local files) and its
+units as a :class:`~zephon.io.unit_table.UnitTable`, for one lane count. One process writes it; the
 recipes of any number of jobs then name it (top-level ``plan = "FILE"``), and their ranks take
 the listing and the units from it instead of listing and opening every file. Its fingerprint
 is the data fingerprint of its datasets.
@@ -13,9 +13,10 @@ lies), then the unit tables one after the other.
 
 Checks: a dataset of the recipe that the plan does not hold, or holds with another path,
 format, document range or unit option, and a run with another lane count are ConfigErrors
-naming the field and the plan file. A file that changed since the plan was made (size or last
-4 KiB) is a DataError naming the file when a rank reads it: the reader compares every file
-with its listing before reading it.
+naming the field and the plan file. A file that changed since the plan was made (its size or
+version) is a DataError naming the file when a rank reads it: the reader compares every file
+with its listing before reading it. A plan of another ``VERSION`` (version 1 held tail-only
+file versions, which no file matches now) is refused, asking for it to be made again.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from zephon.io.unit_table import UnitTable
 from zephon.work.static_mixture import UNITS_PER_LANE
 
 MAGIC = b"ZPLAN1\n"
-VERSION = 1
+VERSION = 2
 
 
 def _identity(dataset: Dataset) -> dict[str, Any]:
