@@ -38,6 +38,17 @@ from zephon.errors import ConfigError, DataError
 BUILT_IN = ("parquet", "jsonl", "arrow", "megatron")
 
 
+class FieldKinds(dict):
+    """A file's fields and their kinds, as a ``fields`` hook may give them when it could read
+    only part of what names them (a JSON line longer than it reads): ``complete`` is False, a
+    field absent here may still be in the file, and ``note`` says what was read. A plain dict
+    is a complete answer."""
+
+    def __init__(self, kinds: dict[str, str], complete: bool = True, note: str = ""):
+        super().__init__(kinds)
+        self.complete, self.note = complete, note
+
+
 @dataclass(frozen=True, slots=True)
 class FileFormat:
     """A file-format plug-in; see the module docstring."""
