@@ -14,8 +14,9 @@ Listing a local dataset opens each file once: its size, the blocks that identify
 Each measurement runs in a fresh process with ``PYTHONPATH`` naming the core it lists with:
 this checkout's, or ``--baseline``'s (a git revision, its ``core/`` extracted with ``git
 archive``). The process first lists a folder of 16 files (imports and caches warm), then
-times one listing of the whole folder. Rounds alternate which version goes first; each
-version's median over ``--rounds`` rounds is printed in microseconds a file, with the ratio.
+times one listing of the whole folder, in CPU time (what other jobs on a shared machine move
+least) and wall time. Rounds alternate which version goes first; each version's median over
+``--rounds`` rounds is printed in microseconds a file, with the ratio.
 The files are read from the page cache (a warm-up listing precedes the rounds): this measures
 the CPU and system-call cost, not a disk's or a network filesystem's latency.
 
@@ -43,10 +44,10 @@ import json, sys, time
 from zephon.io import Dataset
 warm, folder = sys.argv[1], sys.argv[2]
 Dataset.from_path("warm", warm).files()
-started = time.perf_counter()
+wall, cpu = time.perf_counter(), time.process_time()
 files = Dataset.from_path("timed", folder).files()
-elapsed = time.perf_counter() - started
-print(json.dumps({"seconds": elapsed, "files": len(files)}))
+wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+print(json.dumps({"wall": wall, "cpu": cpu, "files": len(files)}))
 """
 
 
@@ -76,13 +77,14 @@ def warm_folder(data: Path, root: Path) -> Path:
     return folder
 
 
-def list_once(core: Path, warm: Path, data: Path) -> float:
-    """Seconds a file of one listing of ``data`` with the zephon under ``core``."""
+def list_once(core: Path, warm: Path, data: Path) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) a file of one listing of ``data`` with the zephon under
+    ``core``."""
     env = {**os.environ, "PYTHONPATH": str(core)}
     done = subprocess.run([sys.executable, "-c", TIMER, str(warm), str(data)], env=env,
                           capture_output=True, text=True, check=True)
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    return result["seconds"] / result["files"]
+    return result["cpu"] / result["files"], result["wall"] / result["files"]
 
 
 def extract(revision: str, into: Path) -> Path:
@@ -97,15 +99,17 @@ def compare(name: str, data: Path, cores: dict[str, Path], rounds: int, root: Pa
     warm = warm_folder(data, root)
     for core in cores.values():
         list_once(core, warm, data)  # the page cache and the dentry cache warm
-    times: dict[str, list[float]] = {label: [] for label in cores}
+    times: dict[str, list[tuple[float, float]]] = {label: [] for label in cores}
     labels = list(cores)
     for r in range(rounds):
         for label in labels if r % 2 == 0 else labels[::-1]:
             times[label].append(list_once(cores[label], warm, data))
-    base, this = (statistics.median(times[label]) * 1e6 for label in labels)
-    spread = {label: f"{min(t) * 1e6:.1f}-{max(t) * 1e6:.1f}" for label, t in times.items()}
-    print(f"{name:<34}{base:>12.1f}{this:>12.1f}{this / base:>8.2f}   "
-          f"{spread[labels[0]]:>12}  {spread[labels[1]]:>12}", flush=True)
+    cells = []
+    for column in (0, 1):  # CPU, then wall
+        base, this = (statistics.median(t[column] for t in times[label]) * 1e6
+                      for label in labels)
+        cells.append(f"{base:>9.1f}{this:>8.1f}{this / base:>7.2f}")
+    print(f"{name:<30}{cells[0]}   {cells[1]}", flush=True)
 
 
 def main() -> None:
@@ -119,9 +123,10 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         cores = {args.baseline: extract(args.baseline, Path(tmp)), "this": ROOT / "core"}
-        print(f"{'us a file (median of ' + str(args.rounds) + ')':<34}"
-              f"{args.baseline[:12]:>12}{'this':>12}{'ratio':>8}   "
-              f"{'range':>12}  {'range':>12}")
+        base = args.baseline[:8]
+        print(f"{'us a file, median of ' + str(args.rounds):<30}{'CPU':>9}{'':>15}   "
+              f"{'wall':>9}")
+        print(f"{'':<30}{base:>9}{'this':>8}{'ratio':>7}   {base:>9}{'this':>8}{'ratio':>7}")
         if args.files:
             compare(f"{args.files:,} Parquet files", build_files(args.root, args.files), cores,
                     args.rounds, args.root)

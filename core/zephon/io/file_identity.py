@@ -23,10 +23,11 @@ rewritten row group across its middle are caught; one flipped byte between two b
 large file is not. Files of up to 5 KiB and a quarter (the tail and the blocks together) are
 read whole.
 
-Cost: a ``pread`` a block, the listing's largest cost after opening the file, so five blocks
-and no more (``python -m benchmarks.listing`` prints the listing's cost a file against
-another revision). On a network filesystem each block may cost a round trip, which makes the
-listing threaded there (:data:`zephon.io.dataset.SLOW_FILE_S`).
+Cost: a ``pread`` a block but the last (read with the tail, which it touches), the listing's
+largest cost after opening the file, so five blocks and no more (``python -m
+benchmarks.listing`` prints the listing's cost a file against another revision). On a
+network filesystem each block may cost a round trip, which makes the listing threaded there
+(:data:`zephon.io.dataset.SLOW_FILE_S`).
 """
 
 from __future__ import annotations
@@ -67,9 +68,21 @@ def largest_gap(size: int) -> int:
 
 
 def read_sampled(fd: int, size: int) -> tuple[bytes, bytes]:
-    """(the tail, the sampled blocks joined) of the open file ``fd`` of ``size`` bytes."""
-    tail = os.pread(fd, TAIL_BYTES, max(0, size - TAIL_BYTES))
-    return tail, b"".join([os.pread(fd, length, at) for at, length in sampled_ranges(size)])
+    """(the tail, the sampled blocks joined) of the open file ``fd`` of ``size`` bytes. The
+    last block ends where the tail starts, so one read gives both; a file no longer than the
+    tail and the blocks together is one read."""
+    rest = size - TAIL_BYTES
+    if rest <= SAMPLED_BLOCKS * BLOCK_BYTES:
+        if rest <= 0:
+            return os.pread(fd, TAIL_BYTES, 0), b""
+        whole = os.pread(fd, size, 0)
+        return whole[rest:], whole[:rest]
+    last = rest - BLOCK_BYTES
+    end = os.pread(fd, BLOCK_BYTES + TAIL_BYTES, last)
+    blocks = [os.pread(fd, BLOCK_BYTES, i * last // (SAMPLED_BLOCKS - 1))
+              for i in range(SAMPLED_BLOCKS - 1)]
+    blocks.append(end[:BLOCK_BYTES])
+    return end[BLOCK_BYTES:], b"".join(blocks)
 
 
 def read_identity(path: str) -> tuple[int, bytes, bytes]:
