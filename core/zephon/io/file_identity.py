@@ -12,7 +12,8 @@ since where it reads follows from the size alone:
   the blocks together, the rest whole.
 
 A file's version is the digest of its tail (16 hex digits of SHA-1) when the tail is the
-whole file, else that and the digest of its blocks, joined by ``-``. Modification times are
+whole file, else that and a digest of the tail and the blocks together, joined by ``-`` (so
+a change can be told to be in the tail or before it). Modification times are
 left out: two nodes holding the same bytes have different ones, and a copy keeps its bytes.
 
 Limits. The version changes when a same-size edit changes a byte of the tail or of a sampled
