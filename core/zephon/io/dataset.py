@@ -235,7 +235,11 @@ class Dataset:
             if candidate in claimed:
                 files.append((candidate, claimed[candidate][0], None))
                 continue
-            prefix = prefix_of(candidate)
+            # A Megatron dataset is found by its .idx and .bin, or named by its prefix; a file
+            # of another name beside them is not one (it would list the dataset twice), and
+            # asking would cost every file of the listing a stat.
+            prefix = (prefix_of(candidate) if candidate == self.path
+                      or candidate.endswith((".idx", ".bin")) else None)
             if prefix is not None and (self.fmt in (None, "megatron")):
                 if candidate.endswith(".bin"):
                     skipped.append(f"{candidate} (tokens of {prefix}.idx)")
