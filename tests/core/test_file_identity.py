@@ -132,3 +132,18 @@ def test_a_same_size_edit_in_the_middle_of_a_parquet_file_is_caught(tmp_path, to
             next(iterator)
     now = Dataset.from_path("web", str(folder)).fingerprint()  # and a resume is refused
     assert now["files"] == listed["files"] and now["versions"] != listed["versions"]
+
+
+def test_a_checkpoint_from_before_sampled_versions_is_refused_saying_so(tmp_path,
+                                                                        tokenizer_dir):
+    folder = tmp_path / "data"
+    write_lines(folder / "part-0.jsonl", 200)
+    pipeline = pipeline_over(folder, tokenizer_dir)
+    next(iter(pipeline))
+    state = pipeline.state_dict()
+    for entry in state.values():  # as written when versions were tail digests
+        del entry["fingerprint"]["work_source"]["datasets"]["web"]["file_identity"]
+    with pytest.raises(StateMismatchError, match=r"work_source\.datasets\.web\.file_identity: "
+                                                 r"checkpoint None, now 'size, last 4 KiB and "
+                                                 r"5 blocks of 256 bytes'"):
+        pipeline_over(folder, tokenizer_dir).load_state_dict(state)
