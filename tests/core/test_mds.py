@@ -184,28 +184,41 @@ def test_each_kind_of_damaged_shard_is_named_with_its_sample(tmp_path, damage, m
         rows_of(Dataset.from_path("m", folder))
 
 
+def zstd_bomb(size: int) -> bytes:
+    """``size`` zero bytes (whole MiB), zstd-compressed: a few hundred bytes a MiB."""
+    import zstandard
+
+    writer = zstandard.ZstdCompressor().compressobj()
+    return b"".join([*(writer.compress(bytes(1 << 20)) for _ in range(size >> 20)),
+                     writer.flush()])
+
+
+def refused_peak(read, match: str) -> int:
+    """The most memory ``read()`` held (as traced) before refusing with a DataError that
+    matches ``match``."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError, match=match):
+            read()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 def test_a_shard_decompresses_no_further_than_the_cap(tmp_path, monkeypatch):
     """A 32 KB .mds.zstd shard expanded to 2.2 GB: decompression stops one byte past
     MAX_SHARD_BYTES, having allocated no more."""
-    import tracemalloc
-
-    import zstandard
-
     from zephon.io.formats import mds
 
-    writer = zstandard.ZstdCompressor().compressobj()
-    bomb = b"".join([*(writer.compress(bytes(1 << 20)) for _ in range(64)), writer.flush()])
+    bomb = zstd_bomb(64 << 20)
+    assert len(bomb) < 32 << 10
     folder = tmp_path / "bomb"
     shutil.copytree(MDS / "zstd", folder)
     (folder / "shard.00002.mds.zstd").write_bytes(bomb)
     monkeypatch.setattr(mds, "MAX_SHARD_BYTES", 4 << 20)
-    tracemalloc.start()
-    try:
-        with pytest.raises(DataError, match=r"shard\.00002\.mds\.zstd: decompresses to more "
-                                            r"than 4194304 bytes, the most an MDS shard"):
-            rows_of(Dataset.from_path("m", folder))
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    peak = refused_peak(lambda: rows_of(Dataset.from_path("m", folder)),
+                        r"shard\.00002\.mds\.zstd: decompresses to more than 4194304 bytes, "
+                        "the most an MDS shard")
     assert peak < 16 << 20
-    assert len(bomb) < 32 << 10

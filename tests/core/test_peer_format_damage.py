@@ -13,7 +13,6 @@ flipped).
 from __future__ import annotations
 
 import json
-import shutil
 import struct
 from pathlib import Path
 
