@@ -30,8 +30,12 @@ def decompress(data: bytes | memoryview, codec: str, limit: int, display: str,
     """``data`` decompressed with ``codec`` (``"zstd"``, ``"gzip"`` or ``"bz2"``), which may
     hold at most ``limit`` bytes; ``bound`` says where the limit comes from in the error
     (``"the 1004 bytes its index declares"``). ``display`` names the file."""
+    errors: tuple[type[BaseException], ...] = (zlib.error, OSError, EOFError)
     try:
         if codec == "zstd":
+            import zstandard
+
+            errors += (zstandard.ZstdError,)
             parts = _zstd(data, limit)
         elif codec in ("gzip", "bz2"):
             parts = _members(data, codec, limit, display)
@@ -40,12 +44,8 @@ def decompress(data: bytes | memoryview, codec: str, limit: int, display: str,
     except _TooLarge:
         raise DataError(f"{display}: decompresses to more than {limit} bytes, {bound}: a "
                         "damaged file, or a compression bomb; it is not read") from None
-    except (zlib.error, OSError, EOFError) as exc:
+    except errors as exc:
         raise DataError(f"{display}: damaged {codec} data ({exc})") from None
-    except Exception as exc:
-        if type(exc).__name__ == "ZstdError":
-            raise DataError(f"{display}: damaged zstd data ({exc})") from None
-        raise
     return b"".join(parts)
 
 
