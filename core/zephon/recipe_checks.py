@@ -5,7 +5,8 @@ then checks what only the run's values or the data can tell, without tokenizing 
 
 - every dataset's files hold the field its tokenizing operator reads, with a usable type
   (text for ``tokenize``, a list or JSON text for ``tokenize_chat``, a list of integers for
-  ``pretokenized``), read from one Parquet footer, Arrow schema, JSON Lines first line or
+  ``pretokenized``), read from one Parquet footer, Arrow schema, JSON Lines first line (its
+  first 1 MiB at most: a field that begins later in a longer line is logged as not told) or
   indexed-dataset index per file. Datasets with a ``map`` before tokenization are skipped (the
   function may make the field);
 - the tokenizer loads and its vocabulary fits the model's (``vocab_size``);
@@ -37,6 +38,9 @@ from zephon.loader_options import lanes_problem
 from zephon.ops.base import applies_to
 from zephon.ops.pack import MAX_ROW_TOKENS
 from zephon.recipe import DataRecipe, FrameworkValues, RecipeProblems, ResolvedRecipe
+from zephon.redact import get_logger
+
+log = get_logger(__name__)
 
 MAX_BATCH_TOKENS = 1 << 31
 """The most tokens in one microbatch (8 GiB of int32 ids): far above what one accelerator
@@ -166,19 +170,26 @@ def _check_fields(recipe: DataRecipe) -> list[str]:
 
 def _field_problem(path: str, fmt: str, compression: str | None, field: str,
                    op: str, context: str | None = None) -> str | None:
-    """What is wrong with ``field`` in one file for operator ``op`` (None: nothing)."""
+    """What is wrong with ``field`` in one file for operator ``op`` (None: nothing). A file
+    whose fields could be read only in part (a first JSON line longer than zephon check
+    reads) and lacks ``field`` in that part is logged as not told, not as a problem."""
     try:
-        kind = peek_field(path, fmt, compression, field, context)
+        kinds = fields_of(path, fmt, compression, context)
     except (OSError, ValueError, pa.ArrowException) as exc:
         return f"{path}: cannot be read ({exc})"
+    if kinds is None:
+        return None
+    kind = kinds.get(field)
     if kind is None:
-        fields = ", ".join(repr(name)
-                           for name in file_fields(path, fmt, compression, context)[:20])
+        fields = ", ".join(repr(name) for name in list(kinds)[:20])
+        if not getattr(kinds, "complete", True):
+            log.warning("%s: could not tell whether it has the field %r (the %s operator "
+                        "reads it): %s, and the fields that begin there are %s", path, field,
+                        op, kinds.note, fields or "none")
+            return None
         return (f"{path}: has no field {field!r} (the {op} operator reads it); its fields: "
                 f"{fields or 'none'}. Set the dataset's field = <one of them>, or [tokenize] "
                 "field for every dataset")
-    if kind == "empty":
-        return None
     ok = {"tokenize": kind in ("text", "null"),
           "tokenize_chat": kind in ("list", "text", "null"),
           "pretokenized": kind in ("list<int>", "null")}.get(op, True)
@@ -199,9 +210,13 @@ def peek_field(path: str, fmt: str, compression: str | None, field: str,
                context: str | None = None) -> str | None:
     """The kind of ``field`` in a file from its schema or first line: ``"text"``,
     ``"list<int>"``, ``"list"``, ``"null"``, another type's name, ``"empty"`` (no rows to
-    tell), or None when the field is absent."""
+    tell), ``"unknown"`` (absent from the part of a long first line that was read), or None
+    when the field is absent."""
     kinds = fields_of(path, fmt, compression, context)
-    return "empty" if kinds is None else kinds.get(field)
+    if kinds is None:
+        return "empty"
+    kind = kinds.get(field)
+    return "unknown" if kind is None and not getattr(kinds, "complete", True) else kind
 
 
 def _check_tokenizer(recipe: DataRecipe, vocab_size: int | None) -> list[str]:

@@ -46,16 +46,32 @@ def chat_item(i: int) -> dict:
             "n": i}
 
 
-def build_chat(root: Path, items: int = 23) -> Path:
-    """A dataset of :func:`chat_item` rows written by LitData's ``BinaryWriter`` (what
-    ``optimize`` runs in its workers), 5 items a chunk."""
+def written(root: Path, name: str, make, items: int) -> Path:
+    """A dataset of ``make(i)`` for ``i`` below ``items``, written once under ``root/name`` by
+    LitData's ``BinaryWriter`` (what ``optimize`` runs in its workers), 5 items a chunk."""
     from litdata.streaming.writer import BinaryWriter
 
-    out = root / "chat"
+    out = root / name
     if not (out / "index.json").exists():
         writer = BinaryWriter(str(out), chunk_size=5)
         for i in range(items):
-            writer[i] = chat_item(i)
+            writer[i] = make(i)
         writer.done()
         writer.merge()
     return out
+
+
+def build_chat(root: Path, items: int = 23) -> Path:
+    """A dataset of :func:`chat_item` rows."""
+    return written(root, "chat", chat_item, items)
+
+
+def text_item(i: int) -> dict:
+    """Item ``i`` of text and a number, which LitData keeps only as Arrow rows after the
+    chunk's header (its items hold no bytes)."""
+    return {"text": f"text {i} " + "w" * (i % 7), "n": i}
+
+
+def build_text(root: Path, items: int = 12) -> Path:
+    """A dataset of :func:`text_item` rows."""
+    return written(root, "text", text_item, items)

@@ -145,6 +145,18 @@ def test_document_ranges_and_found_files(tmp_path):
     assert [f.fmt for f in found.files()] == ["megatron"]
     assert any("part.bin (tokens of" in s for s in found.skipped_files())
     assert Dataset.from_path("named", prefix + ".idx").files()[0].path == prefix
+    assert Dataset.from_path("prefix", prefix).files()[0].path == prefix
+
+
+def test_a_file_named_as_the_prefix_beside_it_is_not_a_second_dataset(tmp_path):
+    """A stray file called ``part`` beside ``part.idx`` and ``part.bin`` listed the indexed
+    dataset twice, so every document was read twice."""
+    docs = corpus(12, 3)
+    prefix = write_indexed_dataset(tmp_path / "part", docs)
+    Path(prefix).write_text("notes")
+    found = Dataset.from_path("dir", tmp_path)
+    assert [(f.path, f.fmt) for f in found.files()] == [(prefix, "megatron")]
+    assert f"{prefix} (not a data file)" in found.skipped_files()
 
 
 def test_bad_files_are_errors_naming_them(tmp_path):

@@ -14,7 +14,14 @@ import pytest
 
 from tests.core import litdata_sets
 from tests.core.litdata_sets import ITEMS, item
-from tests.core.test_mds import pipeline_over, rows_of, sorted_documents, token_rows
+from tests.core.test_mds import (
+    pipeline_over,
+    refused_peak,
+    rows_of,
+    sorted_documents,
+    token_rows,
+    zstd_bomb,
+)
 from tests.hub.hubdata import fast_options
 from tests.objectstore.test_scheme_plugin import BUCKETS, MemoryBucket
 from zephon.errors import DataError
@@ -207,3 +214,86 @@ def test_fmt_names_the_format_that_reads_the_index(litdata):
     assert {f.fmt for f in named.files()} == {"litdata"} and len(rows_of(named)) == ITEMS
     other = Dataset.from_path("l", litdata["plain"], fmt="mds")  # no index of its own
     assert not any(f.context for f in other.files())
+
+
+@pytest.mark.parametrize("field, value, problem", [
+    ("chunk_size", 0, "is 0, must be >= 1"),
+    ("chunk_size", -5, "is -5, must be >= 1"),
+    ("chunk_size", 10**12, "is 1000000000000, more items than its 1027 bytes"),
+    ("chunk_size", "9", r"is '9' \(str\), must be an integer"),
+    ("chunk_bytes", 2**40, "is 1099511627776, must be <= 1073741824"),
+    ("chunk_bytes", None, "is None, must be an integer"),
+])
+def test_index_values_are_checked_before_use(litdata, tmp_path, field, value, problem):
+    """A chunk_size of 0 or -5 dropped that chunk's items without a word; 10**12 made
+    planning build a list until memory ran out."""
+    def edit(index):
+        index["chunks"][2][field] = value
+
+    with pytest.raises(DataError, match=rf"index\.json \(chunk chunk-0-2\.bin\): "
+                                        rf"chunks\[2\]\.{field} {problem}"):
+        edited_index(litdata, tmp_path, edit).files()
+
+
+def test_index_file_names_and_encodings_are_checked(litdata, tmp_path):
+    def outside(index):
+        index["chunks"][1]["filename"] = "../chunk-0-1.bin"
+
+    with pytest.raises(DataError, match=r"index\.json: chunks\[1\]\.filename is "
+                                        r"'\.\./chunk-0-1\.bin', must name a file"):
+        edited_index(litdata, tmp_path / "a", outside).files()
+
+    def listed(index):
+        index["config"]["data_format"] = "str"
+
+    with pytest.raises(DataError, match=r"index\.json: config\.data_format is 'str' \(str\), "
+                                        "must be a list"):
+        edited_index(litdata, tmp_path / "b", listed).files()
+
+
+def test_a_chunk_decompresses_no_further_than_its_index_declares(litdata, tmp_path):
+    """A 65 KB chunk expanded to 4.3 GB: decompression stops one byte past the bytes the index
+    declares (with room for an older LitData's header), having allocated no more."""
+    folder = tmp_path / "bomb"
+    shutil.copytree(litdata["chunk"], folder)
+    (folder / "chunk-0-1.zstd.bin").write_bytes(zstd_bomb(64 << 20))
+    peak = refused_peak(lambda: rows_of(Dataset.from_path("l", folder)),
+                        r"chunk-0-1\.zstd\.bin: decompresses to more than 938 bytes, the 898 "
+                        "bytes its index declares")
+    assert peak < 8 << 20
+
+
+def test_frames_and_items_decompress_no_further_than_declared(litdata, tmp_path, monkeypatch):
+    import struct
+
+    from zephon.io.formats import litdata as module
+
+    folder = tmp_path / "frames"
+    shutil.copytree(litdata["batch"], folder)
+    chunk = folder / "chunk-0-0.bin"
+    data = bytearray(chunk.read_bytes())
+    count, frames = struct.unpack_from("<I", data, 12)[0], struct.unpack_from("<I", data, 20)[0]
+    assert frames == 1
+    table = 24 + 4 * (count + 1)
+    first, items, start, _, raw = struct.unpack_from("<IIQII", data, table)
+    bomb = zstd_bomb(16 << 20)
+    struct.pack_into("<IIQII", data, table, first, items, start, len(bomb), raw)
+    chunk.write_bytes(bytes(data[:start]) + bomb)
+    with pytest.raises(DataError, match=rf"chunk-0-0\.bin: frame 0: decompresses to more than "
+                                        rf"{raw} bytes, the {raw} bytes its frame table"):
+        rows_of(Dataset.from_path("l", folder))
+
+    folder = tmp_path / "samples"
+    shutil.copytree(litdata["sample"], folder)
+    chunk = folder / "chunk-0-0.bin"
+    data = chunk.read_bytes()
+    count = struct.unpack_from("<I", data)[0]
+    offsets = struct.unpack_from(f"<{count + 1}I", data, 4)
+    bomb = zstd_bomb(4 << 20)  # item 0, then the others as they were
+    shifted = [offsets[0], *(o - offsets[1] + offsets[0] + len(bomb) for o in offsets[1:])]
+    chunk.write_bytes(struct.pack(f"<I{count + 1}I", count, *shifted) + bomb
+                      + data[offsets[1]:])
+    monkeypatch.setattr(module, "MAX_CHUNK_BYTES", 1 << 20)
+    with pytest.raises(DataError, match=r"chunk-0-0\.bin: item 0: decompresses to more than "
+                                        r"1048576 bytes"):
+        rows_of(Dataset.from_path("l", folder))

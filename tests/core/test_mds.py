@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import pickle
 import shutil
+import struct
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,105 @@ def test_damaged_and_unreadable_shards_are_named(tmp_path):
     (folder / "shard.00002.mds.br").write_bytes(b"x" * 10)
     with pytest.raises(DataError, match="br-compressed MDS shards are not read"):
         rows_of(Dataset.from_path("m", folder))
+
+
+def _with_config(data: bytes, edit) -> bytes:
+    """An uncompressed shard with its column config edited (its offsets moved to fit)."""
+    count = struct.unpack_from("<I", data)[0]
+    offsets = struct.unpack_from(f"<{count + 1}I", data, 4)
+    head = 4 + 4 * (count + 1)
+    config = json.loads(data[head:offsets[0]])
+    edit(config)
+    text = json.dumps(config).encode()
+    moved = [o - offsets[0] + head + len(text) for o in offsets]
+    return struct.pack(f"<I{count + 1}I", count, *moved) + text + data[offsets[0]:]
+
+
+def _sample_column(data: bytes, sample: int, column: str) -> int:
+    """Where ``column``'s bytes of ``sample`` start in an uncompressed shard."""
+    count = struct.unpack_from("<I", data)[0]
+    offsets = struct.unpack_from(f"<{count + 1}I", data, 4)
+    config = json.loads(data[4 + 4 * (count + 1):offsets[0]])
+    sizes = list(config["column_sizes"])
+    variable = [i for i, s in enumerate(sizes) if s is None]
+    for i, n in zip(variable, struct.unpack_from(f"<{len(variable)}I", data, offsets[sample]),
+                    strict=True):
+        sizes[i] = n
+    index = config["column_names"].index(column)
+    return offsets[sample] + 4 * len(variable) + sum(sizes[:index])
+
+
+def _set_byte(at_column: str, value: int):
+    def damage(data: bytes) -> bytes:
+        out = bytearray(data)
+        out[_sample_column(data, 2, at_column)] = value
+        return bytes(out)
+    return damage
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: _with_config(d, lambda c: c["column_encodings"].pop()),
+     r"its MDS column config: column_encodings has 5 item\(s\), must have 6"),
+    (lambda d: _with_config(d, lambda c: c.pop("column_sizes")),
+     "its MDS column config: column_sizes is missing"),
+    (lambda d: _with_config(d, lambda c: c["column_sizes"].__setitem__(0, -1)),
+     r"its MDS column config: column_sizes\[0\] is -1, must be >= 0"),
+    (lambda d: _with_config(d, lambda c: c.__setitem__("column_names", "text")),
+     r"its MDS column config: column_names is 'text' \(str\), must be a list"),
+    (lambda d: _with_config(d, lambda c: c["column_encodings"].__setitem__(
+        5, "ndarray:int32:2,x")), "column 'tokens' has the unknown MDS encoding"),
+    (_set_byte("text", 0xFF), r"sample 2: column 'text' \(str\) cannot be decoded"),
+    (_set_byte("meta", ord("#")), r"sample 2: column 'meta' \(json\) cannot be decoded"),
+    (_set_byte("tokens", 0xFF), r"sample 2: column 'tokens' \(ndarray:int32\) cannot be "
+                                "decoded"),
+    (lambda d: _with_config(d, lambda c: c["column_sizes"].__setitem__(0, 9)),
+     r"sample 0 holds \d+ bytes, its columns \d+: the shard is damaged"),
+])
+def test_each_kind_of_damaged_shard_is_named_with_its_sample(tmp_path, damage, message):
+    """Each gave a raw ValueError, KeyError, JSONDecodeError or IndexError naming nothing."""
+    folder = tmp_path / "bad"
+    shutil.copytree(MDS / "plain", folder)
+    shard = folder / "shard.00001.mds"
+    shard.write_bytes(damage(shard.read_bytes()))
+    with pytest.raises(DataError, match=rf"shard\.00001\.mds: .*{message}"):
+        rows_of(Dataset.from_path("m", folder))
+
+
+def zstd_bomb(size: int) -> bytes:
+    """``size`` zero bytes (whole MiB), zstd-compressed: a few hundred bytes a MiB."""
+    import zstandard
+
+    writer = zstandard.ZstdCompressor().compressobj()
+    return b"".join([*(writer.compress(bytes(1 << 20)) for _ in range(size >> 20)),
+                     writer.flush()])
+
+
+def refused_peak(read, match: str) -> int:
+    """The most memory ``read()`` held (as traced) before refusing with a DataError that
+    matches ``match``."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError, match=match):
+            read()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_shard_decompresses_no_further_than_the_cap(tmp_path, monkeypatch):
+    """A 32 KB .mds.zstd shard expanded to 2.2 GB: decompression stops one byte past
+    MAX_SHARD_BYTES, having allocated no more."""
+    from zephon.io.formats import mds
+
+    bomb = zstd_bomb(64 << 20)
+    assert len(bomb) < 32 << 10
+    folder = tmp_path / "bomb"
+    shutil.copytree(MDS / "zstd", folder)
+    (folder / "shard.00002.mds.zstd").write_bytes(bomb)
+    monkeypatch.setattr(mds, "MAX_SHARD_BYTES", 4 << 20)
+    peak = refused_peak(lambda: rows_of(Dataset.from_path("m", folder)),
+                        r"shard\.00002\.mds\.zstd: decompresses to more than 4194304 bytes, "
+                        "the most an MDS shard")
+    assert peak < 16 << 20

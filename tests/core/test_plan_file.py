@@ -243,3 +243,31 @@ def test_files_added_after_the_plan_are_named_at_start_and_by_check(planned, cap
     assert zephon(["check", str(planned["uses_plan"])]) != 0
     shown = capsys.readouterr()
     assert "part-00.parquet: in the plan but missing now" in shown.out + shown.err
+
+
+def test_a_plan_made_before_sampled_file_versions_is_refused_asking_for_a_new_one(planned):
+    """Version 1 plans carry no checksum and hold versions of each file's last 4 KiB only,
+    which no file matches now: refused as a plan of another version, not as every file
+    changed."""
+    from zephon.work import plan_file
+
+    data = planned["plan"].read_bytes()
+    planned["plan"].write_bytes(plan_file.OLD_MAGIC + data[len(plan_file.MAGIC):])
+    with pytest.raises(ConfigError, match=r"made by an older zephon \(plan version 1, which "
+                                          r"carries no checksum\); make it again with zephon "
+                                          "plan"):
+        DataRecipe.from_toml(planned["uses_plan"])
+
+
+def test_lines_reordered_since_the_plan_are_refused_naming_the_file(planned):
+    from tests.core.test_file_identity import reorder_lines
+
+    wiki = planned["web"].parent / "wiki.jsonl"
+    tail = wiki.read_bytes()[-4096:]
+    reorder_lines(wiki, 0, 20)
+    assert wiki.read_bytes()[-4096:] == tail
+    pipeline = DataRecipe.from_toml(planned["uses_plan"]).build(seq_len=31, microbatch_size=2)
+    with pytest.raises(DataError, match=r"wiki\.jsonl: changed during the run \(its bytes "
+                                        "before its last 4 KiB differ"):
+        for _ in zip(range(100), pipeline):
+            pass

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.core.test_file_identity import reorder_lines
 from zephon.engine.rank_check import _check_dp_ranks, _disagreement, describe, digest
 from zephon.errors import ConfigError
 
@@ -51,12 +52,18 @@ def test_ranks_that_would_read_different_data_fail_at_start(two_datasets, tokeni
     partial = tmp_path / "partial"
     shutil.copytree(short, partial)
     (partial / "part-2.parquet").unlink()  # a node that misses a file
+    node_a, node_b = tmp_path / "node_a", tmp_path / "node_b"
+    shutil.copytree(two_datasets["long"], node_a)
+    shutil.copytree(two_datasets["long"], node_b)
+    reorder_lines(node_b / "part-1.jsonl", 8, 22)  # a copy that differs in its middle
     same = {"path": str(short), "seed": 1}
     cases = {
         "agree": [{**same, "dp_rank": 0}, {**same, "dp_rank": 1}],
         "seed_is_rank": [{**same, "dp_rank": 0}, {**same, "seed": 2, "dp_rank": 1}],
         "one_dp_rank": [{**same, "dp_rank": 0}, {**same, "dp_rank": 0}],
         "missing_file": [{**same, "dp_rank": 0}, {**same, "path": str(partial), "dp_rank": 1}],
+        "middle_differs": [{**same, "path": str(node_a), "dp_rank": 0},
+                           {**same, "path": str(node_b), "dp_rank": 1}],
     }
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
@@ -76,6 +83,9 @@ def test_ranks_that_would_read_different_data_fail_at_start(two_datasets, tokeni
         assert "dp_rank 0 is claimed by ranks [0, 1]" in result["one_dp_rank"]["error"]
         assert "the datasets or their files" in result["missing_file"]["error"]
         assert "work_source.datasets.short.files: rank 0 has" in result["missing_file"]["error"]
+        assert "the datasets or their files" in result["middle_differs"]["error"]
+        assert ("work_source.datasets.short.versions.part-1.jsonl: rank 0 has"
+                in result["middle_differs"]["error"])
     assert results[0]["agree"] == results[1]["agree"]
 
 

@@ -2,8 +2,9 @@
 
 ``Dataset.from_path(name, path)`` accepts a file, a directory (searched recursively), a glob,
 or an ``hf://`` path (see :mod:`zephon.io.hub`). Local files are listed once, sorted by path,
-and fingerprinted by relative path, size and a digest of their tail: a checkpoint taken over
-one version of the files refuses to load over another.
+and fingerprinted by relative path, size and version (a digest of their last 4 KiB and of
+blocks sampled across them, :mod:`zephon.io.file_identity`): a checkpoint taken over one
+version of the files refuses to load over another, naming the file that changed.
 
 Local listing rules, the same for files, directories and globs:
 
@@ -32,6 +33,7 @@ matches split folders (``d/*``) reads each of them through its own ``state.json`
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import hashlib
 import importlib
@@ -44,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from zephon.errors import ConfigError, DataError
-from zephon.io import local_glob
+from zephon.io import file_identity, local_glob
 from zephon.io.file_formats import companion_files, described_files, known_formats
 from zephon.io.formats import (
     PlanHints,
@@ -65,8 +67,10 @@ class DataFile:
     """One file of a dataset.
 
     ``path`` is a local path for local datasets and the path inside the repository for Hub
-    datasets; ``version`` is what identifies its content (mtime for local files, the blob id for
-    Hub files).
+    datasets; ``version`` is what identifies its content: for local files a digest of their
+    last 4 KiB and of blocks sampled across them (:mod:`zephon.io.file_identity`; with the
+    size, an edit anywhere in place that keeps the size is seen unless it falls between the
+    blocks), the blob id for Hub files, the ETag for objects.
     """
 
     path: str
@@ -88,6 +92,11 @@ SCHEMES: dict[str, str] = {"hf": "zephon.io.hub.dataset:HubDataset"}
 path first names its scheme, so a scheme's dependencies (``huggingface_hub`` for ``hf``, 0.2 s
 to import) load only when used. A class takes ``(name, path, fmt, **options)`` and lists its
 keyword options in ``path_options``."""
+
+
+NAMED_FILES = 64
+"""Files a local dataset's fingerprint names one by one (more: one digest of them all). Each
+costs about 70 bytes in every lane's checkpoint entry."""
 
 
 OBJECT_STORE = "zephon.io.storage.dataset:ObjectStoreDataset"
@@ -256,14 +265,18 @@ class Dataset:
             if candidate in claimed:
                 files.append((candidate, claimed[candidate][0], None))
                 continue
-            prefix = prefix_of(candidate)
+            # A Megatron dataset is found by its .idx and .bin, or named by its prefix; a file
+            # of another name beside them is not one (it would list the dataset twice), and
+            # asking would cost every file of the listing a stat.
+            prefix = (prefix_of(candidate) if candidate == self.path
+                      or candidate.endswith((".idx", ".bin")) else None)
             if prefix is not None and (self.fmt in (None, "megatron")):
                 if candidate.endswith(".bin"):
                     skipped.append(f"{candidate} (tokens of {prefix}.idx)")
                     continue
-                size = os.path.getsize(prefix + ".idx") + os.path.getsize(prefix + ".bin")
-                files.append(DataFile(prefix, size, "megatron", None,
-                                      _tail_digest(prefix + ".idx")))
+                size, version = file_identity.paths_version((prefix + ".idx",
+                                                             prefix + ".bin"))
+                files.append(DataFile(prefix, size, "megatron", None, version))
                 continue
             if self.fmt is not None:
                 fmt, compression = self.fmt, compression_of(candidate)
@@ -298,20 +311,28 @@ class Dataset:
 
     def fingerprint(self) -> dict[str, Any]:
         """What identifies this dataset's content: its files (relative to the dataset's root),
-        their sizes and a digest of their last 4 KiB (a Parquet footer). Where the files live
-        and their modification times do not count, so moved or re-staged data resumes."""
+        their sizes and versions, and how versions are made. Where the files live and their
+        modification times do not count, so moved or re-staged data resumes. Up to
+        :data:`NAMED_FILES` files are named one by one (``versions``), so a checkpoint or a
+        rank whose file differs is refused naming it; above that, one digest of them all."""
         files = self.files()
         if self._fingerprint_of is not files:
             root = _root_of(self.path).rstrip(os.sep) + os.sep
             relative = [f.path[len(root):] if f.path.startswith(root)
                         else os.path.relpath(f.path, root) for f in files]
-            listing = json.dumps([[name, f.size, f.version, f.fmt]
+            named = len(files) <= NAMED_FILES
+            listing = json.dumps([[name, f.fmt] if named else [name, f.size, f.version, f.fmt]
                                   for name, f in zip(relative, files, strict=True)]
                                  + [self.documents or []])
-            self._fingerprint = {"num_files": len(files),
+            self._fingerprint = {"file_identity": file_identity.SCHEME,
+                                 "num_files": len(files),
                                  "files": hashlib.sha256(listing.encode()).hexdigest()[:16]}
+            if named:
+                self._fingerprint["versions"] = {
+                    name: f"{f.version} {f.size} bytes" for name, f in zip(relative, files,
+                                                                           strict=True)}
             self._fingerprint_of = files
-        return dict(self._fingerprint)
+        return copy.deepcopy(self._fingerprint)
 
     def plan(self, hints: PlanHints, min_units: int) -> Any:
         """All units of the dataset as (file index, unit), in file order: a
@@ -323,7 +344,7 @@ class Dataset:
         per_file = max(1, -(-min_units // len(files)))
         units = UnitTableBuilder()
         for index, data_file in enumerate(files):
-            # Read where it lies: the listing has just checked it (size and last 4 KiB), and
+            # Read where it lies: the listing has just checked it (size and version), and
             # a reader checks it again before reading it (local_file): a second check here
             # would open every file once more.
             if data_file.row_groups is not None:
@@ -341,7 +362,7 @@ class Dataset:
     @contextlib.contextmanager
     def local_file(self, data_file: DataFile) -> Iterator[str]:
         """A local path to read ``data_file`` from, valid inside the ``with`` block; a file
-        that changed since it was listed (its size or its last 4 KiB) is a DataError saying
+        that changed since it was listed (its size or its version) is a DataError saying
         so, rather than whatever its new layout makes the reader fail with."""
         change = _change_since_listing(data_file)
         if change:
@@ -376,19 +397,20 @@ def _without_companions(entries: list[Any], skipped: list[str]) -> list[Any]:
 
 
 def _change_since_listing(data_file: DataFile) -> str | None:
-    """How a local file differs from its listing (None: the same size and last 4 KiB)."""
+    """How a local file differs from its listing (None: the same size and version)."""
     paths = ((data_file.path + ".idx", data_file.path + ".bin") if data_file.fmt == "megatron"
              else (data_file.path,))
     try:
-        size = sum(os.path.getsize(p) for p in paths)
-        digest = _tail_digest(paths[0])
+        size, version = file_identity.paths_version(paths)
     except FileNotFoundError:
         return "it was removed"
     if size != data_file.size:
         return f"{data_file.size} bytes when listed, {size} now"
-    if digest != data_file.version:
-        return "its last 4 KiB differ from when it was listed"
-    return None
+    if version == data_file.version:
+        return None
+    if len(paths) > 1:
+        return "its .idx or .bin differs from when it was listed"
+    return file_identity.what_differs(data_file.version, version)
 
 
 LISTING_THREADS = 16
@@ -403,26 +425,28 @@ costs on one thread (open, 4 KiB read, digest, footer)."""
 
 
 def _described(entries: list[DataFile | tuple[str, str, str | None]]) -> list[DataFile]:
-    """Each ``(path, format, compression)`` of ``entries`` as a DataFile: its size, the
-    digest of its last 4 KiB and, for Parquet, its row groups from the footer those bytes
-    hold; one open a file, in order (see :data:`LISTING_THREADS`).
+    """Each ``(path, format, compression)`` of ``entries`` as a DataFile: its size, its version
+    (:mod:`zephon.io.file_identity`) and, for Parquet, its row groups from the footer its
+    last 4 KiB hold; one open a file, in order (see :data:`LISTING_THREADS`).
 
-    Files are read in batches of :data:`DESCRIBE_BATCH`: first every tail of the batch, then
+    Files are read in batches of :data:`DESCRIBE_BATCH`: first every file of the batch, then
     their digests and footers. Alternating a file's read with its footer's parse cost 77 us a
     file over 100,000 page-cached files; batched, 31 us (the system calls and pyarrow's
     parser each keep the CPU's caches warm for the next file)."""
     from concurrent.futures import ThreadPoolExecutor
 
     def describe(batch: list[DataFile | tuple[str, str, str | None]]) -> list[DataFile]:
-        tails = [None if isinstance(e, DataFile) else _sized_tail(e[0]) for e in batch]
+        read = [None if isinstance(e, DataFile) else file_identity.read_identity(e[0])
+                for e in batch]
         described = []
-        for entry, sized in zip(batch, tails, strict=True):
+        for entry, identity in zip(batch, read, strict=True):
             if isinstance(entry, DataFile):
                 described.append(entry)
                 continue
             path, fmt, compression = entry
-            size, tail = sized
-            described.append(DataFile(path, size, fmt, compression, _digest(tail),
+            size, tail, sampled = identity
+            described.append(DataFile(path, size, fmt, compression,
+                                      file_identity.version_of(tail, sampled),
                                       row_groups_from_tail(tail) if fmt == "parquet"
                                       else None))
         return described
@@ -446,26 +470,8 @@ def _described(entries: list[DataFile | tuple[str, str, str | None]]) -> list[Da
 
 
 DESCRIBE_BATCH = 256
-"""Files whose tails the listing reads before it parses them (at most 1 MiB held)."""
-
-
-def _sized_tail(path: str, length: int = 4096) -> tuple[int, bytes]:
-    """(the file's size, its last ``length`` bytes), from one open: 6 us on a page-cached
-    file, against 13 us through a Python file object."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        size = os.fstat(fd).st_size
-        return size, os.pread(fd, length, max(0, size - length))
-    finally:
-        os.close(fd)
-
-
-def _digest(tail: bytes) -> str:
-    return hashlib.sha1(tail).hexdigest()[:16]
-
-
-def _tail_digest(path: str) -> str:
-    return _digest(_sized_tail(path)[1])
+"""Files the listing reads before it parses them (at most 1.3 MiB held: a tail and the sampled
+blocks a file)."""
 
 
 def encoded(data_file: DataFile) -> list[Any]:

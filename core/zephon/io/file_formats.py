@@ -38,6 +38,17 @@ from zephon.errors import ConfigError, DataError
 BUILT_IN = ("parquet", "jsonl", "arrow", "megatron")
 
 
+class FieldKinds(dict):
+    """A file's fields and their kinds, as a ``fields`` hook may give them when it could read
+    only part of what names them (a JSON line longer than it reads): ``complete`` is False, a
+    field absent here may still be in the file, and ``note`` says what was read. A plain dict
+    is a complete answer."""
+
+    def __init__(self, kinds: dict[str, str], complete: bool = True, note: str = ""):
+        super().__init__(kinds)
+        self.complete, self.note = complete, note
+
+
 @dataclass(frozen=True, slots=True)
 class FileFormat:
     """A file-format plug-in; see the module docstring."""
@@ -95,6 +106,7 @@ def _load_bundled(name: str) -> FileFormat | None:
     module, _, attribute = _BUNDLED[name][1].partition(":")
     fmt = getattr(importlib.import_module(module), attribute)
     _PLUGINS.setdefault(name, fmt)
+    _forget_suffixes()
     return _PLUGINS[name]
 
 
@@ -105,11 +117,13 @@ def register_format(fmt: FileFormat) -> None:
     if fmt.name in BUILT_IN:
         raise ConfigError(f"register_format: {fmt.name!r} is a built-in format")
     _PLUGINS[fmt.name] = fmt
+    _forget_suffixes()
 
 
 def unregister_format(name: str) -> None:
     """Forget a format :func:`register_format` added (a bundled one loads again on use)."""
     _PLUGINS.pop(name, None)
+    _forget_suffixes()
 
 
 def plugin(name: str | None) -> FileFormat | None:
@@ -124,18 +138,33 @@ def known_formats() -> tuple[str, ...]:
     return BUILT_IN + tuple(dict.fromkeys([*_BUNDLED, *_PLUGINS]))
 
 
-def _suffixes() -> list[tuple[str, str]]:
-    registered = [(s, f.name) for f in _PLUGINS.values() for s in f.suffixes]
-    bundled = [(s, n) for n, (suffixes, _) in _BUNDLED.items() if n not in _PLUGINS
-               for s in suffixes]
-    return registered + bundled
+_SUFFIX_TABLE: list[tuple[tuple[str, ...], list[tuple[str, str]]]] = []
+"""The plug-ins' suffixes, made once per change of the registry: all of them (for one
+``endswith`` call that most names fail), and ``(suffix, format)`` pairs longest first."""
+
+
+def _forget_suffixes() -> None:
+    _SUFFIX_TABLE.clear()
+
+
+def _suffixes() -> tuple[tuple[str, ...], list[tuple[str, str]]]:
+    if not _SUFFIX_TABLE:
+        registered = [(s, f.name) for f in _PLUGINS.values() for s in f.suffixes]
+        bundled = [(s, n) for n, (suffixes, _) in _BUNDLED.items() if n not in _PLUGINS
+                   for s in suffixes]
+        pairs = sorted(registered + bundled, key=lambda p: (len(p[0]), p[1]), reverse=True)
+        _SUFFIX_TABLE.append((tuple(s for s, _ in pairs), pairs))
+    return _SUFFIX_TABLE[0]
 
 
 def detect_plugin(name: str) -> str | None:
-    """The plug-in whose longest suffix ends ``name``, else None."""
+    """The plug-in whose longest suffix ends ``name`` (of two as long, the later name),
+    else None. A listing asks this of every file, so the suffixes are sorted once."""
     lower = name.lower()
-    matches = [(len(s), n) for s, n in _suffixes() if lower.endswith(s)]
-    return max(matches)[1] if matches else None
+    every, pairs = _suffixes()
+    if not lower.endswith(every):
+        return None
+    return next(n for s, n in pairs if lower.endswith(s))
 
 
 def companion_files(paths_and_formats: list[tuple[str, str]]) -> dict[str, str]:

@@ -1,10 +1,11 @@
 """A job's plan saved to a file: ``zephon plan RECIPE --out FILE``, read by ``plan = FILE``.
 
 The plan is what every rank needs to deal units to lanes: each dataset's files (path, size,
-format, compression and version) and its units as a :class:`~zephon.io.unit_table.UnitTable`,
-for one lane count. One process writes it; the recipes of any number of jobs then name it
-(top-level ``plan = "FILE"``), and their ranks take the listing and the units from it instead
-of listing and opening every file. Its fingerprint is the data fingerprint of its datasets.
+format, compression and version: :mod:`zephon.io.file_identity`'s for local files) and its
+units as a :class:`~zephon.io.unit_table.UnitTable`, for one lane count. One process writes
+it; the recipes of any number of jobs then name it (top-level ``plan = "FILE"``), and their
+ranks take the listing and the units from it instead of listing and opening every file. Its
+fingerprint is the data fingerprint of its datasets.
 
 Layout: ``ZPLAN2\\n``, an 8-byte little-endian header length, a JSON header, then the unit
 tables one after the other. The header is a sealed artifact (:mod:`zephon.artifacts`): its
@@ -28,7 +29,9 @@ or version) is also a DataError naming it when a rank reads it.
 
 Checks against the run: a dataset of the recipe that the plan does not hold, or holds with
 another path, format, document range or unit option, and a run with another lane count are
-ConfigErrors naming the field and the plan file.
+ConfigErrors naming the field and the plan file. A plan of version 1 (no checksum, and file
+versions of each file's last 4 KiB only, which no file matches now) is refused, asking for it
+to be made again.
 """
 
 from __future__ import annotations

@@ -54,6 +54,7 @@ _MODULES: dict[str, Any] = {"parquet": parquet, "jsonl": jsonl, "arrow": arrow,
 _SUFFIXES: dict[str, tuple[str, str | None]] = {
     suffix: (name, compression) for name, module in _MODULES.items()
     for suffix, compression in module.SUFFIXES.items()}
+_LONGEST_FIRST = sorted(_SUFFIXES, key=len, reverse=True)
 
 _READ_ERRORS = (OSError, pa.ArrowException, UnicodeDecodeError)
 """What pyarrow raises for an unreadable file; UnicodeDecodeError when a field name in damaged
@@ -67,7 +68,7 @@ def detect_format(name: str) -> tuple[str, str | None] | None:
     if registered is not None:
         return registered, None
     lower = name.lower()
-    for suffix in sorted(_SUFFIXES, key=len, reverse=True):
+    for suffix in _LONGEST_FIRST:
         if lower.endswith(suffix):
             return _SUFFIXES[suffix]
     return None

@@ -6,15 +6,19 @@ text."""
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
+import re
 import sys
+from json.decoder import scanstring
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from zephon.errors import DataError
+from zephon.io.file_formats import FieldKinds
 from zephon.io.units import PlanHints, UnitSpec
 
 SUFFIXES = {".jsonl": None, ".json": None, ".ndjson": None, ".jsonl.gz": "gzip",
@@ -29,26 +33,146 @@ def plan(path: str, compression: str | None, hints: PlanHints, min_units: int,
     return byte_units(Path(path).stat().st_size, hints.unit_bytes, min_units)
 
 
+FIELDS_PREFIX_BYTES = 1 << 20
+"""The most bytes :func:`fields` reads of a file (1 MiB): a first line that is longer is read
+no further, so ``zephon check`` costs the same for a line of 20 MB as of 1 MiB."""
+_READ_STEP = 1 << 16
+_NOT_BLANK = re.compile(rb"[^ \t\n\r\f\v]")
+
+
 def fields(path: str, compression: str | None) -> dict[str, str] | None:
     """The fields of the file's first line and their kinds (``"text"``, ``"list<int>"``,
-    ``"list"``, ``"null"``, another type's name); None when the file has no line to tell."""
+    ``"list"``, ``"null"``, another type's name); None when the file has no line to tell.
+
+    At most :data:`FIELDS_PREFIX_BYTES` are read. A longer first line gives the fields that
+    begin in that prefix, each value's kind from as much of it as the prefix holds, as a
+    :class:`~zephon.io.file_formats.FieldKinds` marked incomplete: a field that is not among
+    them may come later in the line."""
+    line, whole = _first_line(path, compression, FIELDS_PREFIX_BYTES)
+    if whole:
+        if not line:
+            return None
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise DataError(f"{path}:1: malformed JSON line ({exc})") from None
+        except RecursionError:
+            raise DataError(f"{path}:1: the JSON on this line nests deeper than Python can "
+                            "parse") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{path}:1: expected a JSON object, got {type(row).__name__}")
+        return {name: _json_kind(value) for name, value in row.items()}
+    note = (f"its first line is longer than the {FIELDS_PREFIX_BYTES} bytes zephon check "
+            "reads")
+    if not line:
+        return FieldKinds({}, complete=False, note=f"its first {FIELDS_PREFIX_BYTES} bytes "
+                                                   "are blank")
+    return FieldKinds(_prefix_kinds(line, path), complete=False, note=note)
+
+
+def _first_line(path: str, compression: str | None, limit: int) -> tuple[bytes, bool]:
+    """(the first line that is not blank, without its newline, and whether it is whole), from
+    at most ``limit`` bytes of the file, each byte looked at once."""
+    buffer = bytearray()
+    start = -1
     with pa.input_stream(path, compression=compression) as stream:
-        buffer = b""
-        while True:
-            chunk = stream.read(1 << 16)
+        while len(buffer) < limit:
+            chunk = stream.read(min(_READ_STEP, limit - len(buffer)))
+            if not chunk:
+                return (bytes(memoryview(buffer)[start:]) if start >= 0 else b""), True
+            seen = len(buffer)
             buffer += chunk
-            if not chunk or b"\n" in buffer.lstrip():
-                break
-    line = buffer.lstrip().split(b"\n", 1)[0]
-    if not line.strip():
-        return None
+            if start < 0:
+                found = _NOT_BLANK.search(buffer, seen)
+                if found is None:
+                    continue
+                start = found.start()
+            end = buffer.find(b"\n", max(start, seen))
+            if end >= 0:
+                return bytes(memoryview(buffer)[start:end]), True
+    return (bytes(memoryview(buffer)[start:]) if start >= 0 else b""), False
+
+
+def _prefix_kinds(prefix: bytes, path: str) -> dict[str, str]:
+    """The fields that begin in ``prefix``, the start of a JSON object cut anywhere, with
+    their kinds; scanning stops at the first value the prefix cuts (whose kind its first
+    characters give) or does not parse."""
     try:
-        row = json.loads(line)
-    except ValueError as exc:
+        text = codecs.getincrementaldecoder("utf-8")().decode(prefix, final=False)
+    except UnicodeDecodeError as exc:
         raise DataError(f"{path}:1: malformed JSON line ({exc})") from None
-    if not isinstance(row, dict):
-        raise DataError(f"{path}:1: expected a JSON object, got {type(row).__name__}")
-    return {name: _json_kind(value) for name, value in row.items()}
+    decoder = json.JSONDecoder()
+    end = len(text)
+    i = _skip_blank(text, 0)
+    if i >= end:
+        return {}
+    if text[i] != "{":
+        raise DataError(f"{path}:1: expected a JSON object, got {_cut_kind(text, i)}")
+    kinds: dict[str, str] = {}
+    i += 1
+    while True:
+        i = _skip_blank(text, i)
+        if i >= end or text[i] != '"':
+            return kinds
+        try:
+            name, i = scanstring(text, i + 1)
+        except ValueError:
+            return kinds  # the name runs past the prefix
+        i = _skip_blank(text, i)
+        if i >= end or text[i] != ":":
+            return kinds
+        i = _skip_blank(text, i + 1)
+        if i >= end:
+            return kinds
+        try:
+            value, i = decoder.raw_decode(text, i)
+        except (ValueError, RecursionError):
+            kinds[name] = _cut_kind(text, i)
+            return kinds
+        kinds[name] = _json_kind(value)
+        i = _skip_blank(text, i)
+        if i >= end or text[i] != ",":
+            return kinds
+        i += 1
+
+
+def _skip_blank(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\n\r":
+        i += 1
+    return i
+
+
+def _cut_kind(text: str, i: int) -> str:
+    """The kind of a JSON value that starts at ``text[i]`` and runs past the text's end."""
+    first = text[i:i + 1]
+    if first == "[":
+        return _cut_list_kind(text, i)
+    number = re.match(r"-?[0-9]+([.eE])?", text[i:i + 64])
+    if number:
+        return "float" if number.group(1) else "int"
+    return {'"': "text", "{": "dict", "t": "bool", "f": "bool", "n": "null"}.get(first,
+                                                                                  "unknown")
+
+
+def _cut_list_kind(text: str, i: int) -> str:
+    """``"list<int>"`` when every item of a cut list that the text holds whole is an integer
+    (one at least), else ``"list"``."""
+    decoder = json.JSONDecoder()
+    i = _skip_blank(text, i + 1)
+    items = 0
+    while i < len(text):
+        try:
+            value, i = decoder.raw_decode(text, i)
+        except (ValueError, RecursionError):
+            break
+        if not isinstance(value, int) or isinstance(value, bool):
+            return "list"
+        items += 1
+        i = _skip_blank(text, i)
+        if text[i:i + 1] != ",":
+            break
+        i = _skip_blank(text, i + 1)
+    return "list<int>" if items else "list"
 
 
 def _json_kind(value: Any) -> str:

@@ -16,13 +16,17 @@ the numpy scalars (``uint8`` to ``float64``), ``str_int``, ``str_float``, ``str_
 ``json`` and ``ndarray[:dtype[:shape]]`` (token ids stay arrays). Images (``pil``, ``jpeg``,
 ``png`` and their lists) are refused by name, as is ``pkl``: unpickling runs code from the
 data. Brotli and snappy compression are refused naming the package they would need.
+
+Nothing in a shard is trusted: a compressed shard is decompressed only up to
+:data:`MAX_SHARD_BYTES` (:mod:`.decompress`), its offsets must fit its bytes, its column config
+must be a dict of names, encodings and sizes of one length each (checked with
+:mod:`zephon.state_checks`), every sample's column sizes must add up to its slot exactly, and
+a value that does not decode is a DataError naming the shard, the sample and the column.
 """
 
 from __future__ import annotations
 
-import bz2
 import functools
-import gzip
 import json
 import os
 import struct
@@ -33,7 +37,24 @@ import numpy as np
 
 from zephon.errors import DataError
 from zephon.io.file_formats import FileFormat
+from zephon.io.formats.decompress import decompress
 from zephon.io.units import PlanHints, UnitSpec, row_units
+from zephon.state_checks import (
+    StateFieldError,
+    item,
+    need_dict,
+    need_int,
+    need_list,
+    need_str,
+    reported_as,
+)
+
+MAX_SHARD_BYTES = 1 << 30
+"""The most bytes a shard may hold, decompressed (1 GiB; Streaming writes shards of its
+``size_limit``, 64 MiB unless told otherwise). A shard is read without the dataset's
+``index.json``, so nothing declares its size: a compressed shard that expands past this is
+refused by name rather than allocated. The last two shards read are kept."""
+_CODECS = {"zstd": "zstd", "gz": "gzip", "bz2": "bz2"}
 
 SUFFIXES = {".mds": None, ".mds.zstd": "zstd", ".mds.gz": "gz", ".mds.bz2": "bz2",
             ".mds.br": "br", ".mds.snappy": "snappy"}
@@ -57,22 +78,21 @@ def _compression(path: str) -> str | None:
 
 @functools.lru_cache(maxsize=2)
 def _shard(path: str, mtime_ns: int, size: int) -> tuple[bytes, np.ndarray, dict[str, Any]]:
-    """(the shard's bytes, its sample offsets, its column config)."""
+    """(the shard's bytes, its sample offsets, its column config), checked (see the module
+    docstring)."""
     compression = _compression(path)
-    with open(path, "rb") as fh:
-        data = fh.read()
-    if compression == "zstd":
-        import zstandard
-
-        data = zstandard.ZstdDecompressor().stream_reader(data).read()
-    elif compression == "gz":
-        data = gzip.decompress(data)
-    elif compression == "bz2":
-        data = bz2.decompress(data)
-    elif compression is not None:
+    if compression is not None and compression not in _CODECS:
         package = {"br": "brotli", "snappy": "python-snappy"}[compression]
         raise DataError(f"{path}: {compression}-compressed MDS shards are not read (it would "
                         f"need {package}); write the shards with compression='zstd'")
+    with open(path, "rb") as fh:
+        if os.fstat(fh.fileno()).st_size > MAX_SHARD_BYTES:
+            raise DataError(f"{path}: larger than {MAX_SHARD_BYTES} bytes, the most an MDS shard "
+                            "may hold here; write the shards with a smaller size_limit")
+        data = fh.read()
+    if compression is not None:
+        data = decompress(data, _CODECS[compression], MAX_SHARD_BYTES, path,
+                          "the most an MDS shard may hold here")
     if len(data) < 8:
         raise DataError(f"{path}: {len(data)} bytes is too short for an MDS shard")
     (count,) = struct.unpack_from("<I", data)
@@ -85,11 +105,29 @@ def _shard(path: str, mtime_ns: int, size: int) -> tuple[bytes, np.ndarray, dict
                         f"{len(data)} bytes)")
     try:
         config = json.loads(data[head:offsets[0]])
-        names, encodings, sizes = (config["column_names"], config["column_encodings"],
-                                   config["column_sizes"])
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, RecursionError) as exc:
         raise DataError(f"{path}: the MDS column config cannot be read ({exc})") from None
-    return data, offsets, {"names": names, "encodings": encodings, "sizes": sizes}
+    with reported_as(DataError, f"{path}: its MDS column config"):
+        return data, offsets, _columns(config, len(data))
+
+
+def _columns(config: Any, size: int) -> dict[str, Any]:
+    """The names, encodings and sizes (None: variable) of a shard's columns, checked."""
+    config = need_dict(config, "")
+    for key in ("column_names", "column_encodings", "column_sizes"):
+        if key not in config:
+            raise StateFieldError(key, "is missing")
+    names = [need_str(n, item("column_names", i))
+             for i, n in enumerate(need_list(config["column_names"], "column_names"))]
+    if len(set(names)) != len(names):
+        raise StateFieldError("column_names", f"names a column twice ({names})")
+    listed = {key: need_list(config[key], key, len(names))
+              for key in ("column_encodings", "column_sizes")}
+    encodings = [need_str(e, item("column_encodings", i))
+                 for i, e in enumerate(listed["column_encodings"])]
+    sizes = [None if n is None else need_int(n, item("column_sizes", i), 0, size)
+             for i, n in enumerate(listed["column_sizes"])]
+    return {"names": names, "encodings": encodings, "sizes": sizes}
 
 
 def _open(path: str) -> tuple[bytes, np.ndarray, dict[str, Any]]:
@@ -129,8 +167,11 @@ def _decoder(encoding: str, column: str, display: str) -> Any:
     if kind == "ndarray":
         parts = arguments.split(":") if arguments else []
         fixed = parts[0] if parts else None
-        shape = tuple(int(d) for d in parts[1].split(",")) if len(parts) > 1 else None
-        return functools.partial(_array, fixed, shape)
+        dims = parts[1].split(",") if len(parts) > 1 else None
+        if (len(parts) <= 2 and (fixed is None or fixed in _ARRAY_DTYPES.values())
+                and (dims is None or all(d.isdigit() for d in dims))):
+            shape = tuple(int(d) for d in dims) if dims is not None else None
+            return functools.partial(_array, fixed, shape)
     raise DataError(f"{display}: column {column!r} has the unknown MDS encoding {encoding!r}")
 
 
@@ -147,12 +188,22 @@ def _array(dtype: str | None, shape: tuple[int, ...] | None, data: bytes) -> np.
     return np.frombuffer(data, dtype, offset=index).reshape(shape)
 
 
+_VALUE_ERRORS = (ValueError, TypeError, IndexError, KeyError, ArithmeticError, RecursionError,
+                 struct.error)
+"""What decoding a damaged value raises (UnicodeDecodeError and JSONDecodeError are
+ValueErrors, a bad ``str_decimal`` an ArithmeticError, JSON nested too deep a
+RecursionError)."""
+
+
 def read(path: str, unit: UnitSpec, columns: list[str] | None,
          display: str) -> tuple[dict[str, list[Any]], list[int]]:
     """The samples ``unit.start:unit.stop`` of one shard, column-wise; keys are sample
     indices in the shard."""
     data, offsets, config = _open(path)
     names, encodings, sizes = config["names"], config["encodings"], config["sizes"]
+    if not 0 <= unit.start <= unit.stop < len(offsets):
+        raise DataError(f"{display}: samples {unit.start}..{unit.stop} asked of a shard of "
+                        f"{len(offsets) - 1}")
     wanted = names if columns is None else columns
     missing = [c for c in wanted if c not in names]
     if missing:
@@ -165,20 +216,28 @@ def read(path: str, unit: UnitSpec, columns: list[str] | None,
     view = memoryview(data)
     for sample in range(unit.start, unit.stop):
         begin, end = int(offsets[sample]), int(offsets[sample + 1])
-        lengths = list(sizes)
-        if variable:
-            found = struct.unpack_from(f"<{len(variable)}I", data, begin)
-            for column, length in zip(variable, found, strict=True):
-                lengths[column] = length
         position = begin + 4 * len(variable)
+        if position > end:
+            raise DataError(f"{display}: sample {sample} holds {end - begin} bytes, fewer than "
+                            f"the sizes of its {len(variable)} variable columns: the shard is "
+                            "damaged")
+        lengths = list(sizes)
+        found = struct.unpack_from(f"<{len(variable)}I", data, begin)
+        for column, length in zip(variable, found, strict=True):
+            lengths[column] = length
+        if position + sum(lengths) != end:
+            raise DataError(f"{display}: sample {sample} holds {end - begin} bytes, its "
+                            f"columns {position + sum(lengths) - begin}: the shard is damaged")
         for column, name in enumerate(names):
             length = lengths[column]
             if name in decoders:
-                out[name].append(decoders[name](bytes(view[position:position + length])))
+                try:
+                    value = decoders[name](bytes(view[position:position + length]))
+                except _VALUE_ERRORS as exc:
+                    raise DataError(f"{display}: sample {sample}: column {name!r} "
+                                    f"({encodings[column]}) cannot be decoded ({exc})") from None
+                out[name].append(value)
             position += length
-        if position != end:
-            raise DataError(f"{display}: sample {sample} holds {end - begin} bytes, its "
-                            f"columns {position - begin}: the shard is damaged")
     return out, list(range(unit.start, unit.stop))
 
 
