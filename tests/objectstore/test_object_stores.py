@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import pytest
 
 from tests.core.test_elastic import build, merged_state, run, stream
 from tests.hub.hubdata import fast_options
-from tests.objectstore.servers import KEY_ID, SECRET, Fault
+from tests.objectstore.servers import KEY_ID, SECRET, Fault, refused_endpoint
 from zephon import StateMismatchError
 from zephon.errors import ConfigError, DataError
 from zephon.io import Dataset
@@ -160,6 +161,38 @@ def test_a_connection_reset_mid_download_resumes_from_the_bytes_received(s3_corp
     assert proxy.faults[0].hits == 1
     assert proxy.count("part-0.parquet") >= 2 and len(proxy.requests) - before == 2
     assert dataset.cache.stats.downloaded_bytes == first.size
+
+
+@pytest.mark.parametrize("scheme, variable, credentials", [
+    ("s3", "AWS_ENDPOINT_URL_S3", r"the environment \(AWS_ACCESS_KEY_ID\)"),
+    ("gs", "STORAGE_EMULATOR_HOST", r"none \(STORAGE_EMULATOR_HOST names an emulator\)"),
+    ("az", "AZURE_STORAGE_ENDPOINT", r"account devstoreaccount1, the environment "
+                                     r"\(AZURE_STORAGE_ACCOUNT_KEY\)"),
+], ids=["s3", "gs", "az"])
+def test_a_refused_endpoint_fails_within_seconds_naming_it_and_the_credentials(
+        scheme, variable, credentials, monkeypatch, tmp_path):
+    """A mistyped endpoint (nothing listens there) is not an outage to wait out: with the
+    default retry settings, whose backoff takes minutes, the error comes within seconds."""
+    from tests.objectstore.servers import azure_environment, s3_environment
+    from zephon.io import CacheOptions, StoreOptions
+
+    with refused_endpoint() as url:
+        if scheme == "s3":
+            s3_environment(monkeypatch, tmp_path, url)
+        elif scheme == "az":
+            azure_environment(monkeypatch, type("Down", (), {"endpoint": url})())
+        monkeypatch.setenv(variable, url)
+        options = StoreOptions(cache=CacheOptions(enabled=True, root=str(tmp_path / "c")),
+                               show_progress=False)
+        dataset = Dataset.from_path("d", f"{scheme}://corpus/web/*.parquet").bound(options)
+        started = time.monotonic()
+        with pytest.raises(DataError) as info:
+            dataset.files()
+        assert time.monotonic() - started < 15
+    message = str(info.value)
+    assert f"cannot connect to {url} ({variable})" in message
+    assert "connection refused" in message
+    assert re.search(f"credentials: {credentials}", message), message
 
 
 @pytest.mark.parametrize("status, code, message", [

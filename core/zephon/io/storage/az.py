@@ -40,6 +40,7 @@ def open_bucket(container: str, io: StoreOptions, *, account: str | None = None,
     else:
         source = ("none in the environment; workload identity, managed identity or the Azure "
                   "CLI, if any")
+    option = endpoint
     endpoint = endpoint or os.environ.get("AZURE_STORAGE_ENDPOINT")
     if endpoint:
         if not endpoint.startswith(("http://", "https://")):
@@ -48,4 +49,9 @@ def open_bucket(container: str, io: StoreOptions, *, account: str | None = None,
     store = AzureStore(container, config=config, client_options=client_options(io, endpoint),
                       retry_config=NO_RETRIES)
     where = f" at {config['endpoint']}" if endpoint else ""
-    return ObstoreBucket(f"az://{container}", store, f"account {account}, {source}{where}", io)
+    service = (f"{config['endpoint']} ("
+               f"{'the path option endpoint' if option else 'AZURE_STORAGE_ENDPOINT'})"
+               if endpoint else f"https://{account}.blob.core.windows.net (Azure, account "
+               f"{account})")
+    return ObstoreBucket(f"az://{container}", store, f"account {account}, {source}{where}", io,
+                         service)

@@ -51,8 +51,7 @@ def open_bucket(bucket: str, io: StoreOptions, *, endpoint: str | None = None,
     else:
         source = ("none in the environment or the AWS profile files; the instance, container "
                   "or web-identity credentials, if any")
-    endpoint = (endpoint or os.environ.get("AWS_ENDPOINT_URL_S3")
-                or os.environ.get("AWS_ENDPOINT_URL") or settings.get("endpoint_url"))
+    endpoint, endpoint_source = _endpoint(endpoint, settings, profile_name)
     config["region"] = (region or os.environ.get("AWS_REGION")
                         or os.environ.get("AWS_DEFAULT_REGION") or settings.get("region")
                         or "us-east-1")
@@ -64,7 +63,22 @@ def open_bucket(bucket: str, io: StoreOptions, *, endpoint: str | None = None,
     store = S3Store(bucket, config=config, client_options=client_options(io, endpoint),
                       retry_config=NO_RETRIES)
     where = f" at {config['endpoint']}" if endpoint else ""
-    return ObstoreBucket(f"s3://{bucket}", store, source + where, io)
+    service = (f"{config['endpoint']} ({endpoint_source})" if endpoint else
+               f"https://s3.{config['region']}.amazonaws.com (AWS, region {config['region']})")
+    return ObstoreBucket(f"s3://{bucket}", store, source + where, io, service)
+
+
+def _endpoint(option: str | None, settings: dict[str, str], profile: str
+              ) -> tuple[str | None, str]:
+    """The endpoint of an S3-compatible store, and where it was found."""
+    for value, source in ((option, "the path option endpoint"),
+                          (os.environ.get("AWS_ENDPOINT_URL_S3"), "AWS_ENDPOINT_URL_S3"),
+                          (os.environ.get("AWS_ENDPOINT_URL"), "AWS_ENDPOINT_URL"),
+                          (settings.get("endpoint_url"),
+                           f"endpoint_url of profile {profile!r}")):
+        if value:
+            return value, source
+    return None, ""
 
 
 def _profile(name: str, explicit: bool) -> dict[str, str]:
