@@ -122,6 +122,28 @@ def test_listing_matches_globs_skips_and_counts_other_keys(s3, tmp_path):
         Dataset.from_path("d", "s3://listing/nothing/*").bound(options).files()
 
 
+def test_one_key_a_folder_and_a_glob_each_name_their_objects(store, tmp_path, request):
+    """``scheme://bucket/chat/chat.jsonl`` is that one object, though the store lists by whole
+    path segments; the folder and the glob forms still list theirs."""
+    scheme, server = store
+    bucket = f"keys-{request.node.callspec.id}"
+    chat = b'{"text": "hello"}\n{"text": "world"}\n'
+    server.bucket(bucket, {"chat/chat.jsonl": chat, "chat/chat.jsonl.old/x.jsonl": b"{}\n",
+                           "chat/more.jsonl": b'{"text": "more"}\n'})
+    options = fast_options(tmp_path / "cache")
+    one = Dataset.from_path("d", f"{scheme}://{bucket}/chat/chat.jsonl").bound(options)
+    assert [(f.path, f.size) for f in one.files()] == [("chat/chat.jsonl", len(chat))]
+    with one.local_file(one.files()[0]) as local:
+        assert Path(local).read_bytes() == chat
+    folder = Dataset.from_path("d", f"{scheme}://{bucket}/chat").bound(options)
+    assert [f.path for f in folder.files()] == ["chat/chat.jsonl", "chat/chat.jsonl.old/x.jsonl",
+                                               "chat/more.jsonl"]
+    glob = Dataset.from_path("d", f"{scheme}://{bucket}/chat/*.jsonl").bound(options)
+    assert [f.path for f in glob.files()] == ["chat/chat.jsonl", "chat/more.jsonl"]
+    with pytest.raises(DataError, match=r"no objects match .*chat/chat\.json'"):
+        Dataset.from_path("d", f"{scheme}://{bucket}/chat/chat.json").bound(options).files()
+
+
 def test_throttling_and_server_errors_are_retried(s3_corpus, proxy, tmp_path, caplog):
     proxy.faults += [Fault(r"^GET /corpus[^/?]*\?list-type", 503, "SlowDown", times=2),
                      Fault(r"^GET /corpus[^?]*/short/part-0\.parquet", 500, "InternalError"),

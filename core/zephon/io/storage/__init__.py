@@ -10,7 +10,10 @@ cache, fingerprints, resume) is shared by every scheme in
   content hash: what a pinned Hub commit is to ``hf://``);
 - ``read_range(info, start, stop)``: bytes of one object (Parquet footers while listing);
 - ``download(info, out, display, show_progress)``: the whole object into ``out``, refusing
-  an object whose version is no longer ``info.version``.
+  an object whose version is no longer ``info.version``;
+- optionally ``head(key)``: the one object ``key`` (None when there is none), for a path that
+  names one key. A store that lists by whole path segments (the built-in ones) needs it; one
+  without it is listed by string prefix, which finds a key and a folder alike.
 
 Adding a scheme is one module and one call::
 
@@ -59,7 +62,8 @@ class ObjectStore(Protocol):
     """``scheme://bucket``, how errors name the bucket."""
 
     def list(self, prefix: str) -> list[ObjectInfo]:
-        """Every object whose key starts with ``prefix``, in any order."""
+        """Every object whose key starts with ``prefix``, in any order (a store may read a
+        prefix as a folder: whole path segments)."""
         ...
 
     def read_range(self, info: ObjectInfo, start: int, stop: int) -> bytes:

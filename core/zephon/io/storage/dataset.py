@@ -4,10 +4,10 @@ object-store scheme (:mod:`zephon.io.storage`).
 
 Listing: one prefix listing (the key up to the last ``/`` before the first wildcard), matched
 against the glob with the local glob's rules (``*`` within a component, ``**`` across them,
-hidden components skipped). A key without wildcards is one object, or every object below it
-as a folder. Files are kept in key order; keys that are not data files are counted, logged
-and listed in ``skipped_files()``. Under ``torch.distributed`` one rank lists (and reads the
-footers) for the job and hands the listing to the others.
+hidden components skipped). A key without wildcards is one object (looked up by name), or
+every object below it as a folder. Files are kept in key order; keys that are not data
+files are counted, logged and listed in ``skipped_files()``. Under ``torch.distributed`` one
+rank lists (and reads the footers) for the job and hands the listing to the others.
 
 Planning downloads nothing: a Parquet file's units are its row groups, from its footer read
 by range while listing (one or two range requests a file, 16 at a time); an uncompressed JSON
@@ -129,9 +129,23 @@ class ObjectStoreDataset(FetchAhead, Dataset):
         head = pattern[:min(magic)]
         return head[:head.rfind("/") + 1]
 
+    def _listed(self, prefix: str) -> list[ObjectInfo]:
+        """The objects the pattern may name: the listing of ``prefix`` for a glob or a folder;
+        for a key without wildcards, that one object when the store has it (``head``), else
+        the folder below it. Stores list by whole path segments (``s3://b/chat/chat.jsonl``
+        listed as a prefix is the folder ``chat/chat.jsonl/``), so one key is asked for by
+        name. A plug-in without ``head`` lists by string prefix, which finds both."""
+        pattern = self.pattern
+        head = getattr(self.store, "head", None)
+        if head is None or not pattern or pattern.endswith("/") or any(
+                c in pattern for c in "*?["):
+            return self.store.list(prefix)
+        found = head(pattern)
+        return [found] if found is not None else self.store.list(pattern + "/")
+
     def _list_files(self) -> list[DataFile]:
         prefix = self._prefix()
-        listed = sorted(self.store.list(prefix), key=lambda o: o.key)
+        listed = sorted(self._listed(prefix), key=lambda o: o.key)
         pattern = self.pattern
         if any(c in pattern for c in "*?["):
             regex = local_glob.pattern_regex(pattern)
