@@ -9,9 +9,9 @@
 - :func:`refused_endpoint`: an address on 127.0.0.1 that refuses connections (a mistyped
   endpoint), held for the test so that nothing else can listen there.
 - :class:`FaultProxy`: a forwarding HTTP proxy in front of a server that answers chosen
-  requests with an error status (with the store's error body) or cuts an answer's body off
-  mid-way, and logs every request. Faults are injected on the wire, so the client library
-  runs unmodified.
+  requests with an error status (with the store's error body), cuts an answer's body off
+  mid-way or holds it there, and logs every request. Faults are injected on the wire, so the
+  client library runs unmodified.
 """
 
 from __future__ import annotations
@@ -232,6 +232,10 @@ class Fault:
     reset_after: int | None = None
     bytes_per_s: int | None = None
     """Forward the answer, but send its body at this rate."""
+    hold_after: int | None = None
+    """Forward the answer, but stop after this many bytes of its body until ``release`` is
+    set (a download the test can act in the middle of)."""
+    release: threading.Event = field(default_factory=threading.Event)
     times: int | None = 1
     hits: int = field(default=0, init=False)
 
@@ -271,7 +275,7 @@ class FaultProxy:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 if (fault is not None and fault.reset_after is None
-                        and fault.bytes_per_s is None):
+                        and fault.bytes_per_s is None and fault.hold_after is None):
                     error = (f"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>"
                              f"{fault.code}</Code><Message>injected</Message></Error>").encode()
                     self.send_response(fault.status)
@@ -291,8 +295,16 @@ class FaultProxy:
                     if name.lower() not in ("transfer-encoding", "connection",
                                             "content-length"):
                         self.send_header(name, value)
-                self.send_header("Content-Length", str(len(data)))
+                # a HEAD answer has no body: its Content-Length is the object's, as upstream
+                self.send_header("Content-Length", answer.getheader("Content-Length", "0")
+                                 if self.command == "HEAD" else str(len(data)))
                 self.end_headers()
+                if fault is not None and fault.hold_after is not None:
+                    self.wfile.write(data[:fault.hold_after])
+                    self.wfile.flush()
+                    fault.release.wait(60)
+                    self.wfile.write(data[fault.hold_after:])
+                    return
                 if fault is not None and fault.bytes_per_s is not None:
                     step = max(1, fault.bytes_per_s // 20)
                     for start in range(0, len(data), step):

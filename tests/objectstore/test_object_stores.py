@@ -235,6 +235,48 @@ def test_denied_and_missing_objects_are_named(s3_corpus, proxy, tmp_path, status
     assert proxy.count(r"part-2\.parquet") == 2  # no retries: the listing's read, then this
 
 
+def test_a_disk_that_fills_during_a_download_is_named_with_the_cache_root(s3, proxy, tmp_path):
+    """The disk fills while an object downloads (checked free before): the error names the
+    object, the cache root and what to change, for recipe and Python users, not a raw
+    ``OSError: [Errno 28]``."""
+    import threading
+
+    from tests.hub.disks import fill, small_disk
+
+    s3.bucket("filling", {"big/x.jsonl": b'{"text": "%s"}\n' % (b"x" * 400_000)})
+    with small_disk(tmp_path) as disk:
+        dataset = Dataset.from_path("d", "s3://filling/big/").bound(
+            fast_options(disk / "c"))
+        data_file = dataset.files()[0]
+        fault = Fault(r"^GET /filling/big/x\.jsonl", hold_after=128 << 10)
+        proxy.faults.append(fault)
+        failure: list[BaseException] = []
+
+        def download() -> None:
+            try:
+                with dataset.local_file(data_file):
+                    pass
+            except BaseException as exc:
+                failure.append(exc)
+
+        thread = threading.Thread(target=download)
+        thread.start()
+        partial = disk / "c" / "partial"
+        deadline = time.monotonic() + 60
+        while not any(p.stat().st_size > 0 for p in partial.glob("*.jsonl")):
+            assert time.monotonic() < deadline and thread.is_alive(), failure
+            time.sleep(0.01)
+        fill(disk)
+        fault.release.set()
+        thread.join(60)
+        assert len(failure) == 1 and isinstance(failure[0], DataError), failure
+        message = str(failure[0])
+        assert "partial download of s3://filling/big/x.jsonl" in message
+        assert "the disk is full" in message and f"shard cache root {disk / 'c'}" in message
+        assert "[cache] limit_bytes in a recipe, CacheOptions.limit_bytes in Python" in message
+        assert not any(partial.iterdir())
+
+
 def test_credentials_come_from_the_profile_files(s3_corpus, monkeypatch, tmp_path):
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
@@ -387,7 +429,7 @@ def test_ctrl_c_during_a_slow_download_exits_within_two_seconds(s3, proxy, tmp_p
     assert time.monotonic() - interrupted < 2.0
     assert proc.returncode != 0
     assert not any(partial.iterdir())
-    assert not list((cache / "state").glob("*.reserve"))
+    assert not list(partial.glob("*.reserve"))
 
 
 def _job(world: int, tmp_path: Path, path: str) -> list[dict]:
