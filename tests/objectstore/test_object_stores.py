@@ -529,6 +529,36 @@ def test_fetch_ahead_downloads_in_the_background_once(s3_corpus, tmp_path):
     assert dataset.cache.stats.hits == 1
 
 
+def test_small_objects_are_fetched_ahead_several_at_a_time_and_no_more(s3, proxy, tmp_path):
+    """Fetches ahead of small objects overlap (a slow one does not hold up the others), up to
+    FETCH_THREADS at once."""
+    from zephon.io.fetch_ahead import FETCH_THREADS
+
+    objects = {f"small/{n:02d}.jsonl": b'{"text": "%d"}\n' % n for n in range(20)}
+    s3.bucket("many", objects)
+    dataset = Dataset.from_path("d", "s3://many/small/").bound(fast_options(tmp_path / "c"))
+    files = dataset.files()
+    held = Fault(r"^GET /many/small/\d+\.jsonl$", hold_after=0, times=None)
+    proxy.faults.append(held)
+
+    def in_flight() -> int:
+        return proxy.count(r"^GET /many/small/\d+\.jsonl$")
+
+    dataset.fetch_ahead(list(files))
+    deadline = time.monotonic() + 60
+    while in_flight() < FETCH_THREADS:
+        assert time.monotonic() < deadline, f"{in_flight()} downloads in flight"
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert in_flight() == FETCH_THREADS  # all held, and none started beyond the bound
+    held.release.set()
+    dataset.wait_fetches()
+    assert dataset.cache.stats.downloads == len(files) == dataset.fetches.fetched
+    for data_file in files:
+        with dataset.local_file(data_file) as local:
+            assert Path(local).read_bytes() == objects[data_file.path]
+
+
 def test_litdata_from_each_store_gives_the_local_tokens(store, tokenizer_dir, tmp_path,
                                                         tmp_path_factory, request):
     """A LitData dataset (index.json and chunks written by litdata.optimize) in each store:

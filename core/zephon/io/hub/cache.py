@@ -69,9 +69,10 @@ import os
 import re
 import shutil
 import stat
+import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -95,7 +96,7 @@ from zephon.io.store_options import (
 )
 from zephon.redact import get_logger
 
-__all__ = ["CacheEntry", "CacheStats", "CachedFile", "ContentCheck", "ShardCache",
+__all__ = ["CacheEntry", "CacheStats", "CachedFile", "ContentCheck", "NoRoomNow", "ShardCache",
            "cache_entries", "prune_cache", "verify_cache"]
 
 log = get_logger(__name__)
@@ -140,6 +141,17 @@ class CacheStats:
     download_seconds: float = 0.0
     evictions: int = 0
     discarded: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **counts: float) -> None:
+        """Add to the counts (threads that fetch ahead share them)."""
+        with self.lock:
+            for name, value in counts.items():
+                setattr(self, name, getattr(self, name) + value)
+
+
+class NoRoomNow(ZephonError):
+    """A fetch ahead found no room in the cache without waiting (see ``ahead``)."""
 
 
 Fetch = Callable[[BinaryIO], Any]
@@ -195,9 +207,10 @@ class ShardCache:
 
     # -- opening --------------------------------------------------------------------------
     @contextlib.contextmanager
-    def open(self, item: CachedFile, fetch: Fetch) -> Iterator[str]:
+    def open(self, item: CachedFile, fetch: Fetch, *, ahead: bool = False) -> Iterator[str]:
         """A local path to ``item``, downloaded by ``fetch(out)`` if needed; the shard stays
-        pinned (never evicted) until the ``with`` block ends."""
+        pinned (never evicted) until the ``with`` block ends. ``ahead``: a fetch ahead of the
+        reader, which raises :class:`NoRoomNow` instead of waiting for room."""
         if self.limit is not None and item.size > self.limit:
             raise ConfigError(
                 f"{item.display} is {item.size} bytes, more than the shard cache's "
@@ -209,10 +222,10 @@ class ShardCache:
             pin.touch()
             path = self.shard_path(key)
             if self._trusted(pin, path, item) is not None:
-                self.stats.hits += 1
+                self.stats.add(hits=1)
             else:
                 with FileLock(self._download_lock(key)):
-                    self._ensure(pin, path, item, fetch)
+                    self._ensure(pin, path, item, fetch, ahead)
             yield str(path)
         finally:
             pin.release()
@@ -231,9 +244,10 @@ class ShardCache:
             return None
         return record
 
-    def _ensure(self, pin: FileLock, path: Path, item: CachedFile, fetch: Fetch) -> None:
+    def _ensure(self, pin: FileLock, path: Path, item: CachedFile, fetch: Fetch,
+                ahead: bool) -> None:
         if self._trusted(pin, path, item) is not None:
-            self.stats.hits += 1
+            self.stats.add(hits=1)
             return
         held = _lock_number(item.key)
         try:
@@ -247,17 +261,17 @@ class ShardCache:
                     and ContentCheck.of_file(path, item.version, item.size, parts)):
                 self._record(pin, path, item, {"parts": parts} if parts else None)
                 _forget_old_layout(self.root, item.key)
-                self.stats.hits += 1
+                self.stats.add(hits=1)
                 return
             log.warning("shard cache: %s at %s is not a regular file matching its listed "
                         "size/hash; discarding it and downloading it again", item.display, path)
-            self.stats.discarded += 1
+            self.stats.add(discarded=1)
             with FileLock(self.root / "cache.lock") as ledger:
                 with reported("cached shard", path):
                     path.unlink(missing_ok=True)
                 _ledger_add(ledger, -st.st_size if stat.S_ISREG(st.st_mode) else 0)
         pin.write(b"", "shard cache record")
-        self._reserve(item, held)
+        self._reserve(item, held, ahead)
         partial = self.root / "partial" / item.key
         try:
             start = time.monotonic()
@@ -276,9 +290,8 @@ class ShardCache:
                     _ledger_add(ledger, item.size)
                     os.replace(partial, path)
             self._record(pin, path, item, extra)
-            self.stats.downloads += 1
-            self.stats.downloaded_bytes += item.size
-            self.stats.download_seconds += time.monotonic() - start
+            self.stats.add(downloads=1, downloaded_bytes=item.size,
+                           download_seconds=time.monotonic() - start)
         finally:
             partial.unlink(missing_ok=True)
             self._reservation(item.key).unlink(missing_ok=True)
@@ -308,9 +321,9 @@ class ShardCache:
         pin.write(json.dumps(record).encode(), "shard cache record")
 
     # -- space ----------------------------------------------------------------------------
-    def _reserve(self, item: CachedFile, held: int) -> None:
+    def _reserve(self, item: CachedFile, held: int, ahead: bool) -> None:
         """Wait until ``item`` fits, then reserve its bytes; ``held`` is the download lock
-        this thread holds."""
+        this thread holds; ``ahead``: raise :class:`NoRoomNow` instead of waiting."""
         deadline = time.monotonic() + self.space_wait_s
         while True:
             with FileLock(self.root / "cache.lock") as ledger:
@@ -318,6 +331,8 @@ class ShardCache:
                     write_fresh(self._reservation(item.key), str(item.size).encode(),
                                 "shard cache reservation")
                     return
+            if ahead:
+                raise NoRoomNow(f"no room for {item.display} in the shard cache now")
             if time.monotonic() >= deadline:
                 raise DataError(
                     f"shard cache {self.root} is full: {item.display} ({item.size} bytes) does "
@@ -426,7 +441,7 @@ class ShardCache:
         try:
             self.shard_path(key).unlink(missing_ok=True)
             _forget_old_layout(self.root, key)
-            self.stats.evictions += 1
+            self.stats.add(evictions=1)
             log.debug("shard cache: evicted %s", key)
         finally:
             lock.release()

@@ -162,8 +162,9 @@ class HubDataset(FetchAhead, Dataset):
 
     # -- reading ----------------------------------------------------------------------------
     @contextlib.contextmanager
-    def local_file(self, data_file: DataFile) -> Iterator[str]:
-        """The shard in the cache (downloaded if needed), pinned while the block runs."""
+    def local_file(self, data_file: DataFile, *, ahead: bool = False) -> Iterator[str]:
+        """The shard in the cache (downloaded if needed), pinned while the block runs.
+        ``ahead``: a fetch ahead of the reader (it does not wait for room in the cache)."""
         display = self.display_name(data_file)
         item = CachedFile(Path(data_file.path).name, data_file.size, data_file.version, display)
         commit = self.commit
@@ -173,6 +174,6 @@ class HubDataset(FetchAhead, Dataset):
                                   lambda: ContentCheck(data_file.version, data_file.size),
                                   self._io.show_progress)
 
-        with self.cache.open(item, fetch) as local:
+        with self.cache.open(item, fetch, ahead=ahead) as local:
             yield local
 

@@ -293,9 +293,10 @@ class ObjectStoreDataset(FetchAhead, Dataset):
 
     # -- reading ----------------------------------------------------------------------------
     @contextlib.contextmanager
-    def local_file(self, data_file: DataFile) -> Iterator[str]:
+    def local_file(self, data_file: DataFile, *, ahead: bool = False) -> Iterator[str]:
         """The object in the shard cache (downloaded if needed), pinned while the block
-        runs."""
+        runs. ``ahead``: a fetch ahead of the reader (it does not wait for room in the
+        cache)."""
         display = self.display_name(data_file)
         item = CachedFile(os.path.basename(data_file.path), data_file.size, data_file.version,
                           display)
@@ -304,6 +305,6 @@ class ObjectStoreDataset(FetchAhead, Dataset):
         def fetch(out: Any) -> None:
             self.store.download(info, out, display, self._io.show_progress)
 
-        with self.cache.open(item, fetch) as local:
+        with self.cache.open(item, fetch, ahead=ahead) as local:
             yield local
 
