@@ -10,8 +10,8 @@
   endpoint), held for the test so that nothing else can listen there.
 - :class:`FaultProxy`: a forwarding HTTP proxy in front of a server that answers chosen
   requests with an error status (with the store's error body), cuts an answer's body off
-  mid-way or holds it there, and logs every request. Faults are injected on the wire, so the
-  client library runs unmodified.
+  mid-way or holds it there, flips a byte of it, and logs every request. Faults are injected
+  on the wire, so the client library runs unmodified.
 """
 
 from __future__ import annotations
@@ -236,6 +236,9 @@ class Fault:
     """Forward the answer, but stop after this many bytes of its body until ``release`` is
     set (a download the test can act in the middle of)."""
     release: threading.Event = field(default_factory=threading.Event)
+    flip_at: int | None = None
+    """Forward the answer with the byte at this offset of its body inverted (a fault in
+    transit that keeps the length)."""
     times: int | None = 1
     hits: int = field(default=0, init=False)
 
@@ -274,8 +277,8 @@ class FaultProxy:
                     fault = next((f for f in proxy.faults if f.take(line)), None)
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
-                if (fault is not None and fault.reset_after is None
-                        and fault.bytes_per_s is None and fault.hold_after is None):
+                if (fault is not None and fault.reset_after is None and fault.bytes_per_s is None
+                        and fault.hold_after is None and fault.flip_at is None):
                     error = (f"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>"
                              f"{fault.code}</Code><Message>injected</Message></Error>").encode()
                     self.send_response(fault.status)
@@ -290,6 +293,10 @@ class FaultProxy:
                 answer = upstream_conn.getresponse()
                 data = answer.read()
                 upstream_conn.close()
+                if fault is not None and fault.flip_at is not None and len(data) > fault.flip_at:
+                    at = fault.flip_at
+                    data = data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:]
+                    fault = None
                 self.send_response(answer.status)
                 for name, value in answer.getheaders():
                     if name.lower() not in ("transfer-encoding", "connection",

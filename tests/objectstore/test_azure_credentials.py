@@ -104,3 +104,20 @@ def test_a_malformed_connection_string_is_named_without_its_secret(azurite, monk
                                           "connection string") as info:
         read_all(tmp_path)
     assert AZURITE_KEY not in str(info.value)
+
+
+def test_a_wrong_account_key_is_named_as_such_not_as_access_denied(azurite, monkeypatch,
+                                                                   tmp_path):
+    import base64
+
+    from zephon.errors import DataError
+
+    wrong = base64.b64encode(b"not the key" * 6).decode()
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT", AZURITE_ACCOUNT)
+    monkeypatch.setenv("AZURE_STORAGE_KEY", wrong)
+    with pytest.raises(DataError) as info:
+        read_all(tmp_path, endpoint=azurite.endpoint)
+    message = str(info.value)
+    assert "could not authenticate the request: the account key or SAS token is wrong" \
+        in message and "(AZURE_STORAGE_KEY)" in message
+    assert "access denied" not in message and wrong not in message

@@ -277,6 +277,100 @@ def test_a_disk_that_fills_during_a_download_is_named_with_the_cache_root(s3, pr
         assert not any(partial.iterdir())
 
 
+def test_keys_the_client_cannot_request_are_skipped_and_named_escaped(s3, tmp_path):
+    """S3 allows any key; obstore refuses a whole listing page over one with an empty or a
+    '.'/'..' segment or a control character. Such keys are skipped and reported (escaped);
+    every other key under the prefix, before them in the same page too, is read."""
+    good = {f"data/{name}.jsonl": b'{"text": "%s"}\n' % name.encode()
+            for name in ("a", "b", "m", "z")}
+    s3.bucket("odd", {**good, "data/x//empty.jsonl": b"{}\n", "data/../up.jsonl": b"{}\n",
+                      "data/ctl\x01\x1b[31m.jsonl": b"{}\n"})
+    dataset = Dataset.from_path("d", "s3://odd/data/").bound(fast_options(tmp_path / "c"))
+    assert [f.path for f in dataset.files()] == sorted(good)
+    assert sorted(dataset.skipped_files()) == [
+        "s3://odd/data/../up.jsonl (its key has a '.' or '..' path segment, which the "
+        "object-store client cannot request)",
+        "s3://odd/data/ctl\\x01\\x1b[31m.jsonl (its key has a control character, which the "
+        "object-store client cannot request)",
+        "s3://odd/data/x//empty.jsonl (its key has an empty path segment (//), which the "
+        "object-store client cannot request)"]
+    for data_file in dataset.files():
+        with dataset.local_file(data_file) as local:
+            assert Path(local).read_bytes() == good[data_file.path]
+
+
+def test_a_key_gcs_cannot_list_around_is_named_escaped(gs, tmp_path):
+    gs.bucket("odd-gs", {"data/a.jsonl": b'{"text": "a"}\n', "data/x//b.jsonl": b"{}\n"})
+    with pytest.raises(DataError) as info:
+        Dataset.from_path("d", "gs://odd-gs/data/").bound(fast_options(tmp_path / "c")).files()
+    assert ("listing gs://odd-gs/data/: the key 'data/x//b.jsonl' has an empty path segment "
+            "(//), which the object-store client cannot request") in str(info.value)
+
+
+@pytest.mark.parametrize("scheme", ["s3", "az"])  # fake-gcs-server answers 500, not 404
+def test_a_missing_bucket_is_named_as_such(scheme, request, tmp_path):
+    request.getfixturevalue(scheme)
+    with pytest.raises(DataError) as info:
+        Dataset.from_path("d", f"{scheme}://no-such-bucket/data/").bound(
+            fast_options(tmp_path / "c")).files()
+    message = str(info.value)
+    assert f"the bucket {scheme}://no-such-bucket does not exist" in message
+    assert "deleted or renamed since it was listed" not in message
+
+
+def test_a_wrong_secret_is_named_as_such_not_as_access_denied(monkeypatch, tmp_path):
+    """With authentication on (moto checks signatures of its IAM users' keys), a wrong secret
+    is SignatureDoesNotMatch and an unknown key id InvalidAccessKeyId, each named."""
+    import json as json_module
+    import urllib.request
+
+    import boto3
+
+    from tests.objectstore.servers import REGION, S3Server, s3_environment
+
+    def authentication(count: bytes) -> None:
+        """Check signatures after ``count`` more requests (moto's setting is process-wide:
+        ``inf`` turns the checks off again for the other tests)."""
+        urllib.request.urlopen(urllib.request.Request(
+            server.url + "/moto-api/reset-auth", data=count, method="POST",
+            headers={"Content-Type": "text/plain"}), timeout=30).read()
+
+    server = S3Server()
+    try:
+        server.bucket("locked", {"data/a.jsonl": b'{"text": "a"}\n'})
+        iam = boto3.client("iam", endpoint_url=server.url, region_name=REGION,
+                           aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET)
+        iam.create_user(UserName="reader")
+        iam.put_user_policy(UserName="reader", PolicyName="read", PolicyDocument=json_module.dumps(
+            {"Version": "2012-10-17",
+             "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+        key = iam.create_access_key(UserName="reader")["AccessKey"]
+        authentication(b"0")
+        s3_environment(monkeypatch, tmp_path, server.url)
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", key["AccessKeyId"])
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", key["SecretAccessKey"])
+
+        def listing() -> Any:
+            return Dataset.from_path("d", "s3://locked/data/").bound(
+                fast_options(tmp_path / "c")).files()
+
+        assert [f.path for f in listing()] == ["data/a.jsonl"]  # the right secret reads
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+        with pytest.raises(DataError) as info:
+            listing()
+        message = str(info.value)
+        assert "the signature does not match: the secret key is wrong for this access key id" \
+            in message and "SignatureDoesNotMatch" in message
+        assert "access denied" not in message and "not-the-secret" not in message
+        assert "Credentials used: the environment (AWS_ACCESS_KEY_ID)" in message
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIANOSUCHKEY")
+        with pytest.raises(DataError, match="the store knows no such access key id"):
+            listing()
+    finally:
+        authentication(b"inf")
+        server.close()
+
+
 def test_credentials_come_from_the_profile_files(s3_corpus, monkeypatch, tmp_path):
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
@@ -557,6 +651,26 @@ def test_small_objects_are_fetched_ahead_several_at_a_time_and_no_more(s3, proxy
     for data_file in files:
         with dataset.local_file(data_file) as local:
             assert Path(local).read_bytes() == objects[data_file.path]
+
+
+def test_documented_usage_is_silent(s3, tmp_path, tmp_path_factory, caplog):
+    """A LitData folder (its index.json skipped as the index of its chunks, the documented
+    usage) listed and read with progress on: no warning, no line a download; the skip is
+    still listed."""
+    import logging
+
+    from tests.core import litdata_sets
+
+    local = litdata_sets.build(tmp_path_factory.getbasetemp() / "litdata-sets", "batch")
+    upload(s3, "quiet", local, "train/")
+    dataset = Dataset.from_path("d", "s3://quiet/train/").bound(
+        fast_options(tmp_path / "cache", show_progress=True))
+    with caplog.at_level(logging.INFO, logger="zephon"):
+        for data_file in dataset.files():
+            with dataset.local_file(data_file):
+                pass
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO] == []
+    assert [s for s in dataset.skipped_files() if "index.json (index of the" in s]
 
 
 def test_litdata_from_each_store_gives_the_local_tokens(store, tokenizer_dir, tmp_path,

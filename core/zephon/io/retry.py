@@ -88,10 +88,10 @@ class Failure:
 
 
 def status_of(exc: BaseException) -> int | None:
-    """The HTTP status of a failed request: its response's (httpx, requests), else the one
-    its message states (obstore), else None."""
+    """The HTTP status of a failed request: its response's (httpx, requests) or its own
+    ``status``, else the one its message states (obstore), else None."""
     response = getattr(exc, "response", None)
-    status = getattr(response, "status_code", None)
+    status = getattr(response, "status_code", getattr(exc, "status", None))
     if isinstance(status, int):
         return status
     match = _STATUS.search(str(exc))

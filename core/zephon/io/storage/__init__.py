@@ -51,8 +51,12 @@ class ObjectInfo:
     """Bytes."""
     version: str
     """What identifies its content: ``md5:<hex>`` where the store gives the MD5 (a
-    single-part S3 ETag; checked on download), else ``etag:<etag>`` (a multipart ETag or a
-    version id: compared, not recomputed)."""
+    single-part S3 ETag; checked on download), else ``etag:<etag>`` (a multipart ETag,
+    recomputed where the store gives the part sizes, or a version id: compared, not
+    recomputed)."""
+    problem: str | None = None
+    """Why the object cannot be read, for a listed key the client cannot request (the listing
+    skips it and reports it with this reason); None for every readable object."""
 
 
 class ObjectStore(Protocol):
@@ -71,8 +75,10 @@ class ObjectStore(Protocol):
         ...
 
     def download(self, info: ObjectInfo, out: BinaryIO, display: str,
-                 show_progress: bool) -> None:
-        """Write the whole object to ``out``; a DataError when it changed since ``info``."""
+                 show_progress: bool) -> dict[str, Any] | None:
+        """Write the whole object to ``out``; a DataError when it changed since ``info`` or
+        its bytes do not match it. May return fields the shard cache keeps to check the copy
+        again later (``{"parts": [...]}``)."""
         ...
 
 

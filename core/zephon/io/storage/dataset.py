@@ -46,6 +46,7 @@ from zephon.io.formats import (
     row_groups_from_tail,
 )
 from zephon.io.hub.cache import CachedFile, ShardCache
+from zephon.io.printable import printable
 from zephon.io.storage import ObjectInfo, ObjectStore, get_scheme, split_url
 from zephon.io.store_options import StoreOptions
 from zephon.redact import get_logger
@@ -60,6 +61,10 @@ FOOTER_THREADS = 16
 NAMED_OBJECTS = 64
 """Objects a fingerprint names one by one (more: a digest of them all). Each costs about 80
 bytes in every lane's checkpoint entry: 64 keep a dataset's share near 5 KB a lane."""
+_EXPECTED_SKIPS = ("(folder marker)", "(dataset metadata)", " files beside it)")
+"""Skips that are how the documented layouts look (folder markers, an index or metadata
+beside the data files it describes): listed in ``skipped_files()`` and the report, not
+logged."""
 _CACHE_HINT = ("StoreOptions(cache=CacheOptions(enabled=True, root='/local/disk/zephon-cache', "
                "limit_bytes=50 << 30))")
 
@@ -164,10 +169,12 @@ class ObjectStoreDataset(FetchAhead, Dataset):
             list(by_key), lambda key: self.store.read_range(by_key[key], 0, by_key[key].size),
             lambda key: f"{self.store.url}/{key}", fmt=self.fmt)
         for info in matched:
-            shown = f"{self.store.url}/{info.key}"
+            shown = f"{self.store.url}/{printable(info.key)}"
             name = PurePosixPath(info.key).name
             relative = info.key[len(prefix):]
-            if info.key.endswith("/"):
+            if info.problem:
+                skipped.append(f"{shown} ({info.problem})")
+            elif info.key.endswith("/"):
                 skipped.append(f"{shown} (folder marker)")
             elif any(part.startswith(".") for part in relative.split("/")):
                 skipped.append(f"{shown} (hidden)")
@@ -186,16 +193,18 @@ class ObjectStoreDataset(FetchAhead, Dataset):
             else:
                 chosen.append((info, *detected))
         companions = companion_files([(info.key, fmt) for info, fmt, _ in chosen])
-        skipped += [f"{self.store.url}/{info.key} (metadata of the {companions[info.key]} "
-                    "files beside it)" for info, _, _ in chosen if info.key in companions]
+        skipped += [f"{self.store.url}/{printable(info.key)} (metadata of the "
+                    f"{companions[info.key]} files beside it)"
+                    for info, _, _ in chosen if info.key in companions]
         chosen = [entry for entry in chosen if entry[0].key not in companions]
         if not chosen:
             raise DataError(f"Dataset {self.name!r}: no .parquet, .jsonl(.gz/.zst), .json or "
                             f".arrow objects match {self.path!r} (pass fmt=... to read other "
                             f"suffixes); skipped: {skipped[:5]}")
-        if skipped:
-            log.warning("Dataset %r: skipped %d object(s), e.g. %s", self.name, len(skipped),
-                        skipped[:3])
+        unexpected = [entry for entry in skipped if not entry.endswith(_EXPECTED_SKIPS)]
+        if unexpected:
+            log.warning("Dataset %r: skipped %d object(s), e.g. %s (all in skipped_files() "
+                        "and the report)", self.name, len(unexpected), unexpected[:3])
         self._skipped = tuple(skipped)
         with ThreadPoolExecutor(FOOTER_THREADS, thread_name_prefix="zephon-footer") as pool:
             groups = list(pool.map(
@@ -302,8 +311,8 @@ class ObjectStoreDataset(FetchAhead, Dataset):
                           display)
         info = self._info(data_file)
 
-        def fetch(out: Any) -> None:
-            self.store.download(info, out, display, self._io.show_progress)
+        def fetch(out: Any) -> Any:
+            return self.store.download(info, out, display, self._io.show_progress)
 
         with self.cache.open(item, fetch, ahead=ahead) as local:
             yield local

@@ -27,7 +27,6 @@ the shard cache to name its root and what to change.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 import time
@@ -37,6 +36,8 @@ from typing import Any, BinaryIO, TypeVar
 
 from zephon.errors import DataError
 from zephon.io import cancel
+from zephon.io.content_check import ContentCheck, multipart_count
+from zephon.io.printable import printable
 from zephon.io.retry import (
     RETRY_STATUS,
     TRANSIENT,
@@ -114,8 +115,11 @@ def _etag(info: ObjectInfo) -> str:
 
 
 def error_code(exc: BaseException) -> str | None:
-    """The store's error code (``<Code>SignatureDoesNotMatch</Code>``) in an obstore error's
-    text, else None."""
+    """The store's error code (``<Code>SignatureDoesNotMatch</Code>``) of a failed request:
+    its own ``code``, else the one in an obstore error's text, else None."""
+    code = getattr(exc, "code", None)
+    if isinstance(code, str):
+        return code
     match = _CODE.search(str(exc))
     return match.group(1) if match else None
 
@@ -139,18 +143,39 @@ class ObstoreBucket:
     def __repr__(self) -> str:
         return f"ObstoreBucket({self.url!r})"
 
+    # -- hooks of a store that can do more ----------------------------------------------------
+    def full_listing(self, prefix: str) -> list[ObjectInfo] | None:
+        """Every object under ``prefix``, keys the client cannot request included (with their
+        :attr:`ObjectInfo.problem`), where the store offers such a listing; else None."""
+        return None
+
+    def part_sizes(self, info: ObjectInfo, each: bool) -> list[int] | None:
+        """The part sizes of a multipart object (``each``: asked part by part, else from the
+        first part with equal parts assumed), where the store tells them; else None."""
+        return None
+
     # -- requests --------------------------------------------------------------------------
     def list(self, prefix: str) -> list[ObjectInfo]:
         import obstore
 
+        what = f"listing {self.url}/{prefix}"
+
         def listing() -> list[ObjectInfo]:
             found = []
-            for batch in obstore.list(self.store, prefix=prefix or None, chunk_size=1000):
-                found.extend(ObjectInfo(m["path"], int(m["size"]), version_of(m))
-                             for m in batch)
+            try:
+                for batch in obstore.list(self.store, prefix=prefix or None, chunk_size=1000):
+                    found.extend(ObjectInfo(m["path"], int(m["size"]), version_of(m))
+                                 for m in batch)
+            except Exception as exc:
+                if type(exc).__name__ != "InvalidPathError":
+                    raise
+                full = self.full_listing(prefix)
+                if full is None:
+                    raise DataError(_unreadable_key_error(what, exc)) from None
+                return full
             return found
 
-        return self._call(listing, f"listing {self.url}/{prefix}", prefix, listing=True)
+        return self._call(listing, what, prefix, listing=True)
 
     def head(self, key: str) -> ObjectInfo | None:
         """The object ``key`` (its size and version), or None when there is none."""
@@ -183,49 +208,80 @@ class ObstoreBucket:
                           info.key)
 
     def download(self, info: ObjectInfo, out: BinaryIO, display: str,
-                 show_progress: bool = True) -> None:
+                 show_progress: bool = True) -> dict[str, Any] | None:
+        """The whole object into ``out``, checked against its version as it arrives: its MD5,
+        or for a multipart object its ETag recomputed from the part sizes where the store
+        gives them (:meth:`part_sizes`; they are returned for the cache's record). Bytes that
+        do not match are downloaded again (a transfer fault), then refused naming the
+        object; a multipart ETag that does not match with equal parts assumed is checked
+        again with each part's size first."""
         import obstore
 
         level = logging.INFO if show_progress else logging.DEBUG
         start = last = time.monotonic()
         out.seek(0)
         out.truncate()
-        kind, _, expected = info.version.partition(":")
-        digest = [hashlib.md5(usedforsecurity=False)] if kind == "md5" else None
+        parts = self._parts(info, display, each=False)
+        state = {"check": ContentCheck(info.version, info.size, parts), "parts": parts,
+                 "each": False}
         log.debug("downloading %s (%d bytes)", display, info.size)
+
+        def start_over(reason: str) -> None:
+            out.seek(0)
+            out.truncate()
+            state["check"] = ContentCheck(info.version, info.size, state["parts"])
+            raise _Mismatch(reason)
 
         def rest() -> None:
             nonlocal last
             done = out.tell()
-            if done >= info.size:
+            check = state["check"]
+            if done < info.size:
+                options: dict[str, Any] = {"range": (done, info.size)} if done else {}
+                if _etag(info):
+                    options["if_match"] = _etag(info)
+                result = obstore.get(self.store, info.key, options=options)
+                for chunk in result.stream(min_chunk_size=CHUNK_BYTES):
+                    cancel.check()
+                    _write(out, chunk)
+                    check.update(chunk)
+                    now = time.monotonic()
+                    if now - last >= PROGRESS_EVERY_S:
+                        last = now
+                        log.log(level, "downloading %s: %.0f%%", display,
+                                100 * out.tell() / max(info.size, 1))
+                if out.tell() != info.size:
+                    raise _Dropped(f"{display}: the answer ended at byte {out.tell()} of "
+                                   f"{info.size}")
+            if check.ok():
                 return
-            options: dict[str, Any] = {"range": (done, info.size)} if done else {}
-            if _etag(info):
-                options["if_match"] = _etag(info)
-            result = obstore.get(self.store, info.key, options=options)
-            for chunk in result.stream(min_chunk_size=CHUNK_BYTES):
-                cancel.check()
-                _write(out, chunk)
-                if digest:
-                    digest[0].update(chunk)
-                now = time.monotonic()
-                if now - last >= PROGRESS_EVERY_S:
-                    last = now
-                    log.log(level, "downloading %s: %.0f%%", display,
-                            100 * out.tell() / max(info.size, 1))
-            if out.tell() != info.size:
-                raise _Dropped(f"{display}: the answer ended at byte {out.tell()} of "
-                               f"{info.size}")
-            if digest and digest[0].hexdigest() != expected:
-                out.seek(0)
-                out.truncate()
-                digest[0] = hashlib.md5(usedforsecurity=False)
-                raise _Dropped(f"{display}: the bytes received do not match its MD5 "
-                               f"{expected}")
+            if state["parts"] is not None and not state["each"]:
+                state["each"] = True  # parts of unequal sizes, or bytes changed in transit
+                state["parts"] = self._parts(info, display, each=True)
+                start_over("the bytes received do not match its multipart ETag with equal "
+                           "parts; asking each part's size")
+            start_over(f"the bytes received do not match its "
+                       f"{_checked_by(info, state['parts'])} ({info.version})")
 
         self._call(rest, f"downloading {display}", info.key)
-        log.debug("downloaded %s: %d bytes in %.2f s", display, info.size,
-                  time.monotonic() - start)
+        seconds = time.monotonic() - start
+        log.log(level if seconds >= PROGRESS_EVERY_S else logging.DEBUG,
+                "downloaded %s: %d bytes in %.2f s", display, info.size, seconds)
+        return {"parts": state["parts"]} if state["parts"] else None
+
+    def _parts(self, info: ObjectInfo, display: str, each: bool) -> list[int] | None:
+        """The part sizes of a multipart object when the store gives them, else None (its
+        ETag then checks only the size; logged once a bucket)."""
+        if multipart_count(info.version) is None:
+            return None
+        parts = self.part_sizes(info, each)
+        if parts is None and self.url not in _UNCHECKED:
+            _UNCHECKED.add(self.url)
+            log.warning("%s: multipart objects of %s (such as %s) are checked by size only: "
+                        "recomputing their ETag needs their part sizes, which this store or "
+                        "these credentials (%s) do not give", display, self.url, info.key,
+                        self.credentials)
+        return parts
 
     # -- retries and errors ------------------------------------------------------------------
     def _call(self, fn: Callable[[], T], what: str, key: str, listing: bool = False) -> T:
@@ -263,6 +319,10 @@ class ObstoreBucket:
                 f"{gave_up.what}: cannot connect to {self.endpoint or self.url} "
                 f"({gave_up.failure.reason}, {gave_up.retries} retries). Check the endpoint "
                 f"and that the store is up; credentials: {self.credentials}")
+        if isinstance(gave_up.last, _Mismatch):
+            return DataError(f"{gave_up.what}: {gave_up.last}, in each of "
+                             f"{gave_up.retries + 1} downloads: the object, or the network "
+                             "path to it, alters its bytes; it is not used")
         return DataError(f"{gave_up.what}: failed after {gave_up.retries} retries: "
                          f"{_first_line(gave_up.last)}")
 
@@ -309,8 +369,66 @@ _NOT_RETRIED = frozenset({"PermissionDeniedError", "UnauthenticatedError", "NotF
                           "FileNotFoundError", "ValueError"})
 
 
+_UNCHECKED: set[str] = set()
+"""Buckets whose multipart objects were found unverifiable (warned once)."""
+
+
+def _checked_by(info: ObjectInfo, parts: list[int] | None) -> str:
+    kind = info.version.partition(":")[0]
+    if kind == "md5":
+        return "MD5"
+    return "multipart ETag" if parts else "size"
+
+
+def _unreadable_key_error(what: str, exc: BaseException) -> str:
+    """Our words for a listing that met a key the client cannot represent."""
+    match = re.search(r'Path "(.*?)"(?: contained|: Encountered)', str(exc), re.DOTALL)
+    key = printable(match.group(1)) if match else "?"
+    return (f"{what}: the key {key!r} has {unreadable_reason(match.group(1) if match else '')}"
+            ", which the object-store client cannot request, and this store's listing cannot "
+            "leave it out: name a path that does not cover it (a narrower prefix or glob), or "
+            "rename the object")
+
+
+def unreadable_reason(key: str) -> str:
+    """Why the client cannot request ``key`` (it is not a path ``object_store`` accepts)."""
+    segments = key.rstrip("/").split("/")
+    if "" in segments:
+        return "an empty path segment (//)"
+    if "." in segments or ".." in segments:
+        return "a '.' or '..' path segment"
+    if not key.isprintable():
+        return "a control character"
+    return "characters the client does not accept in a path"
+
+
+def readable(key: str) -> bool:
+    """Whether the client can request ``key``: obstore's own path rules, applied locally (to
+    an empty in-memory store)."""
+    import obstore
+    from obstore.store import MemoryStore
+
+    global _PROBE
+    if _PROBE is None:
+        _PROBE = MemoryStore()
+    try:
+        obstore.head(_PROBE, key)
+    except FileNotFoundError:
+        return True
+    except ValueError:
+        return False
+    return True
+
+
+_PROBE: Any = None
+
+
 class _Dropped(Exception):
     """An answer that ended early, or whose bytes do not match (retried)."""
+
+
+class _Mismatch(_Dropped):
+    """Bytes that do not match the object's version (retried: a fault in transit)."""
 
 
 class LocalWriteError(Exception):
