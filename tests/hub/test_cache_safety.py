@@ -296,6 +296,29 @@ def test_ls_and_verify_work_on_a_read_only_mount(tmp_path, capsys):
         assert not list((root / "state").glob("*.tmp"))
 
 
+def test_ls_and_verify_print_names_escaped_one_line_each(tmp_path, capsys):
+    """A cached name is what a remote listing said (an object key may hold any character):
+    ``cache ls`` and ``cache verify`` print it escaped, so it cannot break lines or send
+    terminal escapes."""
+    root = tmp_path / "c"
+    cache = ShardCache(CacheOptions(enabled=True, root=str(root)))
+    body = b"x" * 100
+    odd = CachedFile("odd.jsonl", len(body), "sha256:" + hashlib.sha256(body).hexdigest(),
+                     "s3://b/line\nbreak\x1b[31mred\\.jsonl")
+    put(cache, odd, body)
+    shard = root / "shards" / odd.key
+    shard.write_bytes(b"y" + body[1:])
+    assert cli.main(["cache", "ls", "--root", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "s3://b/line\\nbreak\\x1b[31mred\\\\.jsonl" in out
+    assert "\x1b" not in out and len(out.splitlines()) == 2
+    assert cli.main(["cache", "verify", "--root", str(root)]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.startswith("s3://b/line\\nbreak\\x1b[31mred\\\\.jsonl: its bytes do not "
+                                   "match") and "\x1b" not in captured.err
+    assert len(captured.err.splitlines()) == 1
+
+
 def test_ls_and_verify_write_nothing(tmp_path, monkeypatch, capsys):
     """Without mounts: every call that could write fails as on a read-only file system."""
     root, _ = _filled(tmp_path)

@@ -167,7 +167,9 @@ class HubClient:
     def download(self, path: str, commit: str, out: BinaryIO, display: str, size: int,
                  new_check: Callable[[], Any], show_progress: bool = True) -> None:
         """Write the whole file to ``out`` (rewound on each attempt); ``new_check()`` returns a
-        fresh content check with ``update(bytes)`` and ``ok()``; a mismatch is retried."""
+        fresh content check with ``update(bytes)`` and ``ok()``; a mismatch is retried. Logs at
+        DEBUG, except (with ``show_progress``) the progress of a download that takes more than
+        a few seconds, and its end."""
         url = self.url(path, commit)
         level = logging.INFO if show_progress else logging.DEBUG
 
@@ -177,7 +179,7 @@ class HubClient:
             check = new_check()
             start = last = time.monotonic()
             done = 0
-            log.log(level, "downloading %s (%s)", display, _human(size))
+            log.debug("downloading %s (%s)", display, _human(size))
             with get_session().stream("GET", url, headers=self._headers(), follow_redirects=True,
                                       timeout=self.timeout_s) as response, \
                     progress(total=size, desc=display.rsplit("/", 1)[-1], unit="B",
@@ -201,7 +203,8 @@ class HubClient:
                 raise TransferError(f"{display}: received {done} bytes of {size}, or bytes that "
                                     "do not match the listed content hash")
             seconds = time.monotonic() - start
-            log.log(level, "downloaded %s: %d bytes in %.2f s (%s/s)", display, done, seconds,
+            log.log(level if seconds >= PROGRESS_EVERY_S else logging.DEBUG,
+                    "downloaded %s: %d bytes in %.2f s (%s/s)", display, done, seconds,
                     _human(done / max(seconds, 1e-9)))
 
         self._call(attempt, f"downloading {display}")
