@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import queue
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -32,6 +33,8 @@ FETCH_THREADS = 8
 """Downloads a bound dataset runs ahead at once, at most."""
 SMALL_FILE_BYTES = 8 << 20
 """Files up to this size are fetched concurrently; larger ones one at a time."""
+_POLL_S = 0.1
+"""How often a thread waiting its turn for a large file checks for cancellation."""
 
 
 class Fetches:
@@ -69,9 +72,10 @@ def _stop_fetching() -> None:
         fetches.stop.set()
         for _ in fetches.threads:
             fetches.queue.put(None)
+    deadline = time.monotonic() + 1.0
     for fetches in live:
         for thread in fetches.threads:
-            thread.join(timeout=1.0)
+            thread.join(timeout=max(deadline - time.monotonic(), 0.0))
 
 
 class FetchAhead:
@@ -113,13 +117,20 @@ class FetchAhead:
             while not fetches.stop.is_set():
                 data_file = fetches.queue.get()
                 large = data_file is not None and data_file.size > SMALL_FILE_BYTES
+                if fetches.stop.is_set():
+                    fetches.queue.task_done()
+                    break
+                holds_large = False
                 try:
                     if data_file is not None:
-                        if large:
-                            fetches.large.acquire()
+                        while large and not holds_large:
+                            holds_large = fetches.large.acquire(timeout=_POLL_S)
+                            cancel.check()
                         with self.local_file(data_file, ahead=True), \
                                 fetches.lock:  # type: ignore[attr-defined]
                             fetches.fetched += 1
+                except cancel.Cancelled:
+                    pass
                 except NoRoomNow:
                     with fetches.lock:
                         fetches.skipped += 1
@@ -127,6 +138,6 @@ class FetchAhead:
                     log.info("fetching %s ahead failed: %s",
                              self.display_name(data_file), exc)  # type: ignore[attr-defined]
                 finally:
-                    if large:
+                    if holds_large:
                         fetches.large.release()
                     fetches.queue.task_done()
