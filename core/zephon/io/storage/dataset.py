@@ -6,7 +6,9 @@ Listing: one prefix listing (the key up to the last ``/`` before the first wildc
 against the glob with the local glob's rules (``*`` within a component, ``**`` across them,
 hidden components skipped). A key without wildcards is one object (looked up by name), or
 every object below it as a folder. Files are kept in key order; keys that are not data
-files are counted, logged and listed in ``skipped_files()``. Under ``torch.distributed`` one
+files, or that the store's client cannot request, are listed in ``skipped_files()`` with the
+reason (names escaped), and logged unless they are how a documented layout looks (an index or
+metadata beside its files, a folder marker). Under ``torch.distributed`` one
 rank lists (and reads the footers) for the job and hands the listing to the others.
 
 Planning downloads nothing: a Parquet file's units are its row groups, from its footer read
