@@ -10,12 +10,18 @@ starts moto's S3 server in a process of its own on 127.0.0.1 and uploads them, t
   ``s3://`` with a cold cache and with a warm cache: time to the first batch, tokens/s
   (medians of ``--repeats`` alternating runs), and whether the three gave identical tokens;
 - ``shared cache``: ``--procs`` processes reading the whole dataset at once through one cache
-  root: bytes downloaded by all of them against the bytes they read.
+  root: bytes downloaded by all of them against the bytes they read;
+- ``small objects``: ``--small`` one-line JSON Lines objects read by a pipeline (4 lanes, batches
+  of 8, a cold cache), seconds and milliseconds an object, the cache's bookkeeping files, and a
+  digest of the rows in order. ``--compare-with DIR`` runs the same in a process whose
+  ``PYTHONPATH`` is ``DIR`` (another checkout's ``core``, e.g. the main branch's), side by side
+  on the same server.
 
 moto is a Python server, so its own speed (one core, tens of MB/s) caps every S3 figure here;
 the client and cache overheads are what the figures compare, not S3's bandwidth.
 
-Usage: ``python -m benchmarks.object_store [--shards 16] [--docs-per-shard 400]``.
+Usage: ``python -m benchmarks.object_store [--shards 16] [--docs-per-shard 400] [--small 2000]
+[--compare-with /path/to/other/core] [--sections clients,pipeline,shared,small]``.
 """
 
 from __future__ import annotations
@@ -195,6 +201,71 @@ print(json.dumps({{"downloaded": d.cache.stats.downloaded_bytes, "read": read}})
     return sum(o["downloaded"] for o in outs), sum(o["read"] for o in outs)
 
 
+def small_run(path: str, cache: str, pythonpath: str | None) -> dict:
+    """Seconds to read every row of ``path`` through a pipeline with a cold cache at
+    ``cache``, the rows, a digest of them in order and the cache's files other than shards, in
+    a fresh process (``pythonpath``: the code to run, else this one's)."""
+    code = f"""
+import hashlib, json, os, time
+from zephon import Pipeline
+from zephon.io import CacheOptions, Dataset, StoreOptions
+from zephon.work import MixtureSpec, StaticMixtureWorkSource
+started = time.perf_counter()
+source = StaticMixtureWorkSource([Dataset.from_path("d", {path!r})], MixtureSpec({{"d": 1.0}}),
+                                 seed=1, repeat=False)
+options = StoreOptions(cache=CacheOptions(enabled=True, root={cache!r}), show_progress=False)
+pipeline = Pipeline(source).batch(8, drop_last=False).options(lanes=4, io_options=options)
+digest, rows = hashlib.sha256(), 0
+for batch in pipeline:
+    for record in batch.records:
+        digest.update(record.payload["text"].encode())
+        rows += 1
+seconds = time.perf_counter() - started
+files = sum(len(names) for folder, _, names in os.walk({cache!r})
+            if not folder.endswith("shards"))
+print(json.dumps({{"seconds": seconds, "rows": rows, "digest": digest.hexdigest()[:16],
+                   "bookkeeping": files}}))
+"""
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, env=env)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def small_objects(endpoint: str, count: int, root: Path, compare_with: str | None) -> None:
+    """The ``small objects`` section (see the module docstring)."""
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name=REGION,
+                      aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET)
+    s3.create_bucket(Bucket="small")
+    for i in range(count):
+        s3.put_object(Bucket="small", Key=f"lines/{i:05d}.jsonl",
+                      Body=json.dumps({"text": f"document {i}"}).encode() + b"\n")
+    started = time.perf_counter()
+    keys = [f"lines/{i:05d}.jsonl" for i in range(min(count, 200))]
+    for key in keys:
+        s3.get_object(Bucket="small", Key=key)["Body"].read()
+    per_get = (time.perf_counter() - started) / len(keys)
+    runs = {"this checkout": None}
+    if compare_with:
+        runs[compare_with] = compare_with
+    results = {name: small_run("s3://small/lines/", str(root / f"small-{time.time_ns()}"),
+                               code) for name, code in runs.items()}
+    print(f"\nsmall objects ({count} one-line JSON Lines objects, 4 lanes, cold cache; one "
+          f"boto3 GET: {per_get * 1e3:.1f} ms):")
+    for name, result in results.items():
+        print(f"  {name:30s} {result['seconds']:7.2f} s  {result['seconds'] / count * 1e3:6.1f} "
+              f"ms an object  {result['rows']} rows  {result['bookkeeping']:6d} bookkeeping "
+              f"files  rows digest {result['digest']}")
+    if compare_with:
+        mine, other = results["this checkout"], results[compare_with]
+        print(f"  {other['seconds'] / mine['seconds']:.1f}x faster than {compare_with}; the "
+              f"same rows in the same order: {mine['digest'] == other['digest']}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", default=str(Path(tempfile.gettempdir()) / "zephon-bench-s3"))
@@ -202,7 +273,14 @@ def main() -> None:
     parser.add_argument("--docs-per-shard", type=int, default=400)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--procs", type=int, default=4)
+    parser.add_argument("--small", type=int, default=2000,
+                        help="one-line objects of the small objects section")
+    parser.add_argument("--compare-with", default=None, metavar="DIR",
+                        help="also run the small objects section with PYTHONPATH=DIR")
+    parser.add_argument("--sections", default="clients,pipeline,shared,small",
+                        help="comma-separated sections to run")
     args = parser.parse_args()
+    sections = set(args.sections.split(","))
     import boto3
 
     from zephon.demo.assets import build_demo_assets
@@ -223,37 +301,44 @@ def main() -> None:
         os.environ.update(AWS_ENDPOINT_URL_S3=endpoint, AWS_ACCESS_KEY_ID=KEY_ID,
                           AWS_SECRET_ACCESS_KEY=SECRET, AWS_REGION=REGION)
         keys = [f"data/{f.name}" for f in files]
-        seconds: dict[str, list[float]] = {}
-        for _ in range(args.repeats):
-            for name, spent in client_rates(endpoint, keys, total).items():
-                seconds.setdefault(name, []).append(spent)
-        print("\nclients (download every object once; MB/s, median):")
-        sizes = {"obstore": "obstore", "pyarrow.fs": None, "boto3": "botocore"}
-        for name, spent in seconds.items():
-            print(f"  {name:11s} {total / 1e6 / statistics.median(spent):7.1f} MB/s   "
-                  f"install {_install_mb(sizes[name])}")
+        if "clients" in sections:
+            seconds: dict[str, list[float]] = {}
+            for _ in range(args.repeats):
+                for name, spent in client_rates(endpoint, keys, total).items():
+                    seconds.setdefault(name, []).append(spent)
+            print("\nclients (download every object once; MB/s, median):")
+            sizes = {"obstore": "obstore", "pyarrow.fs": None, "boto3": "botocore"}
+            for name, spent in seconds.items():
+                print(f"  {name:11s} {total / 1e6 / statistics.median(spent):7.1f} MB/s   "
+                      f"install {_install_mb(sizes[name])}")
 
-        runs: dict[str, list[dict]] = {"local": [], "s3 cold": [], "s3 warm": []}
-        for i in range(args.repeats):
-            cache = str(root / f"cache-{time.time_ns()}-{i}")
-            runs["local"].append(pipeline_run(str(data), tokenizer, None))
-            runs["s3 cold"].append(pipeline_run("s3://bench/data/*.parquet", tokenizer, cache))
-            runs["s3 warm"].append(pipeline_run("s3://bench/data/*.parquet", tokenizer, cache))
-        print("\npipeline (tokenize, pack 2049, batch 8; medians):")
-        base = statistics.median(r["tokens"] / r["seconds"] for r in runs["local"])
-        for name, results in runs.items():
-            rate = statistics.median(r["tokens"] / r["seconds"] for r in results)
-            first = statistics.median(r["first"] for r in results)
-            print(f"  {name:8s} first batch {first:6.2f} s   {rate / 1e6:6.2f} M tokens/s "
-                  f"({rate / base:5.2f}x local)")
-        digests = {r["digest"] for results in runs.values() for r in results}
-        print(f"  identical tokens in every run: {len(digests) == 1}")
+        if "pipeline" in sections:
+            runs: dict[str, list[dict]] = {"local": [], "s3 cold": [], "s3 warm": []}
+            for i in range(args.repeats):
+                cache = str(root / f"cache-{time.time_ns()}-{i}")
+                path = "s3://bench/data/*.parquet"
+                runs["local"].append(pipeline_run(str(data), tokenizer, None))
+                runs["s3 cold"].append(pipeline_run(path, tokenizer, cache))
+                runs["s3 warm"].append(pipeline_run(path, tokenizer, cache))
+            print("\npipeline (tokenize, pack 2049, batch 8; medians):")
+            base = statistics.median(r["tokens"] / r["seconds"] for r in runs["local"])
+            for name, results in runs.items():
+                rate = statistics.median(r["tokens"] / r["seconds"] for r in results)
+                first = statistics.median(r["first"] for r in results)
+                print(f"  {name:8s} first batch {first:6.2f} s   {rate / 1e6:6.2f} M tokens/s "
+                      f"({rate / base:5.2f}x local)")
+            digests = {r["digest"] for results in runs.values() for r in results}
+            print(f"  identical tokens in every run: {len(digests) == 1}")
 
-        downloaded, read = shared_cache("s3://bench/data/*.parquet", args.procs,
-                                        str(root / f"shared-{time.time_ns()}"))
-        print(f"\nshared cache, {args.procs} processes: downloaded {downloaded / 1e6:.1f} MB, "
-              f"read {read / 1e6:.1f} MB ({read / max(downloaded, 1):.2f}x; dataset "
-              f"{total / 1e6:.1f} MB)")
+        if "shared" in sections:
+            downloaded, read = shared_cache("s3://bench/data/*.parquet", args.procs,
+                                            str(root / f"shared-{time.time_ns()}"))
+            print(f"\nshared cache, {args.procs} processes: downloaded {downloaded / 1e6:.1f} "
+                  f"MB, read {read / 1e6:.1f} MB ({read / max(downloaded, 1):.2f}x; dataset "
+                  f"{total / 1e6:.1f} MB)")
+
+        if "small" in sections:
+            small_objects(endpoint, args.small, root, args.compare_with)
     finally:
         server.stdin.close()
         server.terminate()

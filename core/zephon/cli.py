@@ -315,7 +315,10 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _cache(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Names come from cache records (and so from remote listings): printed escaped, one
+    line each. ``verify`` exits 1 when any shard is bad."""
     from zephon.io.hub.cache import cache_entries, prune_cache, verify_cache
+    from zephon.io.printable import printable
     from zephon.io.store_options import default_cache_root
 
     if not args.root:
@@ -325,7 +328,7 @@ def _cache(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         for entry in entries:
             when = datetime.datetime.fromtimestamp(entry.last_use).strftime("%Y-%m-%d %H:%M")
             print(f"{entry.size:>14,}  {when}  {'in use' if entry.in_use else '      '}  "
-                  f"{entry.display}")
+                  f"{printable(entry.display)}")
         print(f"{len(entries)} shard(s), {sum(e.size for e in entries):,} bytes")
         return 0
     if args.action == "prune":
@@ -337,8 +340,11 @@ def _cache(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     results = verify_cache(args.root)
     bad = [(e, p) for e, p in results if p]
     for entry, problem in bad:
-        print(f"{entry.display}: {problem}", file=sys.stderr)
-    print(f"verified {len(results)} shard(s), {len(bad)} bad")
+        print(f"{printable(entry.display)}: {printable(problem)}", file=sys.stderr)
+    by_size = sum(1 for entry, problem in results if not problem and not entry.content_checked)
+    note = (f" ({by_size} checked by size only: their version is no content hash)"
+            if by_size else "")
+    print(f"verified {len(results)} shard(s), {len(bad)} bad{note}")
     return 1 if bad else 0
 
 

@@ -140,3 +140,24 @@ def test_hub_data_needs_the_cache(hub, gated):
         Dataset.from_path("d", PATH).bind(StoreOptions())
     assert "CacheOptions(enabled=True, root=" in str(info.value)
     assert "limit_bytes" in str(info.value)
+
+
+def test_a_refused_endpoint_fails_within_seconds_naming_it_and_the_token(hub, tmp_path,
+                                                                         monkeypatch):
+    """A mistyped HF_ENDPOINT (nothing listens there) is not an outage to wait out: with the
+    default retry settings, whose backoff takes minutes, the error comes within seconds."""
+    from tests.objectstore.servers import refused_endpoint
+    from zephon.io import CacheOptions, StoreOptions
+
+    monkeypatch.setenv("HF_TOKEN", "hf_good")
+    options = StoreOptions(cache=CacheOptions(enabled=True, root=str(tmp_path / "c")),
+                           show_progress=False)
+    with refused_endpoint() as url:
+        monkeypatch.setenv("HF_ENDPOINT", url)
+        started = time.monotonic()
+        with pytest.raises(DataError) as info:
+            load(PATH, options).files()
+        assert time.monotonic() - started < 15
+    message = str(info.value)
+    assert f"cannot connect to {url} (HF_ENDPOINT): connection refused" in message
+    assert "token: the environment (HF_TOKEN)" in message and "hf_good" not in message

@@ -56,13 +56,35 @@ def test_lru_eviction_keeps_the_cache_within_its_limit(tmp_path):
     assert cache.used_bytes() <= 3000 and cache.stats.evictions == 1
 
 
+def test_the_cache_keeps_one_small_state_file_a_shard(tmp_path):
+    """Bookkeeping stays small: a pin (holding the shard's record) a shard, a fixed set of
+    download locks, and the ledger; nothing is left of the reservations."""
+    cache = ShardCache(CacheOptions(enabled=True, root=tmp_path, limit_bytes=1 << 20))
+    blobs = [f"line {n}\n".encode() for n in range(300)]
+    for n, blob in enumerate(blobs):
+        with cache.open(item(f"f{n}.jsonl", blob), writer(blob)):
+            pass
+    assert len(list((tmp_path / "shards").iterdir())) == 300
+    assert sorted(p.suffix for p in (tmp_path / "state").iterdir()) == [".pin"] * 300
+    assert len(list((tmp_path / "locks").iterdir())) <= 256
+    assert not any((tmp_path / "partial").iterdir())
+    assert cache.used_bytes() == sum(map(len, blobs))
+    fresh = ShardCache(CacheOptions(enabled=True, root=tmp_path, limit_bytes=1 << 20))
+    for n, blob in enumerate(blobs):  # every record read back: no hashing, no download
+        with fresh.open(item(f"f{n}.jsonl", blob), writer(b"never")):
+            pass
+    assert fresh.stats.hits == 300 and fresh.stats.downloads == 0
+
+
 def test_pinned_shards_are_never_evicted(tmp_path):
     options = CacheOptions(enabled=True, root=tmp_path, limit_bytes=2500, space_wait_s=0.3)
     cache = ShardCache(options)
     a, b, c = (bytes([n]) * 1000 for n in range(3))
     with cache.open(item("a", a), writer(a)) as path_a:
         with cache.open(item("b", b), writer(b)), \
-                pytest.raises(DataError, match=r"is full.*Raise CacheOptions\.limit_bytes"), \
+                pytest.raises(DataError, match=r"is full.*Raise limit_bytes \(\[cache\] "
+                                                  r"limit_bytes in a recipe, CacheOptions\."
+                                                  r"limit_bytes in Python\)"), \
                 cache.open(item("c", c), writer(c)):
             pass
         with cache.open(item("c", c), writer(c)):  # b is no longer read: it goes
@@ -126,7 +148,7 @@ def test_a_failed_download_leaves_nothing_readable(tmp_path):
         pass
     assert not any((tmp_path / "shards").iterdir())
     assert not any((tmp_path / "partial").iterdir())
-    assert not list((tmp_path / "state").glob("*.reserve"))
+    assert not list((tmp_path / "partial").glob("*.reserve"))
 
 
 def _pipeline(dataset, options, lanes=2):
@@ -214,7 +236,7 @@ def test_a_killed_download_is_never_used(hub, tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not any((cache_root / "shards").iterdir())
-    assert list(partial.iterdir()) and list((cache_root / "state").glob("*.reserve"))
+    assert list(partial.glob("*.reserve")) and list(partial.glob("*.parquet"))
     hub._throttles.clear()
     # a limit that fits one shard plus the dead download's reservation only if it is dropped
     second_size = max(len(c) for c in hub.repos["org/slow"].commits[
@@ -223,7 +245,7 @@ def test_a_killed_download_is_never_used(hub, tmp_path):
                                                        limit_bytes=size + second_size))
     assert sorted(read_texts(dataset)) == sorted(texts)
     assert not any(partial.iterdir())
-    assert not list((cache_root / "state").glob("*.reserve"))
+    assert not list(partial.glob("*.reserve"))
 
 
 def test_a_corrupted_cached_shard_is_detected_and_replaced(hub, io_options):
@@ -247,13 +269,16 @@ def test_a_corrupted_cached_shard_is_detected_and_replaced(hub, io_options):
     assert again.cache.stats.downloads == 0 and again.cache.stats.discarded == 0
 
 
-def test_downloads_log_progress_with_bytes_and_time(hub, tmp_path, caplog):
+def test_a_quick_download_logs_at_debug_only(hub, tmp_path, caplog):
+    """One line a download is noise: a quick download logs its bytes and time at DEBUG; INFO
+    is for the progress of slow ones."""
     hub.create("org/logged", sharded(docs(20, seed=55), 1, "train.parquet"))
     dataset = load("hf://org/logged/train", fast_options(tmp_path / "c", show_progress=True))
     size = dataset.files()[0].size
-    with caplog.at_level(logging.INFO, logger="zephon.io.hub"), \
+    with caplog.at_level(logging.DEBUG, logger="zephon.io.hub"), \
             dataset.local_file(dataset.files()[0]):
         pass
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO] == []
     messages = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("downloading hf://org/logged@") for m in messages)
     assert any(re.search(rf"downloaded hf://org/logged@\w+/train.parquet: {size} bytes in "
@@ -279,7 +304,7 @@ def test_ctrl_c_during_a_slow_download_exits_promptly_and_cleans_up(hub, tmp_pat
     assert time.monotonic() - interrupted < 2.0
     assert proc.returncode != 0
     assert not any(partial.iterdir())  # the partial download was removed
-    assert not list((cache_root / "state").glob("*.reserve"))
+    assert not list(partial.glob("*.reserve"))
 
 
 def test_disk_full_and_read_only_roots_name_the_cache(tmp_path):

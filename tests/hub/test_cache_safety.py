@@ -4,29 +4,35 @@ name the path, and eviction skips what is not a shard."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import json
 import logging
 import os
 import pwd
-import shutil
 import stat
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.hub.disks import fill, read_only_view, small_disk
 from tests.hub.hubdata import docs, fast_options, jsonl_bytes, sharded
 from tests.hub.test_resolve import load
 from zephon import cli
 from zephon.errors import ConfigError, DataError
 from zephon.io import CacheOptions
-from zephon.io.hub.cache import CachedFile, ShardCache, cache_entries, prune_cache, verify_cache
+from zephon.io.hub.cache import (
+    CachedFile,
+    ShardCache,
+    cache_entries,
+    download_lock,
+    prune_cache,
+    verify_cache,
+)
 from zephon.io.hub.locks import FileLock
 from zephon.io.store_options import default_cache_root
+
+LIMIT_NAMES = "[cache] limit_bytes in a recipe, CacheOptions.limit_bytes in Python"
 
 
 def item(name: str, content: bytes) -> CachedFile:
@@ -50,48 +56,6 @@ def mode(path: Path) -> int:
     return stat.S_IMODE(os.lstat(path).st_mode)
 
 
-@contextlib.contextmanager
-def mounted(target: Path, *args: str) -> Iterator[Path]:
-    """``mount ARGS TARGET`` for the block (unmounted in the end); skip where not allowed."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting needs root and mount(8), which this environment does not give")
-    target.mkdir(exist_ok=True)
-    done = subprocess.run(["mount", *args, str(target)], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"mount is not allowed here: {done.stderr.strip()}")
-    try:
-        yield target
-    finally:
-        if subprocess.run(["umount", str(target)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(target)], check=True)
-
-
-@contextlib.contextmanager
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A private 1 MiB tmpfs."""
-    with mounted(tmp_path / "disk", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs") as disk:
-        yield disk
-
-
-@contextlib.contextmanager
-def read_only_view(source: Path, target: Path) -> Iterator[Path]:
-    """``source`` seen read-only at ``target`` (a read-only bind mount: root ignores modes)."""
-    with mounted(target, "--bind", str(source)):
-        remount = subprocess.run(["mount", "-o", "remount,bind,ro", str(target)],
-                                 capture_output=True, text=True)
-        if remount.returncode != 0:
-            pytest.skip(f"a read-only bind mount is not allowed here: {remount.stderr.strip()}")
-        yield target
-
-
-def fill(disk: Path) -> None:
-    """Write until ``disk`` is full."""
-    with open(disk / "filler", "wb", buffering=0) as out, contextlib.suppress(OSError):
-        while True:
-            out.write(b"\0" * 4096)
-    assert shutil.disk_usage(disk).free < 8192
-
-
 def nobody() -> int:
     try:
         return pwd.getpwnam("nobody").pw_uid
@@ -107,13 +71,14 @@ def test_a_root_made_first_by_another_user_is_refused_and_its_links_stay_untouch
     entry = item("train.parquet", content)
     root = tmp_path / "zephon-cache"
     targets = {}
-    for sub in ("shards", "partial", "state"):
+    for sub in ("shards", "partial", "state", "locks"):
         (root / sub).mkdir(parents=True)
-    for link in (f"partial/{entry.key}", f"state/{entry.key}.ok", f"state/{entry.key}.reserve",
-                 f"state/{entry.key}.lock", f"state/{entry.key}.pin", "cache.lock"):
+    lock = download_lock(Path(), entry.key)
+    for link in (f"partial/{entry.key}", f"partial/{entry.key}.reserve", str(lock),
+                 f"state/{entry.key}.pin", "cache.lock"):
         targets[link] = victim(tmp_path, link.replace("/", "_"))
         (root / link).symlink_to(targets[link])
-    for folder in (root, *(root / sub for sub in ("shards", "partial", "state"))):
+    for folder in (root, *(root / sub for sub in ("shards", "partial", "state", "locks"))):
         os.chown(folder, nobody(), nobody())
         os.chmod(folder, 0o777)
     with pytest.raises(ConfigError) as info:
@@ -169,9 +134,9 @@ def test_roots_and_files_are_created_private_whatever_the_umask(tmp_path):
     finally:
         os.umask(old)
     root = tmp_path / "new" / "c"
-    for folder in (root, root / "shards", root / "partial", root / "state"):
+    for folder in (root, root / "shards", root / "partial", root / "state", root / "locks"):
         assert mode(folder) == 0o700, folder
-    files = [p for p in (root / "state").iterdir()] + [root / "cache.lock"]
+    files = [*(root / "state").iterdir(), *(root / "locks").iterdir(), root / "cache.lock"]
     assert files and all(mode(p) == 0o600 for p in files), {p.name: oct(mode(p)) for p in files}
 
 
@@ -193,8 +158,7 @@ def test_links_planted_in_a_private_root_are_replaced_not_followed(tmp_path):
     content = os.urandom(3000)
     entry = item("train.parquet", content)
     planted = {f"partial/{entry.key}": victim(tmp_path, "partial"),
-               f"state/{entry.key}.ok": victim(tmp_path, "ok"),
-               f"state/{entry.key}.reserve": victim(tmp_path, "reserve")}
+               f"partial/{entry.key}.reserve": victim(tmp_path, "reserve")}
     # a link in shards/ to a file with the right bytes is still not a shard
     good = tmp_path / "lookalike"
     good.write_bytes(content)
@@ -204,11 +168,11 @@ def test_links_planted_in_a_private_root_are_replaced_not_followed(tmp_path):
     with cache.open(entry, lambda out: out.write(content)) as path:
         assert not os.path.islink(path) and Path(path).read_bytes() == content
     assert cache.stats.downloads == 1 and cache.stats.discarded == 1
-    for name in ("partial", "ok", "reserve"):
+    for name in ("partial", "reserve"):
         assert (tmp_path / name).read_bytes() == b"precious " + name.encode()
     assert good.read_bytes() == content
     assert not (root / "partial" / entry.key).exists()
-    record = root / "state" / f"{entry.key}.ok"
+    record = root / "state" / f"{entry.key}.pin"
     assert not record.is_symlink() and json.loads(record.read_text())["size"] == 3000
     put(cache, entry, content)
     assert cache.stats.hits == 1
@@ -220,7 +184,7 @@ def test_a_lock_file_that_is_a_link_is_refused(tmp_path, kind):
     cache = ShardCache(CacheOptions(enabled=True, root=str(root)))
     entry = item("x.parquet", b"x" * 100)
     target = victim(tmp_path)
-    link = root / "state" / f"{entry.key}.{kind}"
+    link = cache._download_lock(entry.key) if kind == "lock" else cache._pin(entry.key)
     link.symlink_to(target)
     os.utime(target, (1, 1))
     with pytest.raises(ConfigError) as info, cache.open(entry, lambda out: out.write(b"x" * 100)):
@@ -232,31 +196,36 @@ def test_a_lock_file_that_is_a_link_is_refused(tmp_path, kind):
 
 
 # -- a full disk -------------------------------------------------------------------------------
-def test_a_full_disk_names_the_shard_and_the_root(tmp_path, hub):
+def test_a_shard_larger_than_the_free_disk_is_refused_naming_the_root(tmp_path, hub):
     rows = [{"text": os.urandom(3000).hex()} for _ in range(300)]  # about 1.8 MB
     hub.create("org/big", {"train.jsonl": jsonl_bytes(rows)})
     with small_disk(tmp_path) as disk:
         dataset = load("hf://org/big/train", fast_options(disk / "c"))
+        size = dataset.files()[0].size
         with pytest.raises(DataError) as info, dataset.local_file(dataset.files()[0]):
             pass
         message = str(info.value)
-        assert f"partial download of hf://org/big@{dataset.commit}/train.jsonl at {disk}/c" \
-            in message and "the disk is full" in message
-        assert f"shard cache root {disk / 'c'}" in message and "limit_bytes=1073741824" in message
+        assert (f"shard cache root {disk / 'c'}: the disk is full for hf://org/big@"
+                f"{dataset.commit}/train.jsonl: it needs {size} bytes") in message
+        assert "limit_bytes=1073741824 is more than the disk holds" in message
+        assert LIMIT_NAMES in message and "[cache] root in a recipe" in message
         assert not any((disk / "c" / "partial").iterdir())
-        assert not list((disk / "c" / "state").glob("*.reserve"))
+        assert not [r for r in hub.log("/resolve/|/cdn/") if not r.range]  # no download
 
 
-def test_a_full_disk_fails_the_reservation_with_our_error(tmp_path):
+def test_a_full_disk_is_refused_before_downloading(tmp_path):
     with small_disk(tmp_path) as disk:
         cache = ShardCache(CacheOptions(enabled=True, root=str(disk / "c")))
         fill(disk)
         entry = item("a.parquet", b"a" * 100)
-        with pytest.raises(DataError) as info, cache.open(entry, lambda out: out.write(b"a")):
+        fetched = []
+        with pytest.raises(DataError) as info, cache.open(entry, fetched.append):
             pass
-        reserve = disk / "c" / "state" / f"{entry.key}.reserve"
-        assert f"shard cache reservation {reserve}: the disk is full" in str(info.value)
-        assert "limit_bytes" in str(info.value) and not reserve.exists()
+        message = str(info.value)
+        assert f"shard cache root {disk / 'c'}: the disk is full for {entry.display}" in message
+        assert f"No limit_bytes is set: set one below what the disk holds ({LIMIT_NAMES})" \
+            in message
+        assert not fetched and not any((disk / "c" / "partial").iterdir())
 
 
 def test_a_full_disk_fails_the_listing_cache_with_our_error(tmp_path, hub):
@@ -325,6 +294,29 @@ def test_ls_and_verify_work_on_a_read_only_mount(tmp_path, capsys):
         with pytest.raises(ConfigError, match=rf"{ro}.* cannot be written \(Read-only file "):
             ShardCache(CacheOptions(enabled=True, root=str(ro)))
         assert not list((root / "state").glob("*.tmp"))
+
+
+def test_ls_and_verify_print_names_escaped_one_line_each(tmp_path, capsys):
+    """A cached name is what a remote listing said (an object key may hold any character):
+    ``cache ls`` and ``cache verify`` print it escaped, so it cannot break lines or send
+    terminal escapes."""
+    root = tmp_path / "c"
+    cache = ShardCache(CacheOptions(enabled=True, root=str(root)))
+    body = b"x" * 100
+    odd = CachedFile("odd.jsonl", len(body), "sha256:" + hashlib.sha256(body).hexdigest(),
+                     "s3://b/line\nbreak\x1b[31mred\\.jsonl")
+    put(cache, odd, body)
+    shard = root / "shards" / odd.key
+    shard.write_bytes(b"y" + body[1:])
+    assert cli.main(["cache", "ls", "--root", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "s3://b/line\\nbreak\\x1b[31mred\\\\.jsonl" in out
+    assert "\x1b" not in out and len(out.splitlines()) == 2
+    assert cli.main(["cache", "verify", "--root", str(root)]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.startswith("s3://b/line\\nbreak\\x1b[31mred\\\\.jsonl: its bytes do not "
+                                   "match") and "\x1b" not in captured.err
+    assert len(captured.err.splitlines()) == 1
 
 
 def test_ls_and_verify_write_nothing(tmp_path, monkeypatch, capsys):

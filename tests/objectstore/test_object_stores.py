@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import pytest
 
 from tests.core.test_elastic import build, merged_state, run, stream
 from tests.hub.hubdata import fast_options
-from tests.objectstore.servers import KEY_ID, SECRET, Fault
+from tests.objectstore.servers import KEY_ID, SECRET, Fault, refused_endpoint
 from zephon import StateMismatchError
 from zephon.errors import ConfigError, DataError
 from zephon.io import Dataset
@@ -121,6 +122,28 @@ def test_listing_matches_globs_skips_and_counts_other_keys(s3, tmp_path):
         Dataset.from_path("d", "s3://listing/nothing/*").bound(options).files()
 
 
+def test_one_key_a_folder_and_a_glob_each_name_their_objects(store, tmp_path, request):
+    """``scheme://bucket/chat/chat.jsonl`` is that one object, though the store lists by whole
+    path segments; the folder and the glob forms still list theirs."""
+    scheme, server = store
+    bucket = f"keys-{request.node.callspec.id}"
+    chat = b'{"text": "hello"}\n{"text": "world"}\n'
+    server.bucket(bucket, {"chat/chat.jsonl": chat, "chat/chat.jsonl.old/x.jsonl": b"{}\n",
+                           "chat/more.jsonl": b'{"text": "more"}\n'})
+    options = fast_options(tmp_path / "cache")
+    one = Dataset.from_path("d", f"{scheme}://{bucket}/chat/chat.jsonl").bound(options)
+    assert [(f.path, f.size) for f in one.files()] == [("chat/chat.jsonl", len(chat))]
+    with one.local_file(one.files()[0]) as local:
+        assert Path(local).read_bytes() == chat
+    folder = Dataset.from_path("d", f"{scheme}://{bucket}/chat").bound(options)
+    assert [f.path for f in folder.files()] == ["chat/chat.jsonl", "chat/chat.jsonl.old/x.jsonl",
+                                               "chat/more.jsonl"]
+    glob = Dataset.from_path("d", f"{scheme}://{bucket}/chat/*.jsonl").bound(options)
+    assert [f.path for f in glob.files()] == ["chat/chat.jsonl", "chat/more.jsonl"]
+    with pytest.raises(DataError, match=r"no objects match .*chat/chat\.json'"):
+        Dataset.from_path("d", f"{scheme}://{bucket}/chat/chat.json").bound(options).files()
+
+
 def test_throttling_and_server_errors_are_retried(s3_corpus, proxy, tmp_path, caplog):
     proxy.faults += [Fault(r"^GET /corpus[^/?]*\?list-type", 503, "SlowDown", times=2),
                      Fault(r"^GET /corpus[^?]*/short/part-0\.parquet", 500, "InternalError"),
@@ -162,6 +185,38 @@ def test_a_connection_reset_mid_download_resumes_from_the_bytes_received(s3_corp
     assert dataset.cache.stats.downloaded_bytes == first.size
 
 
+@pytest.mark.parametrize("scheme, variable, credentials", [
+    ("s3", "AWS_ENDPOINT_URL_S3", r"the environment \(AWS_ACCESS_KEY_ID\)"),
+    ("gs", "STORAGE_EMULATOR_HOST", r"none \(STORAGE_EMULATOR_HOST names an emulator\)"),
+    ("az", "AZURE_STORAGE_ENDPOINT", r"account devstoreaccount1, the environment "
+                                     r"\(AZURE_STORAGE_ACCOUNT_KEY\)"),
+], ids=["s3", "gs", "az"])
+def test_a_refused_endpoint_fails_within_seconds_naming_it_and_the_credentials(
+        scheme, variable, credentials, monkeypatch, tmp_path):
+    """A mistyped endpoint (nothing listens there) is not an outage to wait out: with the
+    default retry settings, whose backoff takes minutes, the error comes within seconds."""
+    from tests.objectstore.servers import azure_environment, s3_environment
+    from zephon.io import CacheOptions, StoreOptions
+
+    with refused_endpoint() as url:
+        if scheme == "s3":
+            s3_environment(monkeypatch, tmp_path, url)
+        elif scheme == "az":
+            azure_environment(monkeypatch, type("Down", (), {"endpoint": url})())
+        monkeypatch.setenv(variable, url)
+        options = StoreOptions(cache=CacheOptions(enabled=True, root=str(tmp_path / "c")),
+                               show_progress=False)
+        dataset = Dataset.from_path("d", f"{scheme}://corpus/web/*.parquet").bound(options)
+        started = time.monotonic()
+        with pytest.raises(DataError) as info:
+            dataset.files()
+        assert time.monotonic() - started < 15
+    message = str(info.value)
+    assert f"cannot connect to {url} ({variable})" in message
+    assert "connection refused" in message
+    assert re.search(f"credentials: {credentials}", message), message
+
+
 @pytest.mark.parametrize("status, code, message", [
     (403, "AccessDenied", r"access denied \(bucket s3://corpus[^,]*, key 'short/part-2\."
                           r"parquet'\)\. Credentials used: the environment \(AWS_ACCESS_KEY_ID"
@@ -178,6 +233,142 @@ def test_denied_and_missing_objects_are_named(s3_corpus, proxy, tmp_path, status
     with pytest.raises(DataError, match=message), dataset.local_file(files[2]):
         pass
     assert proxy.count(r"part-2\.parquet") == 2  # no retries: the listing's read, then this
+
+
+def test_a_disk_that_fills_during_a_download_is_named_with_the_cache_root(s3, proxy, tmp_path):
+    """The disk fills while an object downloads (checked free before): the error names the
+    object, the cache root and what to change, for recipe and Python users, not a raw
+    ``OSError: [Errno 28]``."""
+    import threading
+
+    from tests.hub.disks import fill, small_disk
+
+    s3.bucket("filling", {"big/x.jsonl": b'{"text": "%s"}\n' % (b"x" * 400_000)})
+    with small_disk(tmp_path) as disk:
+        dataset = Dataset.from_path("d", "s3://filling/big/").bound(
+            fast_options(disk / "c"))
+        data_file = dataset.files()[0]
+        fault = Fault(r"^GET /filling/big/x\.jsonl", hold_after=128 << 10)
+        proxy.faults.append(fault)
+        failure: list[BaseException] = []
+
+        def download() -> None:
+            try:
+                with dataset.local_file(data_file):
+                    pass
+            except BaseException as exc:
+                failure.append(exc)
+
+        thread = threading.Thread(target=download)
+        thread.start()
+        partial = disk / "c" / "partial"
+        deadline = time.monotonic() + 60
+        while not any(p.stat().st_size > 0 for p in partial.glob("*.jsonl")):
+            assert time.monotonic() < deadline and thread.is_alive(), failure
+            time.sleep(0.01)
+        fill(disk)
+        fault.release.set()
+        thread.join(60)
+        assert len(failure) == 1 and isinstance(failure[0], DataError), failure
+        message = str(failure[0])
+        assert "partial download of s3://filling/big/x.jsonl" in message
+        assert "the disk is full" in message and f"shard cache root {disk / 'c'}" in message
+        assert "[cache] limit_bytes in a recipe, CacheOptions.limit_bytes in Python" in message
+        assert not any(partial.iterdir())
+
+
+def test_keys_the_client_cannot_request_are_skipped_and_named_escaped(s3, tmp_path):
+    """S3 allows any key; obstore refuses a whole listing page over one with an empty or a
+    '.'/'..' segment or a control character. Such keys are skipped and reported (escaped);
+    every other key under the prefix, before them in the same page too, is read."""
+    good = {f"data/{name}.jsonl": b'{"text": "%s"}\n' % name.encode()
+            for name in ("a", "b", "m", "z")}
+    s3.bucket("odd", {**good, "data/x//empty.jsonl": b"{}\n", "data/../up.jsonl": b"{}\n",
+                      "data/ctl\x01\x1b[31m.jsonl": b"{}\n"})
+    dataset = Dataset.from_path("d", "s3://odd/data/").bound(fast_options(tmp_path / "c"))
+    assert [f.path for f in dataset.files()] == sorted(good)
+    assert sorted(dataset.skipped_files()) == [
+        "s3://odd/data/../up.jsonl (its key has a '.' or '..' path segment, which the "
+        "object-store client cannot request)",
+        "s3://odd/data/ctl\\x01\\x1b[31m.jsonl (its key has a control character, which the "
+        "object-store client cannot request)",
+        "s3://odd/data/x//empty.jsonl (its key has an empty path segment (//), which the "
+        "object-store client cannot request)"]
+    for data_file in dataset.files():
+        with dataset.local_file(data_file) as local:
+            assert Path(local).read_bytes() == good[data_file.path]
+
+
+def test_a_key_gcs_cannot_list_around_is_named_escaped(gs, tmp_path):
+    gs.bucket("odd-gs", {"data/a.jsonl": b'{"text": "a"}\n', "data/x//b.jsonl": b"{}\n"})
+    with pytest.raises(DataError) as info:
+        Dataset.from_path("d", "gs://odd-gs/data/").bound(fast_options(tmp_path / "c")).files()
+    assert ("listing gs://odd-gs/data/: the key 'data/x//b.jsonl' has an empty path segment "
+            "(//), which the object-store client cannot request") in str(info.value)
+
+
+@pytest.mark.parametrize("scheme", ["s3", "az"])  # fake-gcs-server answers 500, not 404
+def test_a_missing_bucket_is_named_as_such(scheme, request, tmp_path):
+    request.getfixturevalue(scheme)
+    with pytest.raises(DataError) as info:
+        Dataset.from_path("d", f"{scheme}://no-such-bucket/data/").bound(
+            fast_options(tmp_path / "c")).files()
+    message = str(info.value)
+    assert f"the bucket {scheme}://no-such-bucket does not exist" in message
+    assert "deleted or renamed since it was listed" not in message
+
+
+def test_a_wrong_secret_is_named_as_such_not_as_access_denied(monkeypatch, tmp_path):
+    """With authentication on (moto checks signatures of its IAM users' keys), a wrong secret
+    is SignatureDoesNotMatch and an unknown key id InvalidAccessKeyId, each named."""
+    import json as json_module
+    import urllib.request
+
+    import boto3
+
+    from tests.objectstore.servers import REGION, S3Server, s3_environment
+
+    def authentication(count: bytes) -> None:
+        """Check signatures after ``count`` more requests (moto's setting is process-wide:
+        ``inf`` turns the checks off again for the other tests)."""
+        urllib.request.urlopen(urllib.request.Request(
+            server.url + "/moto-api/reset-auth", data=count, method="POST",
+            headers={"Content-Type": "text/plain"}), timeout=30).read()
+
+    server = S3Server()
+    try:
+        server.bucket("locked", {"data/a.jsonl": b'{"text": "a"}\n'})
+        iam = boto3.client("iam", endpoint_url=server.url, region_name=REGION,
+                           aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET)
+        iam.create_user(UserName="reader")
+        iam.put_user_policy(UserName="reader", PolicyName="read", PolicyDocument=json_module.dumps(
+            {"Version": "2012-10-17",
+             "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+        key = iam.create_access_key(UserName="reader")["AccessKey"]
+        authentication(b"0")
+        s3_environment(monkeypatch, tmp_path, server.url)
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", key["AccessKeyId"])
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", key["SecretAccessKey"])
+
+        def listing() -> Any:
+            return Dataset.from_path("d", "s3://locked/data/").bound(
+                fast_options(tmp_path / "c")).files()
+
+        assert [f.path for f in listing()] == ["data/a.jsonl"]  # the right secret reads
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+        with pytest.raises(DataError) as info:
+            listing()
+        message = str(info.value)
+        assert "the signature does not match: the secret key is wrong for this access key id" \
+            in message and "SignatureDoesNotMatch" in message
+        assert "access denied" not in message and "not-the-secret" not in message
+        assert "Credentials used: the environment (AWS_ACCESS_KEY_ID)" in message
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIANOSUCHKEY")
+        with pytest.raises(DataError, match="the store knows no such access key id"):
+            listing()
+    finally:
+        authentication(b"inf")
+        server.close()
 
 
 def test_credentials_come_from_the_profile_files(s3_corpus, monkeypatch, tmp_path):
@@ -332,7 +523,7 @@ def test_ctrl_c_during_a_slow_download_exits_within_two_seconds(s3, proxy, tmp_p
     assert time.monotonic() - interrupted < 2.0
     assert proc.returncode != 0
     assert not any(partial.iterdir())
-    assert not list((cache / "state").glob("*.reserve"))
+    assert not list(partial.glob("*.reserve"))
 
 
 def _job(world: int, tmp_path: Path, path: str) -> list[dict]:
@@ -430,6 +621,56 @@ def test_fetch_ahead_downloads_in_the_background_once(s3_corpus, tmp_path):
     with dataset.local_file(files[1]):
         pass
     assert dataset.cache.stats.hits == 1
+
+
+def test_small_objects_are_fetched_ahead_several_at_a_time_and_no_more(s3, proxy, tmp_path):
+    """Fetches ahead of small objects overlap (a slow one does not hold up the others), up to
+    FETCH_THREADS at once."""
+    from zephon.io.fetch_ahead import FETCH_THREADS
+
+    objects = {f"small/{n:02d}.jsonl": b'{"text": "%d"}\n' % n for n in range(20)}
+    s3.bucket("many", objects)
+    dataset = Dataset.from_path("d", "s3://many/small/").bound(fast_options(tmp_path / "c"))
+    files = dataset.files()
+    held = Fault(r"^GET /many/small/\d+\.jsonl$", hold_after=0, times=None)
+    proxy.faults.append(held)
+
+    def in_flight() -> int:
+        return proxy.count(r"^GET /many/small/\d+\.jsonl$")
+
+    dataset.fetch_ahead(list(files))
+    deadline = time.monotonic() + 60
+    while in_flight() < FETCH_THREADS:
+        assert time.monotonic() < deadline, f"{in_flight()} downloads in flight"
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert in_flight() == FETCH_THREADS  # all held, and none started beyond the bound
+    held.release.set()
+    dataset.wait_fetches()
+    assert dataset.cache.stats.downloads == len(files) == dataset.fetches.fetched
+    for data_file in files:
+        with dataset.local_file(data_file) as local:
+            assert Path(local).read_bytes() == objects[data_file.path]
+
+
+def test_documented_usage_is_silent(s3, tmp_path, tmp_path_factory, caplog):
+    """A LitData folder (its index.json skipped as the index of its chunks, the documented
+    usage) listed and read with progress on: no warning, no line a download; the skip is
+    still listed."""
+    import logging
+
+    from tests.core import litdata_sets
+
+    local = litdata_sets.build(tmp_path_factory.getbasetemp() / "litdata-sets", "batch")
+    upload(s3, "quiet", local, "train/")
+    dataset = Dataset.from_path("d", "s3://quiet/train/").bound(
+        fast_options(tmp_path / "cache", show_progress=True))
+    with caplog.at_level(logging.INFO, logger="zephon"):
+        for data_file in dataset.files():
+            with dataset.local_file(data_file):
+                pass
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO] == []
+    assert [s for s in dataset.skipped_files() if "index.json (index of the" in s]
 
 
 def test_litdata_from_each_store_gives_the_local_tokens(store, tokenizer_dir, tmp_path,

@@ -9,6 +9,11 @@ from pathlib import Path
 from zephon.errors import ConfigError
 
 CACHE_DIR_NAME = "zephon/shard-cache"
+LIMIT_NAMES = "[cache] limit_bytes in a recipe, CacheOptions.limit_bytes in Python"
+LIMIT_OPTION = f"limit_bytes ({LIMIT_NAMES})"
+"""How errors name the cache's size limit, for recipe and Python users alike."""
+ROOT_OPTION = "root ([cache] root in a recipe, CacheOptions.root in Python)"
+"""How errors name the cache's folder."""
 
 
 def default_cache_root() -> Path:

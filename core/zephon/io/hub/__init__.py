@@ -5,7 +5,8 @@
 - :mod:`~zephon.io.hub.resolve`: pinning a revision to a commit and listing a split, once per
   node (once per job under torch.distributed).
 - :mod:`~zephon.io.hub.client`: the Hub requests, through huggingface_hub.
-- :mod:`~zephon.io.hub.retry`: retries with backoff and user-facing errors.
+- :mod:`~zephon.io.hub.retry`: which Hub failures the shared retry loop
+  (:mod:`zephon.io.retry`) retries, and user-facing errors.
 - :mod:`~zephon.io.hub.cache` and :mod:`~zephon.io.hub.locks`: the size-limited shard cache
   shared by the processes of a node.
 - :mod:`~zephon.io.hub.dataset`: ``HubDataset``, what ``Dataset.from_path("hf://...")`` returns.

@@ -40,15 +40,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from zephon.errors import ConfigError, DataError, ZephonError
-from zephon.io.store_options import default_cache_root
+from zephon.io.store_options import LIMIT_OPTION, ROOT_OPTION, default_cache_root
 
 NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 READ_ONLY = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
 DIR_MODE = 0o700
 FILE_MODE = 0o600
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
-_SPACE_ADVICE = ("Free space on that disk, choose another CacheOptions.root, or set "
-                 "CacheOptions.limit_bytes below what the disk holds.")
+_SPACE_ADVICE = (f"Free space on that disk, choose another cache {ROOT_OPTION}, or set "
+                 f"{LIMIT_OPTION} below what the disk holds.")
 
 
 def _default() -> str:
@@ -59,8 +59,8 @@ def _default() -> str:
 
 
 def _root_advice() -> str:
-    return (f"Set CacheOptions.root (zephon cache --root) to a writable directory of your own "
-            f"on local disk, such as the default{_default()}.")
+    return (f"Set the cache {ROOT_OPTION} (zephon cache --root) to a writable directory of "
+            f"your own on local disk, such as the default{_default()}.")
 
 
 def failure(exc: OSError, what: str, path: str | os.PathLike[str],
@@ -128,9 +128,9 @@ def check_private(path: Path, what: str, allow_link: bool = False) -> None:
 def _refuse(path: Path, what: str, reason: str) -> None:
     raise ConfigError(
         f"{what} {path} {reason}. Another user could plant files or links in it, so the shard "
-        f"cache refuses it. Use a cache root of your own: leave CacheOptions.root unset for the "
-        f"per-user default{_default()}, or name a new directory (Zephon creates it with mode "
-        "0700).")
+        f"cache refuses it. Use a cache root of your own: leave the cache {ROOT_OPTION} unset "
+        f"for the per-user default{_default()}, or name a new directory (Zephon creates it with "
+        "mode 0700).")
 
 
 def _user(uid: int) -> str:

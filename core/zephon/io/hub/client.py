@@ -22,9 +22,10 @@ from huggingface_hub import HfApi, constants, get_token, hf_hub_url
 from huggingface_hub.errors import HfHubHTTPError, RevisionNotFoundError
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-from zephon.errors import ZephonError
+from zephon.errors import DataError, ZephonError
 from zephon.io import cancel
-from zephon.io.hub.retry import RetryPolicy, TransferError, explain, retry_call
+from zephon.io.hub.retry import RetryPolicy, TransferError, explain, hub_failure
+from zephon.io.retry import UNREACHABLE, GaveUp, retry_call
 from zephon.progress import progress
 from zephon.redact import get_logger
 
@@ -57,6 +58,9 @@ class HubClient:
                  timeout_s: float = 60.0):
         self.repo_id = repo_id
         self.endpoint = (endpoint or default_endpoint()).rstrip("/")
+        self.endpoint_source = ("the path option endpoint" if endpoint else
+                                "HF_ENDPOINT" if os.environ.get("HF_ENDPOINT") else
+                                "the default")
         self.token = token
         self.policy = policy or RetryPolicy()
         self.timeout_s = timeout_s
@@ -68,11 +72,32 @@ class HubClient:
             return False
         return bool(self.token) or get_token() is not None
 
+    def token_source(self) -> str:
+        """Where the token comes from (never the token), for errors."""
+        if self.token is False:
+            return "none (token=False)"
+        if self.token:
+            return "the token option"
+        for variable in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+            if os.environ.get(variable):
+                return f"the environment ({variable})"
+        if get_token() is not None:
+            return f"the token saved by `hf auth login` ({constants.HF_TOKEN_PATH})"
+        return "none found"
+
     def _call(self, fn: Callable[[], T], what: str) -> T:
         try:
-            return retry_call(fn, what, self.policy)
+            return retry_call(fn, what, self.policy, hub_failure)
         except ZephonError:
             raise
+        except GaveUp as gave_up:
+            if gave_up.failure.kind == UNREACHABLE:
+                raise DataError(
+                    f"{what}: cannot connect to {self.endpoint} ({self.endpoint_source}): "
+                    f"{gave_up.failure.reason}, {gave_up.retries} retries. Check the endpoint "
+                    f"and that the Hub is up; token: {self.token_source()}") from None
+            exc = gave_up.last
+            raise explain(exc, what, self.repo_id, self.endpoint, self.has_token()) from exc
         except (HfHubHTTPError, httpx.TransportError, TransferError) as exc:
             raise explain(exc, what, self.repo_id, self.endpoint, self.has_token()) from exc
 
@@ -142,7 +167,9 @@ class HubClient:
     def download(self, path: str, commit: str, out: BinaryIO, display: str, size: int,
                  new_check: Callable[[], Any], show_progress: bool = True) -> None:
         """Write the whole file to ``out`` (rewound on each attempt); ``new_check()`` returns a
-        fresh content check with ``update(bytes)`` and ``ok()``; a mismatch is retried."""
+        fresh content check with ``update(bytes)`` and ``ok()``; a mismatch is retried. Logs at
+        DEBUG, except (with ``show_progress``) the progress of a download that takes more than
+        a few seconds, and its end."""
         url = self.url(path, commit)
         level = logging.INFO if show_progress else logging.DEBUG
 
@@ -152,7 +179,7 @@ class HubClient:
             check = new_check()
             start = last = time.monotonic()
             done = 0
-            log.log(level, "downloading %s (%s)", display, _human(size))
+            log.debug("downloading %s (%s)", display, _human(size))
             with get_session().stream("GET", url, headers=self._headers(), follow_redirects=True,
                                       timeout=self.timeout_s) as response, \
                     progress(total=size, desc=display.rsplit("/", 1)[-1], unit="B",
@@ -176,7 +203,8 @@ class HubClient:
                 raise TransferError(f"{display}: received {done} bytes of {size}, or bytes that "
                                     "do not match the listed content hash")
             seconds = time.monotonic() - start
-            log.log(level, "downloaded %s: %d bytes in %.2f s (%s/s)", display, done, seconds,
+            log.log(level if seconds >= PROGRESS_EVERY_S else logging.DEBUG,
+                    "downloaded %s: %d bytes in %.2f s (%s/s)", display, done, seconds,
                     _human(done / max(seconds, 1e-9)))
 
         self._call(attempt, f"downloading {display}")

@@ -34,7 +34,7 @@ from zephon.io.hub.cache import CachedFile, ContentCheck, ShardCache
 from zephon.io.hub.client import HubClient
 from zephon.io.hub.path import HubPath, parse_hub_path
 from zephon.io.hub.resolve import Resolution, resolve
-from zephon.io.hub.retry import RetryPolicy
+from zephon.io.retry import RetryPolicy
 from zephon.io.store_options import StoreOptions
 
 _CACHE_HINT = ("StoreOptions(cache=CacheOptions(enabled=True, root='/local/disk/zephon-cache', "
@@ -65,10 +65,8 @@ class HubDataset(FetchAhead, Dataset):
         self._lock = threading.Lock()
 
     def _make_client(self) -> HubClient:
-        policy = RetryPolicy(self._io.max_retries, self._io.retry_base_wait_s,
-                             self._io.retry_max_wait_s)
-        return HubClient(self.hub_path.repo_id, self._endpoint, self._token, policy,
-                         self._io.timeout_s)
+        return HubClient(self.hub_path.repo_id, self._endpoint, self._token,
+                         RetryPolicy.of(self._io), self._io.timeout_s)
 
     def __repr__(self) -> str:
         return f"HubDataset({self.name!r}, {self.path!r})"
@@ -164,8 +162,9 @@ class HubDataset(FetchAhead, Dataset):
 
     # -- reading ----------------------------------------------------------------------------
     @contextlib.contextmanager
-    def local_file(self, data_file: DataFile) -> Iterator[str]:
-        """The shard in the cache (downloaded if needed), pinned while the block runs."""
+    def local_file(self, data_file: DataFile, *, ahead: bool = False) -> Iterator[str]:
+        """The shard in the cache (downloaded if needed), pinned while the block runs.
+        ``ahead``: a fetch ahead of the reader (it does not wait for room in the cache)."""
         display = self.display_name(data_file)
         item = CachedFile(Path(data_file.path).name, data_file.size, data_file.version, display)
         commit = self.commit
@@ -175,6 +174,6 @@ class HubDataset(FetchAhead, Dataset):
                                   lambda: ContentCheck(data_file.version, data_file.size),
                                   self._io.show_progress)
 
-        with self.cache.open(item, fetch) as local:
+        with self.cache.open(item, fetch, ahead=ahead) as local:
             yield local
 

@@ -67,6 +67,24 @@ class FileLock:
             raise RuntimeError(f"lock {self.path} is not held")
         os.utime(self._fd)
 
+    def read(self) -> bytes:
+        """The lock file's content (a small record kept in it), read through the open file."""
+        if self._fd is None:
+            raise RuntimeError(f"lock {self.path} is not held")
+        size = os.fstat(self._fd).st_size
+        return os.pread(self._fd, size, 0) if size else b""
+
+    def write(self, data: bytes, what: str) -> None:
+        """Replace the lock file's content with ``data``, in place through the open file (a
+        rename would leave the holders on the old file). A reader may see it half written:
+        records kept here are checked when read. A full disk is reported as
+        :func:`zephon.io.hub.cachefs.reported` says, naming ``what``."""
+        if self._fd is None:
+            raise RuntimeError(f"lock {self.path} is not held")
+        with reported(what, self.path):
+            os.pwrite(self._fd, data, 0)
+            os.ftruncate(self._fd, len(data))
+
     def release(self) -> None:
         if self._fd is not None:
             fd, self._fd = self._fd, None

@@ -1,12 +1,12 @@
-"""Retrying Hub requests, and turning Hub errors into errors that say what to do.
+"""Sorting Hub failures for the retry loop, and turning Hub errors into errors that say what
+to do.
 
-Retried: answers 408, 429, 500, 502, 503 and 504, dropped or timed-out connections, and a
-download whose bytes do not match the listing. The wait before retry ``n`` (from 0) is
-``min(max_wait_s, base_wait_s * 2**n)`` scaled by a random factor in [0.5, 1] so that the ranks
-of a job do not retry in step; when the answer carries ``Retry-After: <seconds>`` the wait is
-that, capped at ``max_wait_s`` too (a server asking for an hour does not stall a job for
-hours). After ``max_retries`` retries the last error is raised, so one request waits at most
-``max_retries * max_wait_s`` in all (8 minutes with the defaults) plus its own timeouts.
+Retries are :func:`zephon.io.retry.retry_call`'s, the loop the object stores use too (see it
+for the backoff, ``Retry-After`` and the short budget of a refused connection or an unresolved
+host name). :func:`hub_failure` sorts what the Hub client raises: answers 408, 429, 500, 502,
+503 and 504, dropped or timed-out connections and a download whose bytes do not match the
+listing are retried with backoff; a connection refused or a host name that does not resolve
+is retried briefly, then named with the endpoint and the token's source.
 
 Not retried: 401, 403, 404 and other 4xx answers. They become a ConfigError or DataError that
 names what was asked for (dataset, revision, file) and, for gated or private datasets, how to
@@ -21,11 +21,6 @@ whole listing.
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TypeVar
-
 import httpx
 from huggingface_hub.errors import (
     EntryNotFoundError,
@@ -36,70 +31,40 @@ from huggingface_hub.errors import (
 )
 
 from zephon.errors import ConfigError, DataError, ZephonError
-from zephon.io import cancel
-from zephon.redact import get_logger
+from zephon.io.retry import (
+    RETRY_STATUS,
+    TRANSIENT,
+    UNREACHABLE,
+    Failure,
+    RetryPolicy,
+    retry_after_of,
+    status_of,
+    unreachable_reason,
+)
 
-log = get_logger(__name__)
-
-RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-T = TypeVar("T")
+__all__ = ["LOGIN", "RetryPolicy", "TransferError", "explain", "hub_failure"]
 
 
 class TransferError(Exception):
     """A download ended early or its bytes do not match the listing (retried)."""
 
 
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """How often and how long to retry; see the module docstring."""
-
-    max_retries: int = 8
-    """Retries after the first attempt."""
-    base_wait_s: float = 1.0
-    """Wait before the first retry; doubles with each retry."""
-    max_wait_s: float = 60.0
-    """Cap on every wait, Retry-After included."""
-
-
-def status_of(exc: BaseException) -> int | None:
-    response = getattr(exc, "response", None)
-    return getattr(response, "status_code", None)
-
-
-def _retry_after(exc: BaseException) -> float | None:
-    response = getattr(exc, "response", None)
-    value = response.headers.get("Retry-After") if response is not None else None
-    if value is None:
+def hub_failure(exc: Exception) -> Failure | None:
+    """How a failed Hub request is retried, or None when it is not (see the module
+    docstring)."""
+    if isinstance(exc, TransferError):
+        return Failure(TRANSIENT, "transfer incomplete or not matching the listing")
+    if isinstance(exc, HfHubHTTPError):
+        status = status_of(exc)
+        if status in RETRY_STATUS:
+            return Failure(TRANSIENT, f"HTTP {status}", retry_after_of(exc))
         return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None
-
-
-def retry_call(fn: Callable[[], T], what: str, policy: RetryPolicy) -> T:
-    """``fn()``, retried as the module docstring says; ``what`` names the request in logs."""
-    attempt = 0
-    while True:
-        try:
-            return fn()
-        except (HfHubHTTPError, httpx.TransportError, TransferError) as exc:
-            status = status_of(exc)
-            retryable = (status in RETRY_STATUS if isinstance(exc, HfHubHTTPError)
-                         else True)
-            if not retryable or attempt >= policy.max_retries:
-                raise
-            asked = _retry_after(exc)
-            if asked is None:
-                wait = min(policy.max_wait_s, policy.base_wait_s * 2 ** attempt)
-                wait *= random.uniform(0.5, 1.0)
-            else:
-                wait = min(asked, policy.max_wait_s)
-            reason = f"HTTP {status}" if status is not None else type(exc).__name__
-            log.warning("%s: %s; retry %d of %d in %.2f s", what, reason, attempt + 1,
-                        policy.max_retries, wait)
-            cancel.sleep(wait)
-            attempt += 1
+    if isinstance(exc, httpx.TransportError):
+        reason = unreachable_reason(exc)
+        if reason is not None:
+            return Failure(UNREACHABLE, reason)
+        return Failure(TRANSIENT, type(exc).__name__)
+    return None
 
 
 LOGIN = "log in with `hf auth login` or set the HF_TOKEN environment variable"

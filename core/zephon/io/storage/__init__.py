@@ -10,7 +10,10 @@ cache, fingerprints, resume) is shared by every scheme in
   content hash: what a pinned Hub commit is to ``hf://``);
 - ``read_range(info, start, stop)``: bytes of one object (Parquet footers while listing);
 - ``download(info, out, display, show_progress)``: the whole object into ``out``, refusing
-  an object whose version is no longer ``info.version``.
+  an object whose version is no longer ``info.version``;
+- optionally ``head(key)``: the one object ``key`` (None when there is none), for a path that
+  names one key. A store that lists by whole path segments (the built-in ones) needs it; one
+  without it is listed by string prefix, which finds a key and a folder alike.
 
 Adding a scheme is one module and one call::
 
@@ -48,8 +51,12 @@ class ObjectInfo:
     """Bytes."""
     version: str
     """What identifies its content: ``md5:<hex>`` where the store gives the MD5 (a
-    single-part S3 ETag; checked on download), else ``etag:<etag>`` (a multipart ETag or a
-    version id: compared, not recomputed)."""
+    single-part S3 ETag; checked on download), else ``etag:<etag>`` (a multipart ETag,
+    recomputed where the store gives the part sizes, or a version id: compared, not
+    recomputed)."""
+    problem: str | None = None
+    """Why the object cannot be read, for a listed key the client cannot request (the listing
+    skips it and reports it with this reason); None for every readable object."""
 
 
 class ObjectStore(Protocol):
@@ -59,7 +66,8 @@ class ObjectStore(Protocol):
     """``scheme://bucket``, how errors name the bucket."""
 
     def list(self, prefix: str) -> list[ObjectInfo]:
-        """Every object whose key starts with ``prefix``, in any order."""
+        """Every object whose key starts with ``prefix``, in any order (a store may read a
+        prefix as a folder: whole path segments)."""
         ...
 
     def read_range(self, info: ObjectInfo, start: int, stop: int) -> bytes:
@@ -67,8 +75,10 @@ class ObjectStore(Protocol):
         ...
 
     def download(self, info: ObjectInfo, out: BinaryIO, display: str,
-                 show_progress: bool) -> None:
-        """Write the whole object to ``out``; a DataError when it changed since ``info``."""
+                 show_progress: bool) -> dict[str, Any] | None:
+        """Write the whole object to ``out``; a DataError when it changed since ``info`` or
+        its bytes do not match it. May return fields the shard cache keeps to check the copy
+        again later (``{"parts": [...]}``)."""
         ...
 
 

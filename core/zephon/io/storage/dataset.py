@@ -4,10 +4,12 @@ object-store scheme (:mod:`zephon.io.storage`).
 
 Listing: one prefix listing (the key up to the last ``/`` before the first wildcard), matched
 against the glob with the local glob's rules (``*`` within a component, ``**`` across them,
-hidden components skipped). A key without wildcards is one object, or every object below it
-as a folder. Files are kept in key order; keys that are not data files are counted, logged
-and listed in ``skipped_files()``. Under ``torch.distributed`` one rank lists (and reads the
-footers) for the job and hands the listing to the others.
+hidden components skipped). A key without wildcards is one object (looked up by name), or
+every object below it as a folder. Files are kept in key order; keys that are not data
+files, or that the store's client cannot request, are listed in ``skipped_files()`` with the
+reason (names escaped), and logged unless they are how a documented layout looks (an index or
+metadata beside its files, a folder marker). Under ``torch.distributed`` one
+rank lists (and reads the footers) for the job and hands the listing to the others.
 
 Planning downloads nothing: a Parquet file's units are its row groups, from its footer read
 by range while listing (one or two range requests a file, 16 at a time); an uncompressed JSON
@@ -46,6 +48,7 @@ from zephon.io.formats import (
     row_groups_from_tail,
 )
 from zephon.io.hub.cache import CachedFile, ShardCache
+from zephon.io.printable import printable
 from zephon.io.storage import ObjectInfo, ObjectStore, get_scheme, split_url
 from zephon.io.store_options import StoreOptions
 from zephon.redact import get_logger
@@ -60,6 +63,10 @@ FOOTER_THREADS = 16
 NAMED_OBJECTS = 64
 """Objects a fingerprint names one by one (more: a digest of them all). Each costs about 80
 bytes in every lane's checkpoint entry: 64 keep a dataset's share near 5 KB a lane."""
+_EXPECTED_SKIPS = ("(folder marker)", "(dataset metadata)", " files beside it)")
+"""Skips that are how the documented layouts look (folder markers, an index or metadata
+beside the data files it describes): listed in ``skipped_files()`` and the report, not
+logged."""
 _CACHE_HINT = ("StoreOptions(cache=CacheOptions(enabled=True, root='/local/disk/zephon-cache', "
                "limit_bytes=50 << 30))")
 
@@ -140,9 +147,23 @@ class ObjectStoreDataset(FetchAhead, Dataset):
         store is a request per 1,000 objects); ``zephon check`` compares them."""
         return []
 
+    def _listed(self, prefix: str) -> list[ObjectInfo]:
+        """The objects the pattern may name: the listing of ``prefix`` for a glob or a folder;
+        for a key without wildcards, that one object when the store has it (``head``), else
+        the folder below it. Stores list by whole path segments (``s3://b/chat/chat.jsonl``
+        listed as a prefix is the folder ``chat/chat.jsonl/``), so one key is asked for by
+        name. A plug-in without ``head`` lists by string prefix, which finds both."""
+        pattern = self.pattern
+        head = getattr(self.store, "head", None)
+        if head is None or not pattern or pattern.endswith("/") or any(
+                c in pattern for c in "*?["):
+            return self.store.list(prefix)
+        found = head(pattern)
+        return [found] if found is not None else self.store.list(pattern + "/")
+
     def _list_files(self) -> list[DataFile]:
         prefix = self._prefix()
-        listed = sorted(self.store.list(prefix), key=lambda o: o.key)
+        listed = sorted(self._listed(prefix), key=lambda o: o.key)
         pattern = self.pattern
         if any(c in pattern for c in "*?["):
             regex = local_glob.pattern_regex(pattern)
@@ -161,10 +182,12 @@ class ObjectStoreDataset(FetchAhead, Dataset):
             list(by_key), lambda key: self.store.read_range(by_key[key], 0, by_key[key].size),
             lambda key: f"{self.store.url}/{key}", fmt=self.fmt)
         for info in matched:
-            shown = f"{self.store.url}/{info.key}"
+            shown = f"{self.store.url}/{printable(info.key)}"
             name = PurePosixPath(info.key).name
             relative = info.key[len(prefix):]
-            if info.key.endswith("/"):
+            if info.problem:
+                skipped.append(f"{shown} ({info.problem})")
+            elif info.key.endswith("/"):
                 skipped.append(f"{shown} (folder marker)")
             elif any(part.startswith(".") for part in relative.split("/")):
                 skipped.append(f"{shown} (hidden)")
@@ -183,16 +206,18 @@ class ObjectStoreDataset(FetchAhead, Dataset):
             else:
                 chosen.append((info, *detected))
         companions = companion_files([(info.key, fmt) for info, fmt, _ in chosen])
-        skipped += [f"{self.store.url}/{info.key} (metadata of the {companions[info.key]} "
-                    "files beside it)" for info, _, _ in chosen if info.key in companions]
+        skipped += [f"{self.store.url}/{printable(info.key)} (metadata of the "
+                    f"{companions[info.key]} files beside it)"
+                    for info, _, _ in chosen if info.key in companions]
         chosen = [entry for entry in chosen if entry[0].key not in companions]
         if not chosen:
             raise DataError(f"Dataset {self.name!r}: no .parquet, .jsonl(.gz/.zst), .json or "
                             f".arrow objects match {self.path!r} (pass fmt=... to read other "
                             f"suffixes); skipped: {skipped[:5]}")
-        if skipped:
-            log.warning("Dataset %r: skipped %d object(s), e.g. %s", self.name, len(skipped),
-                        skipped[:3])
+        unexpected = [entry for entry in skipped if not entry.endswith(_EXPECTED_SKIPS)]
+        if unexpected:
+            log.warning("Dataset %r: skipped %d object(s), e.g. %s (all in skipped_files() "
+                        "and the report)", self.name, len(unexpected), unexpected[:3])
         self._skipped = tuple(skipped)
         with ThreadPoolExecutor(FOOTER_THREADS, thread_name_prefix="zephon-footer") as pool:
             groups = list(pool.map(
@@ -290,17 +315,18 @@ class ObjectStoreDataset(FetchAhead, Dataset):
 
     # -- reading ----------------------------------------------------------------------------
     @contextlib.contextmanager
-    def local_file(self, data_file: DataFile) -> Iterator[str]:
+    def local_file(self, data_file: DataFile, *, ahead: bool = False) -> Iterator[str]:
         """The object in the shard cache (downloaded if needed), pinned while the block
-        runs."""
+        runs. ``ahead``: a fetch ahead of the reader (it does not wait for room in the
+        cache)."""
         display = self.display_name(data_file)
         item = CachedFile(os.path.basename(data_file.path), data_file.size, data_file.version,
                           display)
         info = self._info(data_file)
 
-        def fetch(out: Any) -> None:
-            self.store.download(info, out, display, self._io.show_progress)
+        def fetch(out: Any) -> Any:
+            return self.store.download(info, out, display, self._io.show_progress)
 
-        with self.cache.open(item, fetch) as local:
+        with self.cache.open(item, fetch, ahead=ahead) as local:
             yield local
 

@@ -51,4 +51,7 @@ def open_bucket(bucket: str, io: StoreOptions, *, endpoint: str | None = None
     store = GCSStore(bucket, config=config, client_options=client_options(io, endpoint),
                       retry_config=NO_RETRIES)
     where = f" at {config['base_url']}" if endpoint else ""
-    return ObstoreBucket(f"gs://{bucket}", store, source + where, io)
+    service = (f"{config['base_url']} ("
+               f"{'STORAGE_EMULATOR_HOST' if endpoint == emulator else 'the path option endpoint'})"
+               if endpoint else "https://storage.googleapis.com (Google Cloud Storage)")
+    return ObstoreBucket(f"gs://{bucket}", store, source + where, io, service)
