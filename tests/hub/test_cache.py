@@ -76,6 +76,29 @@ def test_the_cache_keeps_one_small_state_file_a_shard(tmp_path):
     assert fresh.stats.hits == 300 and fresh.stats.downloads == 0
 
 
+def test_a_changed_shard_record_is_not_believed(tmp_path):
+    """A shard's record is a sealed artifact: one edited to match a changed shard (or
+    written by hand) is not believed, and the shard is checked against its version again
+    (here: it differs, so it is downloaded again)."""
+    cache = ShardCache(CacheOptions(enabled=True, root=tmp_path))
+    blob = b"the original bytes\n"
+    with cache.open(item("f.jsonl", blob), writer(blob)) as path:
+        shard = Path(path)
+    [pin] = (tmp_path / "state").iterdir()
+    record = json.loads(pin.read_bytes())
+    assert record["artifact"] == "zephon.shard-record" and len(record["sha256"]) == 64
+    shard.chmod(0o644)
+    shard.write_bytes(b"THE ORIGINAL BYTES\n")  # same size
+    stat = shard.stat()
+    record.update(mtime_ns=stat.st_mtime_ns, ino=stat.st_ino)  # the record follows the edit
+    pin.write_bytes(json.dumps(record).encode())
+    calls: list[str] = []
+    fresh = ShardCache(CacheOptions(enabled=True, root=tmp_path))
+    with fresh.open(item("f.jsonl", blob), writer(blob, calls)) as path:
+        assert Path(path).read_bytes() == blob
+    assert calls  # the changed shard was not used as it was
+
+
 def test_pinned_shards_are_never_evicted(tmp_path):
     options = CacheOptions(enabled=True, root=tmp_path, limit_bytes=2500, space_wait_s=0.3)
     cache = ShardCache(options)

@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -76,6 +75,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import zephon.artifacts as artifacts
 from zephon.errors import ConfigError, DataError, ZephonError
 from zephon.io import cancel
 from zephon.io.content_check import ContentCheck
@@ -95,6 +95,7 @@ from zephon.io.store_options import (
     default_cache_root,
 )
 from zephon.redact import get_logger
+from zephon.state_checks import need_fields, need_int, need_list, need_str
 
 __all__ = ["CacheEntry", "CacheStats", "CachedFile", "ContentCheck", "NoRoomNow", "ShardCache",
            "cache_entries", "prune_cache", "verify_cache"]
@@ -318,7 +319,7 @@ class ShardCache:
                 extra: dict[str, Any] | None) -> None:
         record = {"version": item.version, **_stat_fields(os.lstat(path)),
                   "display": item.display, **(extra or {})}
-        pin.write(json.dumps(record).encode(), "shard cache record")
+        pin.write(artifacts.dump(RECORD_KIND, record), "shard cache record")
 
     # -- space ----------------------------------------------------------------------------
     def _reserve(self, item: CachedFile, held: int, ahead: bool) -> None:
@@ -462,14 +463,32 @@ def _stat_fields(st: os.stat_result) -> dict[str, int]:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
 
 
+RECORD_KIND = "zephon.shard-record"
+LEDGER_KIND = "zephon.shard-ledger"
+
+
 def _record_of(data: bytes) -> dict[str, Any] | None:
-    """A shard's record from its pin's bytes; None when there is none, or it is half
-    written."""
-    try:
-        record = json.loads(data) if data else None
-    except ValueError:
+    """A shard's record from its pin's bytes (a sealed artifact, :mod:`zephon.artifacts`);
+    None when there is none, or it is half written, damaged or changed: the shard is then
+    checked again as if it had none."""
+    if not data:
         return None
-    return record if isinstance(record, dict) else None
+    try:
+        return artifacts.load(data, RECORD_KIND, "shard cache record", _checked_record)
+    except artifacts.ArtifactError:
+        return None
+
+
+def _checked_record(record: dict[str, Any]) -> dict[str, Any]:
+    need_fields(record, "", ("version", "size", "mtime_ns", "ino", "display"), ("parts",))
+    need_str(record["version"], "version")
+    need_str(record["display"], "display")
+    for name in ("size", "mtime_ns", "ino"):
+        need_int(record[name], name)
+    if "parts" in record:
+        for i, size in enumerate(need_list(record["parts"], "parts")):
+            need_int(size, f"parts[{i}]", low=1)
+    return record
 
 
 def _forget_old_layout(root: Path, key: str) -> None:
@@ -480,16 +499,22 @@ def _forget_old_layout(root: Path, key: str) -> None:
 
 
 def _ledger_of(ledger: FileLock) -> int | None:
-    try:
-        value = json.loads(ledger.read() or b"null")
-    except ValueError:
+    """The bytes the ledger counts; None where it holds none (or a damaged count: the next
+    count sets it)."""
+    data = ledger.read()
+    if not data:
         return None
-    counted = value.get("shard_bytes") if isinstance(value, dict) else None
-    return counted if isinstance(counted, int) and counted >= 0 else None
+    try:
+        return artifacts.load(data, LEDGER_KIND, "shard cache ledger",
+                              lambda f: need_int(need_fields(f, "", ("shard_bytes",))
+                                                 ["shard_bytes"], "shard_bytes"))
+    except artifacts.ArtifactError:
+        return None
 
 
 def _ledger_set(ledger: FileLock, shard_bytes: int) -> None:
-    ledger.write(json.dumps({"shard_bytes": shard_bytes}).encode(), "shard cache ledger")
+    ledger.write(artifacts.dump(LEDGER_KIND, {"shard_bytes": shard_bytes}),
+                 "shard cache ledger")
 
 
 def _ledger_add(ledger: FileLock, delta: int) -> None:

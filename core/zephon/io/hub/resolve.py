@@ -46,6 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from huggingface_hub.errors import RevisionNotFoundError
 
+import zephon.artifacts as artifacts
 from zephon.errors import ConfigError, DataError
 from zephon.io.file_formats import described_files
 from zephon.io.formats import compression_of, detect_format
@@ -56,6 +57,7 @@ from zephon.io.hub.locks import FileLock
 from zephon.io.hub.path import HubPath
 from zephon.io.hub.retry import LOGIN
 from zephon.redact import get_logger
+from zephon.state_checks import need_fields
 
 log = get_logger(__name__)
 
@@ -262,12 +264,19 @@ def _listing_path(root: Path, key: dict[str, Any]) -> Path:
     return root / "listings" / f"{digest}.json"
 
 
+LISTING_KIND = "zephon.hub-listing"
+
+
 def _read_listing(root: Path, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The node's stored listing of ``key`` (a sealed artifact, :mod:`zephon.artifacts`), or
+    None when there is none, or it is damaged or changed (it is listed again)."""
     try:
-        stored = json.loads(read_bytes(_listing_path(root, key)))
-    except (OSError, ValueError):
+        stored = artifacts.load(read_bytes(_listing_path(root, key)), LISTING_KIND,
+                                "Hub listing", lambda f: need_fields(f, "", ("key", "value")))
+    except (OSError, artifacts.ArtifactError):
         return None
-    return stored["value"] if stored.get("key") == key else None
+    value = stored["value"]
+    return value if stored["key"] == key and isinstance(value, dict) else None
 
 
 def _cached_listing(root: Path | None, key: dict[str, Any],
@@ -284,7 +293,7 @@ def _cached_listing(root: Path | None, key: dict[str, Any],
         if known is not None:
             return known
         value = compute()
-        replace_file(path, json.dumps({"key": key, "value": value}).encode(),
+        replace_file(path, artifacts.dump(LISTING_KIND, {"key": key, "value": value}),
                      "Hub listing cache file")
         return value
 
