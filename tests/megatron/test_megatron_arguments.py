@@ -261,7 +261,8 @@ def _megatron_parser() -> argparse.ArgumentParser:
     return add_megatron_arguments(parser)
 
 
-NEWER_THAN_0_16 = {"--dataloader-inter-document-masking"}
+NEWER_THAN_0_16 = {"--dataloader-inter-document-masking", "--null-tokenizer-eod-id",
+                   "--no-pad-vocab-size", "--override-ckpt-iteration"}
 
 
 @megatron_lm

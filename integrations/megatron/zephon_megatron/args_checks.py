@@ -107,7 +107,7 @@ def recipe_problems(args: argparse.Namespace, recipes: dict[str, Any], lanes: in
         except (ConfigError, DataError) as exc:
             return [f"[train] {exc}"]
     if pipeline is not None:
-        problems += resume_problems(args, pipeline)
+        problems += resume_problems(args, pipeline, recipes["train"])
         if not problems:
             short = data_shortfall(args, recipes["train"], pipeline, dp)
             if short:
@@ -121,9 +121,14 @@ def _needs_pipeline(args: argparse.Namespace) -> bool:
 
 
 def build_pipeline(recipe: Any, args: argparse.Namespace, lanes: int) -> Any:
-    """The training pipeline of rank 0 (not iterated): its fingerprint and estimates."""
-    return recipe.build(seq_len=args.seq_length, microbatch_size=args.micro_batch_size,
-                        lanes=lanes, prefetch=0, workers=0)
+    """The training pipeline of rank 0 (not iterated): its fingerprint and estimates. The
+    recipe is read as the provider reads it (:func:`~zephon_megatron.vocabulary.run_recipe`),
+    so the fingerprint is the one the run's loader state holds."""
+    from zephon_megatron.vocabulary import run_recipe
+
+    return run_recipe(recipe, args).build(seq_len=args.seq_length,
+                                          microbatch_size=args.micro_batch_size,
+                                          lanes=lanes, prefetch=0, workers=0)
 
 
 # -- tokenizers and token ids -----------------------------------------------------------------
@@ -403,22 +408,29 @@ def _indexed_rows(pipeline: Any, row: int, mbs: int) -> int:
 
 # -- resume ------------------------------------------------------------------------------------
 def resume_iteration(args: argparse.Namespace) -> int | None:
-    """The iteration a resume would read the loader state of, or None (no resume)."""
+    """The iteration a resume would read the loader state of (``--ckpt-step``, else the
+    latest checkpoint of ``--load``), or None (no resume)."""
 
     _, state_dir = state_directories(args)
     load = getattr(args, "load", None)
-    if not state_dir or not load:
-        return None
+    if not state_dir or not load or getattr(args, "finetune", False):
+        return None  # --finetune: Megatron starts at iteration 0, the loader at its start
     return checkpoint_iteration(load, getattr(args, "ckpt_step", None)) or None
 
 
-def resume_problems(args: argparse.Namespace, pipeline: Any) -> list[str]:
-    """The loader state a resume would read, checked against this run's pipeline as the
-    restore checks it (its fingerprint; ``--micro-batch-size``)."""
+def resume_problems(args: argparse.Namespace, pipeline: Any, recipe: Any) -> list[str]:
+    """The loader state a resume would read, checked against this run's pipeline (built from
+    ``recipe`` by :func:`build_pipeline`) as the restore checks it (its fingerprint;
+    ``--micro-batch-size``). Where the fingerprint needs the vocabulary of a tokenizer only
+    Megatron sizes, the provider checks it instead (the same check, inside ``pretrain()``)."""
     iteration = resume_iteration(args)
     if iteration is None:
         return []
     from zephon.errors import StateMismatchError
+    from zephon_megatron.vocabulary import model_vocabulary, needs_model_vocabulary
+
+    if needs_model_vocabulary(recipe) and model_vocabulary(args) is None:
+        return []  # the bound is Megatron's tokenizer's: the provider checks the resume
 
     _, state_dir = state_directories(args)
     try:

@@ -62,6 +62,7 @@ from typing import Any
 from zephon.errors import ConfigError
 from zephon.integration import choose_lanes
 from zephon_megatron.errors import ZephonArgumentError
+from zephon_megatron.flags import add_refused_flags, refused_flag_problems
 from zephon_megatron.geometry import data_parallel_size, rampup
 from zephon_megatron.preset import MEGATRON, PRESET_LAYOUT
 from zephon_megatron.state_files import saved_lanes, state_directories
@@ -246,6 +247,13 @@ def add_megatron_data_flags(parser: argparse.ArgumentParser) -> argparse.Argumen
     add("--save-interval", type=int, default=None)
     add("--log-interval", type=int, default=100)
     add("--tensorboard-dir", type=str, default=None)
+    add("--ckpt-step", type=int, default=None)
+    add("--finetune", action="store_true")
+    add("--make-vocab-size-divisible-by", type=int, default=128)
+    add("--padded-vocab-size", type=int, default=None)
+    add("--null-tokenizer-eod-id", type=int, default=None)
+    add("--no-pad-vocab-size", action="store_false", dest="pad_vocab_size")
+    add_refused_flags(parser)
     return parser
 
 
@@ -430,6 +438,7 @@ def settings_from_args(args: argparse.Namespace,
         collect(lambda valid=valid: _check_shapes(valid, args))
     from zephon_megatron.args_checks import batch_problems, recipe_problems
 
+    problems += refused_flag_problems(args)
     ramp = collect(lambda: rampup(args))
     problems += batch_problems(args, world_size, ramp)
     problems += recipe_problems(args, recipes, lanes, world_size)

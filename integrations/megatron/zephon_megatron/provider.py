@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import dataclasses
 import json
 import os
 import weakref
@@ -66,6 +65,7 @@ from zephon_megatron.state_files import (
 )
 from zephon_megatron.step_metrics import StepClock, global_batch_schedule
 from zephon_megatron.tokenizer_checks import check_tokenizers, eod_id, megatron_tokenizer
+from zephon_megatron.vocabulary import run_recipe
 
 BLEND_DIFFERENCES = (
     "zephon: the blend keeps Megatron's weights (by size where none are given) and --split "
@@ -410,7 +410,7 @@ class ZephonDatasetsProvider:
         recipes = training_recipes(settings)
         if (settings.data_path or settings.per_split) and _global_rank() == 0:
             print(BLEND_DIFFERENCES, flush=True)
-        recipe = _check_vocab(recipes["train"], args)
+        recipe = run_recipe(recipes["train"], args)
         check_tokenizers(recipe, args, megatron_tokenizer())
         train = build_iterator(recipe, settings, topology)
         restore_for_resume(train, settings, int(getattr(args, "iteration", 0) or 0),
@@ -425,33 +425,7 @@ class ZephonDatasetsProvider:
             for role in evaluation:
                 if recipes[role] is not None:
                     evaluation[role] = iterator = build_iterator(
-                        _check_vocab(recipes[role], args), settings, topology, role=role,
+                        run_recipe(recipes[role], args), settings, topology, role=role,
                         restart_every=window)
                     iterator.check_window()
         return train, evaluation["valid"], evaluation["test"]
-
-
-def _check_vocab(recipe: Any, args: argparse.Namespace) -> Any:
-    """``recipe`` checked against the model's vocabulary (``--padded-vocab-size``); token-id
-    recipes without ``[tokenize] vocab_size`` come back with the model's as their bound."""
-    padded = getattr(args, "padded_vocab_size", None)
-    if not padded:
-        return recipe
-    if recipe.tokenizer is None:  # token ids already: every id must fit the model
-        limit = recipe.tokenize.get("vocab_size")
-        if limit is not None and limit > padded:
-            raise ZephonArgumentError(
-                f"{recipe.source}: [tokenize] vocab_size = {limit} is larger than the model's "
-                f"vocabulary ({padded}); size the model for it with --vocab-size {limit} (or "
-                "lower the recipe's vocab_size to the ids the data holds)")
-        if limit is not None:
-            return recipe
-        return dataclasses.replace(recipe, tokenize={**recipe.tokenize, "vocab_size": padded})
-    from zephon.tokenizer import load_tokenizer
-
-    size = len(load_tokenizer(recipe.tokenizer))
-    if size > padded:
-        raise ZephonArgumentError(
-            f"{recipe.source}: its tokenizer has {size} tokens but the model's vocabulary has "
-            f"{padded}; set --vocab-size/--tokenizer-model to match the recipe's tokenizer")
-    return recipe

@@ -1,0 +1,88 @@
+"""Megatron-LM's pretrain() on CPU with Megatron's own --data-path: a blend run saved at 2
+processes resumes at 1 and at 2, microbatch for microbatch, with a Hugging Face tokenizer and
+with NullTokenizer (the model's padded vocabulary is part of the loader's fingerprint: the
+preflight and the provider must derive it alike).
+
+Needs what ``pretrain()`` imports (see test_megatron_pretrain.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from megatron_helpers import NEEDS_PRETRAIN
+
+pytestmark = [pytest.mark.multiprocess, NEEDS_PRETRAIN]
+
+MODEL = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2",
+         "--seq-length", "64", "--max-position-embeddings", "64", "--lr", "3e-3",
+         "--seed", "1234", "--log-interval", "1"]
+SAVED_AT, ITERATIONS, PER_STEP = 4, 6, 4  # global batch 8 of micro batches of 2
+
+
+def blend_flags(data: Path, tokenizer: str) -> list[str]:
+    from zephon.demo.assets import build_demo_assets
+
+    web, code = (str(data / f"{name}_text_document") for name in ("web", "code"))
+    if tokenizer == "hf":  # the tokenizer the data was written with: its EOD masks the loss
+        chosen = ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
+                  str(build_demo_assets()["tokenizer"]), "--eod-mask-loss"]
+    else:
+        chosen = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "4096"]
+    return ["--micro-batch-size", "2", "--global-batch-size", "8", "--calculate-per-token-loss",
+            "--reset-position-ids", "--reset-attention-mask", "--dataloader", "zephon",
+            "--data-path", "0.7", web, "0.3", code, "--split", "98,2,0", "--eval-interval",
+            "100", "--eval-iters", "0", "--train-iters", str(ITERATIONS), *chosen]
+
+
+def cpu_pretrain(nproc: int, trace: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "zephon_megatron.cpu_pretrain", "--nproc", str(nproc),
+               "--trace", str(trace), "--timeout", "400", "--", *MODEL, *flags]
+    return subprocess.run(command, capture_output=True, text=True, timeout=450)
+
+
+def digests(trace: Path) -> dict[int, str]:
+    out: dict[int, str] = {}
+    for path in sorted(trace.glob("trace_rank*.json")):
+        for record in json.loads(path.read_text()):
+            assert record["global_microbatch"] not in out, "two ranks read one microbatch"
+            out[record["global_microbatch"]] = record["digest"]
+    return out
+
+
+@pytest.fixture(scope="module", params=["hf", "null"])
+def saved(request, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Two processes, 6 iterations, checkpoints at 4 and 6 (the latest)."""
+    from zephon_megatron.smoke import write_indexed_demo
+
+    tmp = tmp_path_factory.mktemp(f"blend-{request.param}")
+    write_indexed_demo(str(tmp / "data"))
+    flags = blend_flags(tmp / "data", request.param)
+    run = cpu_pretrain(2, tmp / "two", *flags, "--save", str(tmp / "ckpt"), "--save-interval",
+                       str(SAVED_AT))
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-6000:]
+    assert (tmp / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "6"
+    return {"flags": flags, "ckpt": tmp / "ckpt", "trace": tmp / "two", "log": log,
+            "tokenizer": request.param}
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_data_path_run_resumes_exactly_at_one_and_two_processes(saved: dict, nproc: int,
+                                                                   tmp_path: Path) -> None:
+    resumed = cpu_pretrain(nproc, tmp_path / "resumed", *saved["flags"], "--load",
+                           str(saved["ckpt"]), "--ckpt-step", str(SAVED_AT))
+    log = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, log[-6000:]
+    assert f"iteration        {SAVED_AT + 1}/       {ITERATIONS}" in log
+
+    straight, after = digests(saved["trace"]), digests(tmp_path / "resumed")
+    assert sorted(straight) == list(range(ITERATIONS * PER_STEP))
+    assert sorted(after) == list(range(SAVED_AT * PER_STEP, ITERATIONS * PER_STEP)), \
+        "the resume starts where iteration 4 ended"
+    assert all(after[index] == straight[index] for index in after), \
+        f"{saved['tokenizer']}: the resume at {nproc} differs from the uninterrupted run"
