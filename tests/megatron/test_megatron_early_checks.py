@@ -114,6 +114,14 @@ def test_indexed_data_is_counted_exactly_from_its_index(indexed_recipe: Path) ->
                                                           masking=[]))
 
 
+def test_data_that_does_not_fill_one_iteration_says_so(indexed_recipe: Path) -> None:
+    argv = megatron_argv(indexed_recipe, "--zephon-lanes", "4", "--train-iters", "1",
+                         "--global-batch-size", "1000", *TRAIN, masking=[])
+    message = problems_of(argv)
+    assert "the data does not fill one iteration" in message and "--global-batch-size" in message
+    assert "0 iterations" not in message
+
+
 # -- 3. a resume with other lanes, seed or recipe -------------------------------------------------
 def saved_run(tmp_path: Path, recipe: Path = PACKED, lanes: int = 8, mbs: int = 2) -> Path:
     from zephon_megatron.state_files import (

@@ -331,18 +331,6 @@ def test_the_end_of_run_report_is_printed_once_when_the_data_ends(tmp_path: Path
     assert "handed to the trainer" in printed
 
 
-def test_token_ids_beyond_the_models_vocabulary_name_the_flag() -> None:
-    from types import SimpleNamespace
-
-    from zephon_megatron.provider import _check_vocab
-
-    recipe = SimpleNamespace(tokenizer=None, tokenize={"vocab_size": 5000}, source="ids.toml")
-    with pytest.raises(ZephonArgumentError, match=r"larger than the model's vocabulary "
-                                                  r"\(4096\); size the model for it with "
-                                                  r"--vocab-size 5000"):
-        _check_vocab(recipe, argparse.Namespace(padded_vocab_size=4096))
-
-
 RAMP = ("--log-interval", "1", "--rampup-batch-size", "2", "2", "24")
 needs_ramp = pytest.mark.skipif(
     not hasattr(__import__("megatron.core.num_microbatches_calculator", fromlist=["_"]),

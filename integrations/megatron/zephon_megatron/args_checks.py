@@ -75,20 +75,25 @@ FLAGS = {"seq_len": "--seq-length", "microbatch_size": "--micro-batch-size",
 
 
 def recipe_problems(args: argparse.Namespace, recipes: dict[str, Any], lanes: int | None,
-                    world_size: int | None = None) -> list[str]:
+                    world_size: int | None = None, lanes_from: str | None = None) -> list[str]:
     """Every problem of ``recipes`` (train/valid/test; None skipped) in this run; where the
-    recipes have none, the training data against the run (see the module docstring)."""
-    from zephon.integration import FrameworkValues, check_recipe
+    recipes have none, the training data against the run (see the module docstring).
+    ``lanes_from`` says where the lanes came from (the recipe, ``--zephon-lanes``, the
+    checkpoint, the default), for the message when the readers cannot share them."""
+    from zephon.integration import FrameworkValues, check_recipe, lanes_problem
 
     dp = data_parallel_size(args, world_size)
     problems: list[str] = []
+    shared = lanes_problem(lanes, dp) if lanes is not None else None
+    if shared:
+        problems.append(f"{lanes_from or f'{lanes} lanes'}: {shared}")
     seen: set[int] = set()
     for role, recipe in recipes.items():
         if recipe is None or id(recipe) in seen:
             continue  # the test split may read the validation recipe again
         seen.add(id(recipe))
         values = FrameworkValues(seq_len=args.seq_length, microbatch_size=args.micro_batch_size,
-                                 dp_size=dp, lanes=lanes, flags=dict(FLAGS),
+                                 dp_size=None, lanes=lanes, flags=dict(FLAGS),
                                  vocab_size=getattr(args, "vocab_size", None))
         for problem in check_recipe(recipe, values=values):
             problems.append(f"[{role}] {problem}")
@@ -369,13 +374,14 @@ def data_shortfall(args: argparse.Namespace, recipe: Any, pipeline: Any,
     fits = max(0, clock.iteration - 1)
     which = ", ".join(repr(n) for n in limiting)
     fix = f"repeat = [{', '.join(repr(n) for n in once)}]".replace("'", '"')
+    lower = (f"lower {flag.split()[0]} (to {fits} iterations or fewer)" if fits else
+             "lower --global-batch-size (the data does not fill one iteration of it)")
     return (f"{recipe.source}: the training data runs out before the run ends: {flag} x the "
             f"global batch size needs {needed:,} samples (rows of {row} tokens), but "
             f"{'dataset' if len(limiting) == 1 else 'datasets'} {which} "
             f"{'is' if len(limiting) == 1 else 'are'} not repeated and the data yields "
             f"{counted}; training would stop with an error near iteration {clock.iteration}, "
-            f"without a checkpoint. Add {fix} to [mixture], give more data, or lower "
-            f"{flag.split()[0]} (to {fits} iterations or fewer)")
+            f"without a checkpoint. Add {fix} to [mixture], give more data, or {lower}")
 
 
 def _indexed_rows(pipeline: Any, row: int, mbs: int) -> int:
