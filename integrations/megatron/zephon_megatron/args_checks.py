@@ -38,6 +38,9 @@ after the model is built:
   must have at least the ids of the recipe's tokenizer and end documents with the same EOS id
   (:func:`~zephon_megatron.tokenizer_checks.check_tokenizers` runs again in the provider as a
   backstop, and checks the other tokenizer types after Megatron-LM built them).
+- ``--eod-mask-loss`` on token-id data (:func:`~zephon_megatron.eod_checks.eod_problems`):
+  an EOD id Megatron's NullTokenizer would make up is refused; an EOD the documents of an
+  indexed dataset never end with is refused, naming the ids they end with.
 - token ids of ``--data-path`` data against ``--vocab-size`` (:func:`token_id_problems`): the
   ``.idx`` dtype bounds them (uint8/uint16 data cannot exceed a vocabulary of 256/65536 or
   more: nothing is read); otherwise the ``.bin`` is scanned, a vectorized max over a memmap of
@@ -57,6 +60,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from zephon_megatron.eod_checks import eod_problems
 from zephon_megatron.geometry import data_parallel_size, model_ways, rampup
 from zephon_megatron.state_files import (
     checkpoint_iteration,
@@ -101,6 +105,7 @@ def recipe_problems(args: argparse.Namespace, recipes: dict[str, Any], lanes: in
         return problems
     problems += tokenizer_problems(args, recipes["train"])
     problems += token_id_problems(args, recipes["train"])
+    problems += eod_problems(args, recipes["train"])
     if problems:
         return problems
     pipeline = None

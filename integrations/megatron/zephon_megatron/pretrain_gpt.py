@@ -117,15 +117,27 @@ def missing_megatron_lm(dataloader: str = "zephon") -> list[str]:
 def zephon_args_defaults(settings: Any, argv: Sequence[str]) -> dict[str, Any]:
     """Megatron ``args_defaults`` for zephon runs: a NullTokenizer of the recipe tokenizer's
     size; for token-id data (``--data-path``), Megatron's own tokenizer flags, or a
-    NullTokenizer of ``--vocab-size``."""
+    NullTokenizer of ``--vocab-size`` (else of the recipe's ``[tokenize] vocab_size``).
+    Token-id data with none of these is refused: Megatron would need a tokenizer to size the
+    model and fail inside its initialization."""
     if "--tokenizer-type" in argv:
         return {}
     from zephon.tokenizer import load_tokenizer
-    from zephon_megatron.arguments import training_recipes
+    from zephon_megatron.arguments import ZephonArgumentError, training_recipes
 
     recipe = training_recipes(settings)["train"]
     if recipe.tokenizer is None:
-        return {"tokenizer_type": "NullTokenizer"} if "--vocab-size" in argv else {}
+        if "--vocab-size" in argv:
+            return {"tokenizer_type": "NullTokenizer"}
+        bound = recipe.tokenize.get("vocab_size")
+        if bound:
+            return {"tokenizer_type": "NullTokenizer", "vocab_size": int(bound)}
+        raise ZephonArgumentError(
+            f"{recipe.source}: the data is token ids and the command line names neither the "
+            "tokenizer they were written with nor a vocabulary size, which Megatron needs to "
+            "size the model: pass --tokenizer-type and --tokenizer-model (e.g. "
+            "--tokenizer-type HuggingFaceTokenizer --tokenizer-model DIR), or --vocab-size N "
+            "(a NullTokenizer of N ids)")
     return {"tokenizer_type": "NullTokenizer", "vocab_size": len(load_tokenizer(
         recipe.tokenizer))}
 
@@ -174,6 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         install_checkpoint_hook()  # virtual pipelining's per-chunk iterator lists
 
         dataset_provider: Any = ZephonDatasetsProvider(get_args)
+        dataset_provider.exit_on_error = True
         forward_step: Any = make_forward_step(get_args)
     else:
         import pretrain_gpt as stock  # Megatron-LM's script, from the checkout

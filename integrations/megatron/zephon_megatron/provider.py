@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from zephon.errors import ConfigError, StateMismatchError
+from zephon.errors import ConfigError, DataError, StateMismatchError
 from zephon.integration import LoaderSession, lanes_problem, merge_states
 from zephon.meter import LoaderMeter, metrics_line
 from zephon.trace import trace_line
@@ -431,10 +431,29 @@ class ZephonDatasetsProvider:
         self._topology = topology
         self._stage_reads = stage_reads
 
+    exit_on_error = False
+    """Under ``pretrain()`` (the entry sets it): a problem found here is printed by global
+    rank 0 alone, without a traceback, and every rank that finds it exits with status 2.
+    Elsewhere (tests, the CPU smoke run) it is raised."""
+
     def __call__(self, train_val_test_num_samples: Sequence[int | None] | None = None,
-                 vp_stage: int | None = None) -> tuple[ZephonDataIterator,
+                 vp_stage: int | None = None) -> tuple[ZephonDataIterator | None,
                                                        ZephonDataIterator | None,
                                                        ZephonDataIterator | None]:
+        try:
+            return self._iterators(vp_stage)
+        except (ConfigError, DataError, StateMismatchError) as exc:
+            if not self.exit_on_error:
+                raise
+            if _global_rank() == 0:
+                import sys
+
+                print(f"zephon_megatron: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+
+    def _iterators(self, vp_stage: int | None) -> tuple[ZephonDataIterator | None,
+                                                         ZephonDataIterator | None,
+                                                         ZephonDataIterator | None]:
         args = self._get_args()
         settings = settings_from_args(args)
         # Megatron-LM's checkpoint hook writes the loader state where the settings say.
