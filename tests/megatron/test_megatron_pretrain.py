@@ -9,6 +9,7 @@ and triton) on PYTHONPATH.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -108,3 +109,23 @@ def test_an_early_error_is_printed_once_by_two_ranks(tmp_path: Path) -> None:
     run = cpu_pretrain(2, tmp_path / "bad", "--train-iters", "2", "--global-batch-size", "6")
     assert run.returncode == 2
     assert (run.stdout + run.stderr).count("--global-batch-size 6 is not divisible") == 1
+
+
+def test_your_own_pretrain_gpt_script_trains_on_what_the_entry_trains_on(
+        uninterrupted: Path, tmp_path: Path) -> None:
+    """The README's way to keep one's own pretrain_gpt.py (integrations/megatron/examples):
+    zephon_pretrain_parts() gives pretrain() its provider and forward step, and the script
+    trains on the entry's microbatches."""
+    from megatron_helpers import REPO
+
+    script = REPO / "integrations" / "megatron" / "examples" / "own_pretrain_gpt.py"
+    command = [sys.executable, "-m", "zephon_megatron.cpu_pretrain", "--nproc", "1",
+               "--trace", str(tmp_path / "own"), "--script", str(script), "--timeout", "400",
+               "--", *MODEL, *DATA, "--train-iters", "3", "--my-note", "kept"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=450)
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-6000:]
+    assert "iteration        3/       3" in log
+    assert re.search(r"my_note \.+ kept", log), "the script's own flag reaches Megatron"
+    straight, own = digests(uninterrupted / "one"), digests(tmp_path / "own")
+    assert own == {index: straight[index] for index in range(12)}
