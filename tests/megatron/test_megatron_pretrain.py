@@ -129,3 +129,21 @@ def test_your_own_pretrain_gpt_script_trains_on_what_the_entry_trains_on(
     assert re.search(r"my_note \.+ kept", log), "the script's own flag reaches Megatron"
     straight, own = digests(uninterrupted / "one"), digests(tmp_path / "own")
     assert own == {index: straight[index] for index in range(12)}
+
+
+def test_zephon_trace_reads_the_loader_state_of_a_torch_dist_checkpoint(
+        uninterrupted: Path) -> None:
+    """Megatron-LM 0.16's default checkpoint format (torch_dist) holds a .metadata as a
+    TorchTitan step folder does; the loader state is still found in its
+    train_dataloader_dprank*.pt files."""
+    from zephon.recipe import DataRecipe
+    from zephon.trace import read_loader_state, trace_steps
+
+    folder = uninterrupted / "ckpt" / "iter_0000004"
+    assert (folder / ".metadata").is_file() or (folder / "metadata.json").is_file()
+    state = read_loader_state(folder)
+    assert sorted(state) == [f"lane_{lane}" for lane in range(8)]
+    pipeline = DataRecipe.from_toml(str(PACKED)).build(seq_len=64, microbatch_size=2, lanes=8,
+                                                        prefetch=0)
+    listed = list(trace_steps(pipeline, 5, 5, 4, 1, state))
+    assert [m.global_microbatch for m in listed] == [16, 17, 18, 19]
