@@ -9,12 +9,10 @@ Needs what ``pretrain()`` imports (see test_megatron_pretrain.py).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from megatron_helpers import NEEDS_PRETRAIN
+from megatron_helpers import NEEDS_PRETRAIN, cpu_pretrain, digests
 
 pytestmark = [pytest.mark.multiprocess, NEEDS_PRETRAIN]
 
@@ -39,21 +37,6 @@ def blend_flags(data: Path, tokenizer: str) -> list[str]:
             "100", "--eval-iters", "0", "--train-iters", str(ITERATIONS), *chosen]
 
 
-def cpu_pretrain(nproc: int, trace: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "zephon_megatron.cpu_pretrain", "--nproc", str(nproc),
-               "--trace", str(trace), "--timeout", "400", "--", *MODEL, *flags]
-    return subprocess.run(command, capture_output=True, text=True, timeout=450)
-
-
-def digests(trace: Path) -> dict[int, str]:
-    out: dict[int, str] = {}
-    for path in sorted(trace.glob("trace_rank*.json")):
-        for record in json.loads(path.read_text()):
-            assert record["global_microbatch"] not in out, "two ranks read one microbatch"
-            out[record["global_microbatch"]] = record["digest"]
-    return out
-
-
 @pytest.fixture(scope="module", params=["hf", "null"])
 def saved(request, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Two processes, 6 iterations, checkpoints at 4 and 6 (the latest)."""
@@ -62,8 +45,9 @@ def saved(request, tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp(f"blend-{request.param}")
     write_indexed_demo(str(tmp / "data"))
     flags = blend_flags(tmp / "data", request.param)
-    run = cpu_pretrain(2, tmp / "two", *flags, "--save", str(tmp / "ckpt"), "--save-interval",
-                       str(SAVED_AT), "--zephon-trace-dir", str(tmp / "adapter-trace"))
+    run = cpu_pretrain(2, tmp / "two", *MODEL, *flags, "--save", str(tmp / "ckpt"),
+                       "--save-interval", str(SAVED_AT), "--zephon-trace-dir",
+                       str(tmp / "adapter-trace"))
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-6000:]
     assert (tmp / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "6"
@@ -74,7 +58,7 @@ def saved(request, tmp_path_factory: pytest.TempPathFactory) -> dict:
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_a_data_path_run_resumes_exactly_at_one_and_two_processes(saved: dict, nproc: int,
                                                                    tmp_path: Path) -> None:
-    resumed = cpu_pretrain(nproc, tmp_path / "resumed", *saved["flags"], "--load",
+    resumed = cpu_pretrain(nproc, tmp_path / "resumed", *MODEL, *saved["flags"], "--load",
                            str(saved["ckpt"]), "--ckpt-step", str(SAVED_AT))
     log = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, log[-6000:]

@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from megatron_helpers import NEEDS_PRETRAIN, PACKED, VALIDATION
+from megatron_helpers import NEEDS_PRETRAIN, PACKED, VALIDATION, digests
+from megatron_helpers import cpu_pretrain as run_cpu_pretrain
 
 pytestmark = [pytest.mark.multiprocess, NEEDS_PRETRAIN]
 
@@ -30,18 +31,7 @@ DATA = ["--micro-batch-size", "2", "--global-batch-size", "8", "--reset-position
 
 
 def cpu_pretrain(nproc: int, trace: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "zephon_megatron.cpu_pretrain", "--nproc", str(nproc),
-               "--trace", str(trace), "--timeout", "400", "--", *MODEL, *DATA, *flags]
-    return subprocess.run(command, capture_output=True, text=True, timeout=450)
-
-
-def digests(trace: Path) -> dict[int, str]:
-    out: dict[int, str] = {}
-    for path in sorted(trace.glob("trace_rank*.json")):
-        for record in json.loads(path.read_text()):
-            assert record["global_microbatch"] not in out, "two ranks read one microbatch"
-            out[record["global_microbatch"]] = record["digest"]
-    return out
+    return run_cpu_pretrain(nproc, trace, *MODEL, *DATA, *flags)
 
 
 @pytest.fixture(scope="module")

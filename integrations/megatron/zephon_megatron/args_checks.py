@@ -60,7 +60,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from zephon_megatron.eod_checks import eod_problems
+from zephon_megatron.eod_checks import eod_problems, indexed_prefixes
 from zephon_megatron.geometry import data_parallel_size, model_ways, rampup
 from zephon_megatron.state_files import (
     checkpoint_iteration,
@@ -189,15 +189,10 @@ def token_id_problems(args: argparse.Namespace, recipe: Any) -> list[str]:
     vocab = getattr(args, "vocab_size", None)
     if not vocab or recipe.tokenizer is not None:
         return []
-    from zephon.io.indexed import open_indexed, prefix_of
+    from zephon.io.indexed import open_indexed
 
     problems = []
-    seen: set[str] = set()
-    for entry in recipe.datasets:
-        prefix = prefix_of(str(entry.path)) if entry.fmt in (None, "megatron") else None
-        if prefix is None or prefix in seen:
-            continue
-        seen.add(prefix)
+    for prefix in indexed_prefixes(recipe):
         data = open_indexed(prefix)
         if data.dtype.kind == "u" and 1 << (8 * data.dtype.itemsize) <= vocab:
             continue  # the dtype cannot hold an id >= vocab

@@ -103,6 +103,18 @@ def document_end_ids(prefix: str, sample: int = SAMPLED_DOCUMENTS) -> Counter[in
     return Counter(int(i) for i in data.tokens[ends])
 
 
+def indexed_prefixes(recipe: Any) -> list[str]:
+    """The prefixes of the Megatron indexed datasets ``recipe`` reads, each once."""
+    from zephon.io.indexed import prefix_of
+
+    prefixes: list[str] = []
+    for entry in recipe.datasets:
+        prefix = prefix_of(str(entry.path)) if entry.fmt in (None, "megatron") else None
+        if prefix is not None and prefix not in prefixes:
+            prefixes.append(prefix)
+    return prefixes
+
+
 def _appends_eos(recipe: Any) -> bool:
     return recipe.tokenize.get("eos_token_id") is not None
 
@@ -111,15 +123,8 @@ def document_end_problems(recipe: Any, eod: int, source: str) -> list[str]:
     """Indexed datasets of ``recipe`` whose sampled documents never end with ``eod``."""
     if recipe.tokenizer is not None or _appends_eos(recipe):
         return []
-    from zephon.io.indexed import prefix_of
-
     problems = []
-    seen: set[str] = set()
-    for entry in recipe.datasets:
-        prefix = prefix_of(str(entry.path)) if entry.fmt in (None, "megatron") else None
-        if prefix is None or prefix in seen:
-            continue
-        seen.add(prefix)
+    for prefix in indexed_prefixes(recipe):
         ends = document_end_ids(prefix)
         if not ends or eod in ends:
             continue
