@@ -476,8 +476,8 @@ def test_under_pretrain_a_provider_error_is_printed_by_rank_0_only(monkeypatch, 
     with pytest.raises(ZephonArgumentError, match="--zephon-lanes 3: 3 lanes cannot be shared"):
         provider(None)
     provider.exit_on_error = True
-    for rank, printed in (("1", 0), ("0", 1)):
-        monkeypatch.setenv("RANK", rank)
+    for rank, printed in ((1, 0), (0, 1)):  # the global rank, as torch.distributed gives it
+        monkeypatch.setattr("zephon_megatron.provider._global_rank", lambda rank=rank: rank)
         with pytest.raises(SystemExit) as stopped:
             provider(None)
         assert stopped.value.code == 2

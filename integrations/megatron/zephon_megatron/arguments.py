@@ -34,6 +34,10 @@ meaning or are refused before the model is built:
 ``--data-cache-path``      refused: there is no index cache to place
 =========================  ==========================================================
 
+Every other data flag of Megatron-LM is listed in :mod:`zephon_megatron.flags`, with what it
+does here; the refused ones are refused by name (:func:`~zephon_megatron.flags.
+refused_flag_problems`).
+
 Lanes: a recipe's ``lanes``, else ``--zephon-lanes``, else (on resume) the lanes of the loader
 state, else ``DEFAULT_LANES_PER_READER`` (8) times the data-parallel size of the first launch.
 Later launches resume exactly at any data-parallel size dividing that number: started at 12

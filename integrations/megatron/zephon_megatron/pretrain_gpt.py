@@ -25,9 +25,13 @@ TE 2-D cu_seqlens), so this module calls ``pretrain()`` itself
   ``external``, and unless the command line names a tokenizer Megatron gets a
   ``NullTokenizer`` sized to the recipe's tokenizer (the data arrives as token ids).
 
-The command line is validated against the recipe before Megatron initializes, so a bad recipe
-or a conflicting flag fails in a second, naming the problem. On CPU the same entry runs under
-:mod:`zephon_megatron.cpu_pretrain`.
+The command line is validated against the recipe before Megatron initializes
+(:func:`preflight`), so a bad recipe or a conflicting flag fails in a second, naming the
+problem. On CPU the same entry runs under :mod:`zephon_megatron.cpu_pretrain`.
+
+Megatron-LM's own ``pretrain_gpt.py`` rejects ``--dataloader zephon`` (its parser does not
+know the flag). A script of one's own keeps its ``pretrain()`` call and takes the adapter's
+parts from :func:`zephon_pretrain_parts` (``integrations/megatron/examples/own_pretrain_gpt.py``).
 """
 
 from __future__ import annotations
