@@ -46,10 +46,11 @@ $(AZURITE):
 
 install: $(STAMP) $(AZURITE)
 
+# megatron-training adds six and triton, which megatron.training imports (pretrain() tests).
 $(STAMP312): pyproject.toml
 	$(PYTHON312) -m venv $(VENV312)
 	$(PY312) -m pip install -q --upgrade pip
-	$(PY312) -m pip install -q -e ".[hf,s3,dev,megatron,fast]" $(TORCH_PIN) $(MEGATRON_CORE_312) tensorboard
+	$(PY312) -m pip install -q -e ".[hf,s3,dev,megatron-training,fast]" $(TORCH_PIN) $(MEGATRON_CORE_312) tensorboard
 	touch $(STAMP312)
 
 # The loader tour (core), then TorchTitan's debug model trained for 10 steps with it (adapter).

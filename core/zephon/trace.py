@@ -83,7 +83,8 @@ def read_loader_state(path: str | Path) -> dict[str, Any]:
 
     - a TorchTitan (torch.distributed.checkpoint) step directory (``.metadata`` and
       ``*.distcp``): the ``dataloader.lane_<l>`` entries, read without the model;
-    - a Megatron-LM checkpoint directory or ``iter_<7 digits>`` folder: every
+    - a Megatron-LM checkpoint directory or ``iter_<7 digits>`` folder, in any checkpoint
+      format (a ``torch_dist`` one holds a ``.metadata`` too): every
       ``train_dataloader_dprank*.pt`` of the iteration (``latest_checkpointed_iteration.txt``
       says which when the directory holds several);
     - a file written with ``torch.save`` of a ``state_dict()`` (read with
@@ -95,7 +96,8 @@ def read_loader_state(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"--from-state {str(path)!r} does not exist")
-    if (path / ".metadata").is_file():
+    megatron = path.is_dir() and any(path.glob("mp_rank_*/train_dataloader_dprank*.pt"))
+    if (path / ".metadata").is_file() and not megatron:  # Megatron's torch_dist has one too
         return _lanes(_distributed_checkpoint(path), str(path))
     if path.is_dir():
         files = _megatron_files(path)

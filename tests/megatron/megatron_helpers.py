@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,3 +40,21 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return build_standalone_parser().parse_args(argv)
 
 
+
+
+def cpu_pretrain(nproc: int, trace: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """Megatron-LM's pretrain() on CPU (zephon_megatron.cpu_pretrain), each rank's microbatch
+    digests written under ``trace``."""
+    command = [sys.executable, "-m", "zephon_megatron.cpu_pretrain", "--nproc", str(nproc),
+               "--trace", str(trace), "--timeout", "400", "--", *flags]
+    return subprocess.run(command, capture_output=True, text=True, timeout=450)
+
+
+def digests(trace: Path) -> dict[int, str]:
+    """{global microbatch: digest} of a cpu_pretrain trace; every microbatch read once."""
+    out: dict[int, str] = {}
+    for path in sorted(trace.glob("trace_rank*.json")):
+        for record in json.loads(path.read_text()):
+            assert record["global_microbatch"] not in out, "two ranks read one microbatch"
+            out[record["global_microbatch"]] = record["digest"]
+    return out

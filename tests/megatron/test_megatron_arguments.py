@@ -201,6 +201,13 @@ def test_lanes_default_to_eight_per_reader_of_the_first_launch(tmp_path: Path) -
     assert settings(megatron_argv(path, "--zephon-lanes", "4")).lanes == 4
 
 
+def test_lanes_the_readers_cannot_share_are_named_where_they_came_from() -> None:
+    with pytest.raises(ZephonArgumentError) as flag:
+        settings_from_args(parse(megatron_argv(PACKED, "--zephon-lanes", "3")), world_size=2)
+    assert "--zephon-lanes 3: 3 lanes cannot be shared by 2" in str(flag.value)
+    assert "lanes = 3" not in str(flag.value)
+
+
 def test_recipe_lanes_and_the_flag_must_agree(tmp_path: Path) -> None:
     path = tmp_path / "recipe.toml"
     path.write_text("lanes = 8\n" + PACKED.read_text())
@@ -261,7 +268,8 @@ def _megatron_parser() -> argparse.ArgumentParser:
     return add_megatron_arguments(parser)
 
 
-NEWER_THAN_0_16 = {"--dataloader-inter-document-masking"}
+NEWER_THAN_0_16 = {"--dataloader-inter-document-masking", "--null-tokenizer-eod-id",
+                   "--no-pad-vocab-size", "--override-ckpt-iteration"}
 
 
 @megatron_lm

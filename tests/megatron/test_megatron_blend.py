@@ -303,3 +303,16 @@ def test_an_eod_id_beyond_the_vocabulary_is_an_error(indexed, tmp_path):
     with pytest.raises(ZephonArgumentError, match=r"--eod-mask-loss .* EOD id 1000, but the "
                                                   r"data's ids are 0\.\.999"):
         ZephonDatasetsProvider(lambda: args, lambda: Topology())(None)
+
+
+def test_the_start_up_line_names_the_split_only_when_one_was_given() -> None:
+    from types import SimpleNamespace
+
+    from zephon_megatron.provider import blend_differences
+
+    given = blend_differences(SimpleNamespace(per_split=None, split="98,2,0"))
+    default = blend_differences(SimpleNamespace(per_split=None, split=None))
+    per_split = blend_differences(SimpleNamespace(per_split=(("a",), None, None), split=None))
+    assert "--split 98,2,0 cuts documents" in given
+    assert "default split 969,30,1 (no --split given)" in default
+    assert "--split" not in per_split and "read whole" in per_split

@@ -114,6 +114,14 @@ def test_indexed_data_is_counted_exactly_from_its_index(indexed_recipe: Path) ->
                                                           masking=[]))
 
 
+def test_data_that_does_not_fill_one_iteration_says_so(indexed_recipe: Path) -> None:
+    argv = megatron_argv(indexed_recipe, "--zephon-lanes", "4", "--train-iters", "1",
+                         "--global-batch-size", "1000", *TRAIN, masking=[])
+    message = problems_of(argv)
+    assert "the data does not fill one iteration" in message and "--global-batch-size" in message
+    assert "0 iterations" not in message
+
+
 # -- 3. a resume with other lanes, seed or recipe -------------------------------------------------
 def saved_run(tmp_path: Path, recipe: Path = PACKED, lanes: int = 8, mbs: int = 2) -> Path:
     from zephon_megatron.state_files import (
@@ -278,3 +286,80 @@ def test_a_missing_training_dependency_is_named(monkeypatch, capsys) -> None:
     err = capsys.readouterr().err
     assert "megatron.training imports 'six', which is not installed" in err
     assert 'pip install "zephon[megatron-training]"' in err
+
+
+# -- 7. --data-path runs: the tokenizer and the EOD ----------------------------------------------
+def data_path_argv(prefix: str, *extra: str) -> list[str]:
+    return ["--seq-length", "64", "--micro-batch-size", "2", "--global-batch-size", "8",
+            "--calculate-per-token-loss", "--transformer-impl", "local", "--eval-iters", "0",
+            "--dataloader", "zephon", "--data-path", prefix, "--split", "1,0,0",
+            "--zephon-lanes", "2", *extra]
+
+
+@pytest.fixture
+def ends_with(tmp_path: Path):
+    """An indexed dataset whose documents end with the given EOD id."""
+    def write(eod: int) -> str:
+        rng = np.random.default_rng(eod)
+        return write_indexed_dataset(tmp_path / f"eod{eod}_text_document", [
+            np.append(rng.integers(5, 900, size=int(rng.integers(10, 90))), eod)
+            for _ in range(200)])
+    return write
+
+
+def entry_error(monkeypatch, capsys, argv: list[str]) -> str:
+    """What the entry prints, before Megatron-LM is imported, on rank 0 (and on rank 1:
+    nothing), both exiting with status 2."""
+    from zephon_megatron import pretrain_gpt
+
+    monkeypatch.setenv("RANK", "1")
+    assert pretrain_gpt.main(argv) == 2
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("RANK", "0")
+    assert pretrain_gpt.main(argv) == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tokenizer", [["--tokenizer-type", "NullTokenizer", "--vocab-size",
+                                        "4096"], ["--vocab-size", "4096"]])
+def test_a_null_tokenizers_eod_is_refused_for_eod_mask_loss_before_megatron(
+        ends_with, monkeypatch, capsys, tokenizer: list[str]) -> None:
+    argv = data_path_argv(ends_with(2), *tokenizer, "--eod-mask-loss")
+    err = entry_error(monkeypatch, capsys, argv)
+    assert err.count("NullTokenizer is made up from --vocab-size") == 1
+    assert "Traceback" not in err
+    check(data_path_argv(ends_with(2), *tokenizer))  # without --eod-mask-loss: fine
+
+
+def test_documents_ending_with_another_eod_are_refused_for_eod_mask_loss(ends_with) -> None:
+    from zephon.demo.assets import build_demo_assets
+
+    model = str(build_demo_assets()["tokenizer"])  # its EOS is 2
+    hf = ("--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", model)
+    zero = ends_with(0)
+    message = problems_of(data_path_argv(zero, *hf, "--eod-mask-loss"))
+    assert f"{zero}: --eod-mask-loss masks the label after EOD id 2" in message
+    assert "they end with 0 (200 of 200)" in message
+    check(data_path_argv(ends_with(2), *hf, "--eod-mask-loss"))  # the tokenizer's EOD
+    check(data_path_argv(zero, *hf))  # no mask: nothing to check
+
+
+def test_token_ids_without_a_tokenizer_or_vocab_size_are_refused_before_megatron(
+        ends_with, monkeypatch, capsys) -> None:
+    err = entry_error(monkeypatch, capsys, data_path_argv(ends_with(2)))
+    assert "names neither the tokenizer they were written with nor a vocabulary size" in err
+    assert "--vocab-size N" in err and "Traceback" not in err
+
+
+def test_the_preflight_follows_ckpt_step(tmp_path: Path) -> None:
+    """The resume reads --ckpt-step's loader state, not the latest one: a later checkpoint
+    written with other lanes does not refuse a resume from the earlier one."""
+    from zephon_megatron.state_files import write_dataloader_state
+
+    ckpt = saved_run(tmp_path)  # iteration 3, 8 lanes
+    write_dataloader_state(ckpt, 5, 0, {"lanes": 4, "micro_batch_size": 4, "pipeline": {}})
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("5")
+    argv = megatron_argv(PACKED, "--load", str(ckpt), "--zephon-lanes", "8")
+    assert "written with --micro-batch-size 4" in problems_of(argv)
+    check([*argv, "--ckpt-step", "3"])
+    check([*argv, "--finetune"])  # Megatron starts over: no loader state is read

@@ -76,7 +76,8 @@ def test_entry_checks_the_recipes_before_megatron_lm_is_imported(tmp_path, capsy
     err = result.stderr
     assert "zephon preflight found problems before the model is built" in err
     assert "a.jsonl: has no field 'text'" in err
-    assert "lanes = 3: 3 lanes cannot be shared by 2 data-parallel readers" in err
+    assert "lanes = 3 in " in err  # the recipe's lanes, named as such
+    assert "broken.toml: 3 lanes cannot be shared by 2 data-parallel readers" in err
     assert "[pack] max_length = 33 conflicts" in err or "max_length = 33 conflicts" in err
     assert "Megatron-LM" not in err  # refused before looking for the checkout
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -196,14 +197,15 @@ def test_loader_metrics_reach_the_tensorboard_writer(tmp_path: Path) -> None:
 @pytest.mark.multiprocess
 def test_logged_loader_figures_describe_the_job(tmp_path: Path) -> None:
     """Two data-parallel ranks log the realized shares one rank logs for the same data, and
-    the console line (data-parallel rank 0) agrees with TensorBoard (the last rank)."""
-    import re
+    the console line (data-parallel rank 0) agrees with TensorBoard (the last rank); the
+    end-of-run report is the job's, the same at one and at two ranks."""
 
     from megatron_helpers import megatron_argv
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     recipe = two_source_recipe(tmp_path)
     logged = {}
+    reports = {}
     for nproc in (1, 2):
         board = tmp_path / f"tb{nproc}"
         result = smoke(tmp_path / f"run{nproc}", "--nproc", str(nproc), "--tag", f"w{nproc}",
@@ -211,6 +213,7 @@ def test_logged_loader_figures_describe_the_job(tmp_path: Path) -> None:
                        "6", "--eval-interval", "6", "--log-interval", "2", "--tensorboard-dir",
                        str(board))
         assert result.returncode == 0, f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+        reports[nproc] = end_of_run_report(result.stdout)
         events = EventAccumulator(str(board))
         events.Reload()
         logged[nproc] = {name: [(e.step, e.value) for e in events.Scalars(f"zephon/{name}")]
@@ -227,6 +230,29 @@ def test_logged_loader_figures_describe_the_job(tmp_path: Path) -> None:
         assert all(abs(a - b) < 1e-6 for (_, a), (_, b) in zip(one, two, strict=True)), (
             name, one, two)
     assert 0 < logged[2]["realized/notes"][-1][1] < 1
+    # the end-of-run report covers the job at any number of processes, as one process sees it
+    assert reports[2] == reports[1]
+    header, table = reports[2]
+    assert "24 microbatches, 48 rows of 65 tokens = 3,120 tokens" in header
+    handed = sum(int(row.split()[2].replace(",", "")) for row in table
+                 if row.split()[0] in ("demo", "notes"))
+    padding = int(re.search(r"padding tokens ([0-9,]+)", "\n".join(table)).group(1)
+                  .replace(",", ""))
+    assert handed + padding == 3120, "the header's tokens are the table's"
+
+
+def end_of_run_report(stdout: str) -> tuple[str, list[str]]:
+    """(the header without the loader's timing, the table) of the one end-of-run report."""
+    lines = stdout.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("zephon: end of run ("))
+    assert sum(line.startswith("zephon: end of run (") for line in lines) == 1
+    table = []
+    for line in lines[first + 1:]:
+        table.append(line)
+        if line.startswith("microbatches "):
+            break
+    assert not any("this rank's lanes only" in line for line in table), table
+    return lines[first].split(", loader ")[0], table
 
 
 @pytest.mark.multiprocess

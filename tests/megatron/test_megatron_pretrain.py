@@ -9,12 +9,14 @@ and triton) on PYTHONPATH.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from megatron_helpers import NEEDS_PRETRAIN, PACKED, VALIDATION
+from megatron_helpers import NEEDS_PRETRAIN, PACKED, VALIDATION, digests
+from megatron_helpers import cpu_pretrain as run_cpu_pretrain
 
 pytestmark = [pytest.mark.multiprocess, NEEDS_PRETRAIN]
 
@@ -29,18 +31,7 @@ DATA = ["--micro-batch-size", "2", "--global-batch-size", "8", "--reset-position
 
 
 def cpu_pretrain(nproc: int, trace: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "zephon_megatron.cpu_pretrain", "--nproc", str(nproc),
-               "--trace", str(trace), "--timeout", "400", "--", *MODEL, *DATA, *flags]
-    return subprocess.run(command, capture_output=True, text=True, timeout=450)
-
-
-def digests(trace: Path) -> dict[int, str]:
-    out: dict[int, str] = {}
-    for path in sorted(trace.glob("trace_rank*.json")):
-        for record in json.loads(path.read_text()):
-            assert record["global_microbatch"] not in out, "two ranks read one microbatch"
-            out[record["global_microbatch"]] = record["digest"]
-    return out
+    return run_cpu_pretrain(nproc, trace, *MODEL, *DATA, *flags)
 
 
 @pytest.fixture(scope="module")
@@ -108,3 +99,41 @@ def test_an_early_error_is_printed_once_by_two_ranks(tmp_path: Path) -> None:
     run = cpu_pretrain(2, tmp_path / "bad", "--train-iters", "2", "--global-batch-size", "6")
     assert run.returncode == 2
     assert (run.stdout + run.stderr).count("--global-batch-size 6 is not divisible") == 1
+
+
+def test_your_own_pretrain_gpt_script_trains_on_what_the_entry_trains_on(
+        uninterrupted: Path, tmp_path: Path) -> None:
+    """The README's way to keep one's own pretrain_gpt.py (integrations/megatron/examples):
+    zephon_pretrain_parts() gives pretrain() its provider and forward step, and the script
+    trains on the entry's microbatches."""
+    from megatron_helpers import REPO
+
+    script = REPO / "integrations" / "megatron" / "examples" / "own_pretrain_gpt.py"
+    command = [sys.executable, "-m", "zephon_megatron.cpu_pretrain", "--nproc", "1",
+               "--trace", str(tmp_path / "own"), "--script", str(script), "--timeout", "400",
+               "--", *MODEL, *DATA, "--train-iters", "3", "--my-note", "kept"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=450)
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-6000:]
+    assert "iteration        3/       3" in log
+    assert re.search(r"my_note \.+ kept", log), "the script's own flag reaches Megatron"
+    straight, own = digests(uninterrupted / "one"), digests(tmp_path / "own")
+    assert own == {index: straight[index] for index in range(12)}
+
+
+def test_zephon_trace_reads_the_loader_state_of_a_torch_dist_checkpoint(
+        uninterrupted: Path) -> None:
+    """Megatron-LM 0.16's default checkpoint format (torch_dist) holds a .metadata as a
+    TorchTitan step folder does; the loader state is still found in its
+    train_dataloader_dprank*.pt files."""
+    from zephon.recipe import DataRecipe
+    from zephon.trace import read_loader_state, trace_steps
+
+    folder = uninterrupted / "ckpt" / "iter_0000004"
+    assert (folder / ".metadata").is_file() or (folder / "metadata.json").is_file()
+    state = read_loader_state(folder)
+    assert sorted(state) == [f"lane_{lane}" for lane in range(8)]
+    pipeline = DataRecipe.from_toml(str(PACKED)).build(seq_len=64, microbatch_size=2, lanes=8,
+                                                        prefetch=0)
+    listed = list(trace_steps(pipeline, 5, 5, 4, 1, state))
+    assert [m.global_microbatch for m in listed] == [16, 17, 18, 19]

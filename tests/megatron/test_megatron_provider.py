@@ -331,18 +331,6 @@ def test_the_end_of_run_report_is_printed_once_when_the_data_ends(tmp_path: Path
     assert "handed to the trainer" in printed
 
 
-def test_token_ids_beyond_the_models_vocabulary_name_the_flag() -> None:
-    from types import SimpleNamespace
-
-    from zephon_megatron.provider import _check_vocab
-
-    recipe = SimpleNamespace(tokenizer=None, tokenize={"vocab_size": 5000}, source="ids.toml")
-    with pytest.raises(ZephonArgumentError, match=r"larger than the model's vocabulary "
-                                                  r"\(4096\); size the model for it with "
-                                                  r"--vocab-size 5000"):
-        _check_vocab(recipe, argparse.Namespace(padded_vocab_size=4096))
-
-
 RAMP = ("--log-interval", "1", "--rampup-batch-size", "2", "2", "24")
 needs_ramp = pytest.mark.skipif(
     not hasattr(__import__("megatron.core.num_microbatches_calculator", fromlist=["_"]),
@@ -470,8 +458,28 @@ def test_the_eod_of_a_null_tokenizer_is_refused_unless_chosen(monkeypatch) -> No
 
     recipe = type("Recipe", (), {"source": "ids.toml", "tokenizer": None})()  # token ids
     for null in null_tokenizers():
-        with pytest.raises(ZephonArgumentError, match="makes it up from --vocab-size"):
+        with pytest.raises(ZephonArgumentError, match="made up from --vocab-size"):
             tokenizer_checks._megatron_eod(recipe, null)
         monkeypatch.setattr(tokenizer_checks, "_null_eod_chosen", lambda: True)
         assert tokenizer_checks._megatron_eod(recipe, null) == null.eod
         monkeypatch.undo()
+
+
+def test_under_pretrain_a_provider_error_is_printed_by_rank_0_only(monkeypatch, capsys) -> None:
+    """Inside pretrain() (exit_on_error) a problem found by the provider exits with status 2,
+    printed once, by global rank 0, with no traceback; elsewhere it is raised."""
+    from zephon_megatron.provider import ZephonDatasetsProvider
+
+    args = parse(megatron_argv(PACKED, "--zephon-lanes", "3"))  # 3 lanes for 2 readers
+    provider = ZephonDatasetsProvider(lambda: args, lambda: Topology(0, 2))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ZephonArgumentError, match="--zephon-lanes 3: 3 lanes cannot be shared"):
+        provider(None)
+    provider.exit_on_error = True
+    for rank, printed in ((1, 0), (0, 1)):  # the global rank, as torch.distributed gives it
+        monkeypatch.setattr("zephon_megatron.provider._global_rank", lambda rank=rank: rank)
+        with pytest.raises(SystemExit) as stopped:
+            provider(None)
+        assert stopped.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("3 lanes cannot be shared by 2") == printed and "Traceback" not in err

@@ -38,6 +38,9 @@ after the model is built:
   must have at least the ids of the recipe's tokenizer and end documents with the same EOS id
   (:func:`~zephon_megatron.tokenizer_checks.check_tokenizers` runs again in the provider as a
   backstop, and checks the other tokenizer types after Megatron-LM built them).
+- ``--eod-mask-loss`` on token-id data (:func:`~zephon_megatron.eod_checks.eod_problems`):
+  an EOD id Megatron's NullTokenizer would make up is refused; an EOD the documents of an
+  indexed dataset never end with is refused, naming the ids they end with.
 - token ids of ``--data-path`` data against ``--vocab-size`` (:func:`token_id_problems`): the
   ``.idx`` dtype bounds them (uint8/uint16 data cannot exceed a vocabulary of 256/65536 or
   more: nothing is read); otherwise the ``.bin`` is scanned, a vectorized max over a memmap of
@@ -57,6 +60,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from zephon_megatron.eod_checks import eod_problems, indexed_prefixes
 from zephon_megatron.geometry import data_parallel_size, model_ways, rampup
 from zephon_megatron.state_files import (
     checkpoint_iteration,
@@ -75,20 +79,25 @@ FLAGS = {"seq_len": "--seq-length", "microbatch_size": "--micro-batch-size",
 
 
 def recipe_problems(args: argparse.Namespace, recipes: dict[str, Any], lanes: int | None,
-                    world_size: int | None = None) -> list[str]:
+                    world_size: int | None = None, lanes_from: str | None = None) -> list[str]:
     """Every problem of ``recipes`` (train/valid/test; None skipped) in this run; where the
-    recipes have none, the training data against the run (see the module docstring)."""
-    from zephon.integration import FrameworkValues, check_recipe
+    recipes have none, the training data against the run (see the module docstring).
+    ``lanes_from`` says where the lanes came from (the recipe, ``--zephon-lanes``, the
+    checkpoint, the default), for the message when the readers cannot share them."""
+    from zephon.integration import FrameworkValues, check_recipe, lanes_problem
 
     dp = data_parallel_size(args, world_size)
     problems: list[str] = []
+    shared = lanes_problem(lanes, dp) if lanes is not None else None
+    if shared:
+        problems.append(f"{lanes_from or f'{lanes} lanes'}: {shared}")
     seen: set[int] = set()
     for role, recipe in recipes.items():
         if recipe is None or id(recipe) in seen:
             continue  # the test split may read the validation recipe again
         seen.add(id(recipe))
         values = FrameworkValues(seq_len=args.seq_length, microbatch_size=args.micro_batch_size,
-                                 dp_size=dp, lanes=lanes, flags=dict(FLAGS),
+                                 dp_size=None, lanes=lanes, flags=dict(FLAGS),
                                  vocab_size=getattr(args, "vocab_size", None))
         for problem in check_recipe(recipe, values=values):
             problems.append(f"[{role}] {problem}")
@@ -96,6 +105,7 @@ def recipe_problems(args: argparse.Namespace, recipes: dict[str, Any], lanes: in
         return problems
     problems += tokenizer_problems(args, recipes["train"])
     problems += token_id_problems(args, recipes["train"])
+    problems += eod_problems(args, recipes["train"])
     if problems:
         return problems
     pipeline = None
@@ -107,7 +117,7 @@ def recipe_problems(args: argparse.Namespace, recipes: dict[str, Any], lanes: in
         except (ConfigError, DataError) as exc:
             return [f"[train] {exc}"]
     if pipeline is not None:
-        problems += resume_problems(args, pipeline)
+        problems += resume_problems(args, pipeline, recipes["train"])
         if not problems:
             short = data_shortfall(args, recipes["train"], pipeline, dp)
             if short:
@@ -121,9 +131,14 @@ def _needs_pipeline(args: argparse.Namespace) -> bool:
 
 
 def build_pipeline(recipe: Any, args: argparse.Namespace, lanes: int) -> Any:
-    """The training pipeline of rank 0 (not iterated): its fingerprint and estimates."""
-    return recipe.build(seq_len=args.seq_length, microbatch_size=args.micro_batch_size,
-                        lanes=lanes, prefetch=0, workers=0)
+    """The training pipeline of rank 0 (not iterated): its fingerprint and estimates. The
+    recipe is read as the provider reads it (:func:`~zephon_megatron.vocabulary.run_recipe`),
+    so the fingerprint is the one the run's loader state holds."""
+    from zephon_megatron.vocabulary import run_recipe
+
+    return run_recipe(recipe, args).build(seq_len=args.seq_length,
+                                          microbatch_size=args.micro_batch_size,
+                                          lanes=lanes, prefetch=0, workers=0)
 
 
 # -- tokenizers and token ids -----------------------------------------------------------------
@@ -174,15 +189,10 @@ def token_id_problems(args: argparse.Namespace, recipe: Any) -> list[str]:
     vocab = getattr(args, "vocab_size", None)
     if not vocab or recipe.tokenizer is not None:
         return []
-    from zephon.io.indexed import open_indexed, prefix_of
+    from zephon.io.indexed import open_indexed
 
     problems = []
-    seen: set[str] = set()
-    for entry in recipe.datasets:
-        prefix = prefix_of(str(entry.path)) if entry.fmt in (None, "megatron") else None
-        if prefix is None or prefix in seen:
-            continue
-        seen.add(prefix)
+    for prefix in indexed_prefixes(recipe):
         data = open_indexed(prefix)
         if data.dtype.kind == "u" and 1 << (8 * data.dtype.itemsize) <= vocab:
             continue  # the dtype cannot hold an id >= vocab
@@ -364,13 +374,14 @@ def data_shortfall(args: argparse.Namespace, recipe: Any, pipeline: Any,
     fits = max(0, clock.iteration - 1)
     which = ", ".join(repr(n) for n in limiting)
     fix = f"repeat = [{', '.join(repr(n) for n in once)}]".replace("'", '"')
+    lower = (f"lower {flag.split()[0]} (to {fits} iterations or fewer)" if fits else
+             "lower --global-batch-size (the data does not fill one iteration of it)")
     return (f"{recipe.source}: the training data runs out before the run ends: {flag} x the "
             f"global batch size needs {needed:,} samples (rows of {row} tokens), but "
             f"{'dataset' if len(limiting) == 1 else 'datasets'} {which} "
             f"{'is' if len(limiting) == 1 else 'are'} not repeated and the data yields "
             f"{counted}; training would stop with an error near iteration {clock.iteration}, "
-            f"without a checkpoint. Add {fix} to [mixture], give more data, or lower "
-            f"{flag.split()[0]} (to {fits} iterations or fewer)")
+            f"without a checkpoint. Add {fix} to [mixture], give more data, or {lower}")
 
 
 def _indexed_rows(pipeline: Any, row: int, mbs: int) -> int:
@@ -403,22 +414,29 @@ def _indexed_rows(pipeline: Any, row: int, mbs: int) -> int:
 
 # -- resume ------------------------------------------------------------------------------------
 def resume_iteration(args: argparse.Namespace) -> int | None:
-    """The iteration a resume would read the loader state of, or None (no resume)."""
+    """The iteration a resume would read the loader state of (``--ckpt-step``, else the
+    latest checkpoint of ``--load``), or None (no resume)."""
 
     _, state_dir = state_directories(args)
     load = getattr(args, "load", None)
-    if not state_dir or not load:
-        return None
+    if not state_dir or not load or getattr(args, "finetune", False):
+        return None  # --finetune: Megatron starts at iteration 0, the loader at its start
     return checkpoint_iteration(load, getattr(args, "ckpt_step", None)) or None
 
 
-def resume_problems(args: argparse.Namespace, pipeline: Any) -> list[str]:
-    """The loader state a resume would read, checked against this run's pipeline as the
-    restore checks it (its fingerprint; ``--micro-batch-size``)."""
+def resume_problems(args: argparse.Namespace, pipeline: Any, recipe: Any) -> list[str]:
+    """The loader state a resume would read, checked against this run's pipeline (built from
+    ``recipe`` by :func:`build_pipeline`) as the restore checks it (its fingerprint;
+    ``--micro-batch-size``). Where the fingerprint needs the vocabulary of a tokenizer only
+    Megatron sizes, the provider checks it instead (the same check, inside ``pretrain()``)."""
     iteration = resume_iteration(args)
     if iteration is None:
         return []
     from zephon.errors import StateMismatchError
+    from zephon_megatron.vocabulary import model_vocabulary, needs_model_vocabulary
+
+    if needs_model_vocabulary(recipe) and model_vocabulary(args) is None:
+        return []  # the bound is Megatron's tokenizer's: the provider checks the resume
 
     _, state_dir = state_directories(args)
     try:

@@ -34,6 +34,10 @@ meaning or are refused before the model is built:
 ``--data-cache-path``      refused: there is no index cache to place
 =========================  ==========================================================
 
+Every other data flag of Megatron-LM is listed in :mod:`zephon_megatron.flags`, with what it
+does here; the refused ones are refused by name (:func:`~zephon_megatron.flags.
+refused_flag_problems`).
+
 Lanes: a recipe's ``lanes``, else ``--zephon-lanes``, else (on resume) the lanes of the loader
 state, else ``DEFAULT_LANES_PER_READER`` (8) times the data-parallel size of the first launch.
 Later launches resume exactly at any data-parallel size dividing that number: started at 12
@@ -60,8 +64,9 @@ from pathlib import Path
 from typing import Any
 
 from zephon.errors import ConfigError
-from zephon.integration import choose_lanes
+from zephon.integration import LaneChoice, choose_lanes
 from zephon_megatron.errors import ZephonArgumentError
+from zephon_megatron.flags import add_refused_flags, refused_flag_problems
 from zephon_megatron.geometry import data_parallel_size, rampup
 from zephon_megatron.preset import MEGATRON, PRESET_LAYOUT
 from zephon_megatron.state_files import saved_lanes, state_directories
@@ -153,6 +158,10 @@ class ZephonSettings:
     decrease_batch_size_if_needed: bool = False
     """``--decrease-batch-size-if-needed``: Megatron rounds the global batch size down to a
     multiple of micro batch x data-parallel size."""
+    train_iters: int | None = None
+    """``--train-iters``: the iteration whose last microbatch ends training."""
+    train_samples: int | None = None
+    """``--train-samples``: training ends at the iteration that consumes them."""
 
 
 # -- parsers -----------------------------------------------------------------------------------
@@ -246,6 +255,13 @@ def add_megatron_data_flags(parser: argparse.ArgumentParser) -> argparse.Argumen
     add("--save-interval", type=int, default=None)
     add("--log-interval", type=int, default=100)
     add("--tensorboard-dir", type=str, default=None)
+    add("--ckpt-step", type=int, default=None)
+    add("--finetune", action="store_true")
+    add("--make-vocab-size-divisible-by", type=int, default=128)
+    add("--padded-vocab-size", type=int, default=None)
+    add("--null-tokenizer-eod-id", type=int, default=None)
+    add("--no-pad-vocab-size", action="store_false", dest="pad_vocab_size")
+    add_refused_flags(parser)
     return parser
 
 
@@ -408,12 +424,14 @@ def settings_from_args(args: argparse.Namespace,
     masking = collect(lambda: masking_of(recipe))
     collect(lambda: _check_shapes(recipe, args))
     lanes = recipe.lanes
+    lanes_from = f"lanes = {lanes} in {recipe.source}"
     if args.zephon_lanes is not None:
         collect(lambda: _agree_recipe(recipe, "lanes", recipe.lanes, "--zephon-lanes",
                                       args.zephon_lanes))
-        lanes = args.zephon_lanes
+        lanes, lanes_from = args.zephon_lanes, f"--zephon-lanes {args.zephon_lanes}"
     if lanes is None:
-        lanes = default_lanes(args, dataloader_load, world_size)
+        choice = lane_choice(args, dataloader_load, world_size)
+        lanes, lanes_from = choice.lanes, f"{choice.lanes} lanes ({choice.why})"
     if int(getattr(args, "eval_iters", 0) or 0) > 0 and recipes["valid"] is None:
         where = ("--split gives validation no share" if data_path
                  else "the per-split blends give validation no data" if per_split is not None
@@ -430,9 +448,10 @@ def settings_from_args(args: argparse.Namespace,
         collect(lambda valid=valid: _check_shapes(valid, args))
     from zephon_megatron.args_checks import batch_problems, recipe_problems
 
+    problems += refused_flag_problems(args)
     ramp = collect(lambda: rampup(args))
     problems += batch_problems(args, world_size, ramp)
-    problems += recipe_problems(args, recipes, lanes, world_size)
+    problems += recipe_problems(args, recipes, lanes, world_size, lanes_from)
     if len(problems) == 1:
         raise ZephonArgumentError(problems[0])
     if problems:
@@ -452,7 +471,9 @@ def settings_from_args(args: argparse.Namespace,
         trace_dir=getattr(args, "zephon_trace_dir", None),
         rampup_batch_size=rampup(args),
         decrease_batch_size_if_needed=bool(getattr(args, "decrease_batch_size_if_needed",
-                                                   False)))
+                                                   False)),
+        train_iters=getattr(args, "train_iters", None),
+        train_samples=getattr(args, "train_samples", None))
 
 
 def data_sources(args: argparse.Namespace
@@ -504,14 +525,15 @@ def _check_evaluation_flags(args: argparse.Namespace) -> None:
         raise ZephonArgumentError(f"--eval-interval must be >= 1, got {interval}")
 
 
-def default_lanes(args: argparse.Namespace, state_dir: str | None,
-                  world_size: int | None) -> int:
-    """Lanes when neither the recipe nor ``--zephon-lanes`` sets them: the saved run's lanes
-    on resume, else ``DEFAULT_LANES_PER_READER`` x this launch's data-parallel size."""
+def lane_choice(args: argparse.Namespace, state_dir: str | None,
+                world_size: int | None) -> LaneChoice:
+    """Lanes when neither the recipe nor ``--zephon-lanes`` sets them, and why: the saved
+    run's lanes on resume, else ``DEFAULT_LANES_PER_READER`` x this launch's data-parallel
+    size."""
     saved = None
     if state_dir and getattr(args, "load", None):
         saved = saved_lanes(state_dir, args.load, getattr(args, "ckpt_step", None))
-    return choose_lanes(data_parallel_size(args, world_size), saved=saved).lanes
+    return choose_lanes(data_parallel_size(args, world_size), saved=saved)
 
 
 def load_recipes(recipe: str | None, valid_recipe: str | None,

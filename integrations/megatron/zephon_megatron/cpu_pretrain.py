@@ -1,8 +1,9 @@
 """Megatron-LM's own ``pretrain()`` on CPU with ``--dataloader zephon``: the adapter's real path.
 
-``python -m zephon_megatron.cpu_pretrain --nproc N [--trace DIR] -- <Megatron flags>`` starts
-``N`` ranks on gloo (127.0.0.1), each applying :func:`zephon_megatron.cpu_shims.
-install_for_pretrain` and running :func:`zephon_megatron.pretrain_gpt.main` with
+``python -m zephon_megatron.cpu_pretrain --nproc N [--trace DIR] [--script PATH] --
+<Megatron flags>`` starts ``N`` ranks on gloo (127.0.0.1), each applying
+:func:`zephon_megatron.cpu_shims.install_for_pretrain` and running
+:func:`zephon_megatron.pretrain_gpt.main` (or your own ``pretrain_gpt.py``, ``--script``) with
 :data:`CPU_FLAGS` added: Megatron-LM's initialization, training loop, evaluation, optimizer and
 checkpoints run as on a cluster, only on a tiny fp32 model. It needs a Megatron-LM checkout
 (``megatron.training``, ``gpt_builders``, ``model_provider``, ``pretrain_gpt``) on
@@ -66,7 +67,7 @@ def _trace_training_microbatches(directory: Path, rank: int) -> None:
         (directory / f"trace_rank{rank}.json").write_text(json.dumps(records))
 
 
-def worker(flags: list[str], trace: str | None) -> int:
+def worker(flags: list[str], trace: str | None, script: str | None = None) -> int:
     from zephon_megatron.pretrain_gpt import main, missing_megatron_lm, missing_message, report
 
     missing = missing_megatron_lm()
@@ -78,11 +79,18 @@ def worker(flags: list[str], trace: str | None) -> int:
     cpu_shims.install_for_pretrain()
     if trace:
         _trace_training_microbatches(Path(trace), int(os.environ["RANK"]))
+    if script:  # your own pretrain_gpt.py, run as its own __main__
+        import runpy
+
+        sys.argv = [script, *flags, *CPU_FLAGS]
+        sys.path.insert(0, str(Path(script).resolve().parent))
+        runpy.run_path(script, run_name="__main__")
+        return 0
     return main([*flags, *CPU_FLAGS])
 
 
 def launch(nproc: int, flags: Sequence[str], *, trace: str | None = None,
-           timeout: float = 600.0) -> int:
+           timeout: float = 600.0, script: str | None = None) -> int:
     """Run ``nproc`` ranks; rank 0 and the last rank (Megatron logs iterations there) print,
     the others' output is shown only on failure."""
     _store, rendezvous = launcher_store(nproc)  # hosts the rendezvous until the ranks exit
@@ -92,7 +100,8 @@ def launch(nproc: int, flags: Sequence[str], *, trace: str | None = None,
                "LOCAL_WORLD_SIZE": str(nproc), "OMP_NUM_THREADS": "1",
                "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
         command = [sys.executable, "-m", "zephon_megatron.cpu_pretrain", "--worker",
-                   *(["--trace", trace] if trace else []), "--", *flags]
+                   *(["--trace", trace] if trace else []),
+                   *(["--script", script] if script else []), "--", *flags]
         shown = rank in (0, nproc - 1)
         procs.append(subprocess.Popen(command, env=env, text=True,
                                       stdout=None if shown else subprocess.PIPE,
@@ -124,11 +133,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--trace", default=None, metavar="DIR",
                         help="write each rank's training microbatch digests here")
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--script", default=None, metavar="PATH",
+                        help="run this pretrain_gpt.py of your own instead of the entry "
+                        "(zephon_megatron.pretrain_gpt)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     options = parser.parse_args(own)
     if options.worker:
-        return worker(flags, options.trace)
-    return launch(options.nproc, flags, trace=options.trace, timeout=options.timeout)
+        return worker(flags, options.trace, options.script)
+    return launch(options.nproc, flags, trace=options.trace, timeout=options.timeout,
+                  script=options.script)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import dataclasses
 import json
 import os
 import weakref
@@ -49,7 +48,7 @@ from typing import Any
 
 import torch
 
-from zephon.errors import ConfigError, StateMismatchError
+from zephon.errors import ConfigError, DataError, StateMismatchError
 from zephon.integration import LoaderSession, lanes_problem, merge_states
 from zephon.meter import LoaderMeter, metrics_line
 from zephon.trace import trace_line
@@ -66,12 +65,25 @@ from zephon_megatron.state_files import (
 )
 from zephon_megatron.step_metrics import StepClock, global_batch_schedule
 from zephon_megatron.tokenizer_checks import check_tokenizers, eod_id, megatron_tokenizer
+from zephon_megatron.vocabulary import run_recipe
 
-BLEND_DIFFERENCES = (
-    "zephon: the blend keeps Megatron's weights (by size where none are given) and --split "
-    "cuts documents with Megatron's rounding; unlike Megatron it mixes tokens, not samples of "
-    "--seq-length, packs documents across samples, and repeats each dataset when it runs out")
-"""What a ``--data-path`` run does otherwise than Megatron's own loader, said at start-up."""
+
+def blend_differences(settings: ZephonSettings) -> str:
+    """What a run on Megatron's data flags does otherwise than Megatron's own loader, said at
+    start-up: how the splits are made (the ``--split`` given, Megatron's default one, or
+    per-split blends read whole) and the differences of mixing."""
+    if settings.per_split is not None:
+        splits = "each split's blend is read whole, as Megatron reads per-split blends"
+    elif settings.split:
+        splits = f"--split {settings.split} cuts documents with Megatron's rounding"
+    else:
+        from zephon_megatron.blend import DEFAULT_SPLIT
+
+        splits = (f"Megatron's default split {DEFAULT_SPLIT} (no --split given) cuts documents "
+                  "with Megatron's rounding")
+    return ("zephon: the blend keeps Megatron's weights (by size where none are given) and "
+            f"{splits}; unlike Megatron it mixes tokens, not samples of --seq-length, packs "
+            "documents across samples, and repeats each dataset when it runs out")
 
 
 @dataclass(frozen=True)
@@ -110,17 +122,23 @@ class ZephonDataIterator:
                  role: str = "train", source: str = "<recipe>",
                  restart_every: int | None = None, cycle: bool = False,
                  log_every: tuple[StepClock, int] | None = None, announce: bool = True,
-                 metrics_group: Any = None, trace: Any = None):
+                 metrics_group: Any = None, trace: Any = None,
+                 end: tuple[int | None, int | None] = (None, None), row_tokens: int = 0):
         self.session = LoaderSession(pipeline, to_training, metrics_group=metrics_group)
         """The pipeline as the loop consumes it: tensors, job figures over ``metrics_group``
         (the readers' data-parallel gloo group, see :mod:`zephon.meter`), lane-keyed state."""
         self.pipeline = pipeline
         self.meter = self.session.meter
         self.log_every = log_every
-        """(Megatron's iteration of each microbatch, Megatron's --log-interval)."""
+        """(Megatron's iteration of each microbatch, Megatron's --log-interval; 0 logs
+        nothing)."""
+        self.end = end
+        """(``--train-iters``, ``--train-samples``): the microbatch that completes them is
+        the last of training, where the readers report the job together."""
         self.announce = announce
         """Print the metrics line (data-parallel rank 0)."""
-        self._report = _EndOfRunReport(self.meter, pipeline, role == "train" and announce)
+        self._report = _EndOfRunReport(self.meter, pipeline, role == "train", metrics_group,
+                                       micro_batch_size, row_tokens)
         if self._report.due:
             atexit.register(_summarize_at_exit, weakref.ref(self))
             weakref.finalize(self, self._report.print, "end of training").atexit = False
@@ -170,8 +188,8 @@ class ZephonDataIterator:
     def __next__(self) -> dict[str, torch.Tensor]:
         try:
             batch, out = self._next_batch()
-        except StopIteration:
-            self.summarize("end of data")
+        except StopIteration:  # the readers agree on the end: they report the job together
+            self._report.print("end of data", job=True)
             raise
         self._since_start += 1
         self.last_global_microbatch = batch.index * self.pipeline.lanes + batch.lane
@@ -203,7 +221,12 @@ class ZephonDataIterator:
             return
         clock, interval = self.log_every
         iteration = clock.tick()
-        if iteration is None or interval <= 0 or iteration % interval:
+        if iteration is None:
+            return
+        iters, samples = self.end
+        if (iters and iteration >= iters) or (samples and clock.consumed_samples >= samples):
+            self._report.print("end of training", job=True)
+        if interval <= 0 or iteration % interval:
             return
         metrics = self.session.metrics()
         from zephon_megatron.step_metrics import write
@@ -214,7 +237,7 @@ class ZephonDataIterator:
 
 
     def summarize(self, why: str = "last step") -> None:
-        """Print, once, what this training iterator handed out (see
+        """Print, once, what this training iterator handed out (this rank's lanes; see
         :class:`_EndOfRunReport`)."""
         self._report.print(why)
 
@@ -264,21 +287,35 @@ class ZephonDataIterator:
 
 class _EndOfRunReport:
     """The end-of-run report of a training iterator, printed at most once and only on global
-    rank 0 (the first pipeline stage's reader of data-parallel rank 0; later stages read too):
-    at the end of the data, when the iterator is dropped (Megatron drops its iterators when
-    ``pretrain()`` returns, before the interpreter exits), or at exit while it still exists (a
-    run stopped by Ctrl-C or an error). It holds the meter and the pipeline, not the iterator,
-    so that dropping the iterator frees them after the report."""
+    rank 0 (the first pipeline stage's reader of data-parallel rank 0; later stages read too).
+    Where the readers end together (the last training microbatch, the end of the data) every
+    reader calls :meth:`print` with ``job=True`` and the report covers the whole job
+    (:mod:`zephon_megatron.run_report`). Otherwise it is printed when the iterator is dropped
+    or at exit (a run stopped by Ctrl-C or an error), for this rank's lanes, saying so. It
+    holds the meter and the pipeline, not the iterator, so that dropping the iterator frees
+    them after the report."""
 
-    def __init__(self, meter: LoaderMeter, pipeline: Any, due: bool):
-        self.meter, self.pipeline, self.due = meter, pipeline, due
+    def __init__(self, meter: LoaderMeter, pipeline: Any, due: bool, group: Any = None,
+                 rows: int = 1, row_tokens: int = 0):
+        self.meter, self.pipeline, self.due, self.group = meter, pipeline, due, group
+        self.rows, self.row_tokens = rows, row_tokens
 
-    def print(self, why: str) -> None:
-        if not self.due or not self.meter.totals["microbatches"] or _global_rank() != 0:
+    def print(self, why: str, job: bool = False) -> None:
+        if not self.due:
+            return
+        from zephon_megatron.run_report import job_report, report_text
+
+        report, totals = self.pipeline.report(), dict(self.meter.totals)
+        if job:  # every reader is here: no early return before the collective
+            report, totals = job_report(report, totals, self.group)
+        if not totals["microbatches"]:
             return
         self.due = False
-        print(f"zephon: end of run ({why}): {self.meter.summary()}\n"
-              f"{self.pipeline.report()}", flush=True)
+        if _global_rank() != 0:
+            return
+        row_tokens = self.row_tokens or int(totals["tokens"] / max(1, totals["microbatches"])
+                                            / max(1, self.rows)) + 1
+        print(report_text(why, totals, report, self.rows, row_tokens), flush=True)
 
 
 def _summarize_at_exit(iterator: weakref.ref) -> None:
@@ -318,12 +355,14 @@ def build_iterator(recipe: Any, settings: ZephonSettings, topology: Topology, *,
                             lanes=settings.lanes, process_group=topology.dp_group,
                             prefetch=settings.prefetch, workers=settings.workers)
     log_every = None
-    if role == "train" and settings.global_batch_size and settings.log_interval:
-        log_every = (step_clock(settings, topology.dp_size), settings.log_interval)
+    if role == "train":
+        log_every = (step_clock(settings, topology.dp_size), settings.log_interval or 0)
     return ZephonDataIterator(pipeline, preset_options(settings, recipe),
                               micro_batch_size=settings.micro_batch_size, role=role,
                               source=recipe.source, restart_every=restart_every, cycle=cycle,
                               log_every=log_every, announce=topology.dp_rank == 0,
+                              end=(settings.train_iters, settings.train_samples),
+                              row_tokens=settings.seq_length + 1,
                               metrics_group=_host_group(topology.dp_group),
                               trace=_open_trace(settings.trace_dir) if role == "train" else None)
 
@@ -392,10 +431,29 @@ class ZephonDatasetsProvider:
         self._topology = topology
         self._stage_reads = stage_reads
 
+    exit_on_error = False
+    """Under ``pretrain()`` (the entry sets it): a problem found here is printed by global
+    rank 0 alone, without a traceback, and every rank that finds it exits with status 2.
+    Elsewhere (tests, the CPU smoke run) it is raised."""
+
     def __call__(self, train_val_test_num_samples: Sequence[int | None] | None = None,
-                 vp_stage: int | None = None) -> tuple[ZephonDataIterator,
+                 vp_stage: int | None = None) -> tuple[ZephonDataIterator | None,
                                                        ZephonDataIterator | None,
                                                        ZephonDataIterator | None]:
+        try:
+            return self._iterators(vp_stage)
+        except (ConfigError, DataError, StateMismatchError) as exc:
+            if not self.exit_on_error:
+                raise
+            if _global_rank() == 0:
+                import sys
+
+                print(f"zephon_megatron: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+
+    def _iterators(self, vp_stage: int | None) -> tuple[ZephonDataIterator | None,
+                                                         ZephonDataIterator | None,
+                                                         ZephonDataIterator | None]:
         args = self._get_args()
         settings = settings_from_args(args)
         # Megatron-LM's checkpoint hook writes the loader state where the settings say.
@@ -409,8 +467,8 @@ class ZephonDatasetsProvider:
         topology = self._topology()
         recipes = training_recipes(settings)
         if (settings.data_path or settings.per_split) and _global_rank() == 0:
-            print(BLEND_DIFFERENCES, flush=True)
-        recipe = _check_vocab(recipes["train"], args)
+            print(blend_differences(settings), flush=True)
+        recipe = run_recipe(recipes["train"], args)
         check_tokenizers(recipe, args, megatron_tokenizer())
         train = build_iterator(recipe, settings, topology)
         restore_for_resume(train, settings, int(getattr(args, "iteration", 0) or 0),
@@ -425,33 +483,7 @@ class ZephonDatasetsProvider:
             for role in evaluation:
                 if recipes[role] is not None:
                     evaluation[role] = iterator = build_iterator(
-                        _check_vocab(recipes[role], args), settings, topology, role=role,
+                        run_recipe(recipes[role], args), settings, topology, role=role,
                         restart_every=window)
                     iterator.check_window()
         return train, evaluation["valid"], evaluation["test"]
-
-
-def _check_vocab(recipe: Any, args: argparse.Namespace) -> Any:
-    """``recipe`` checked against the model's vocabulary (``--padded-vocab-size``); token-id
-    recipes without ``[tokenize] vocab_size`` come back with the model's as their bound."""
-    padded = getattr(args, "padded_vocab_size", None)
-    if not padded:
-        return recipe
-    if recipe.tokenizer is None:  # token ids already: every id must fit the model
-        limit = recipe.tokenize.get("vocab_size")
-        if limit is not None and limit > padded:
-            raise ZephonArgumentError(
-                f"{recipe.source}: [tokenize] vocab_size = {limit} is larger than the model's "
-                f"vocabulary ({padded}); size the model for it with --vocab-size {limit} (or "
-                "lower the recipe's vocab_size to the ids the data holds)")
-        if limit is not None:
-            return recipe
-        return dataclasses.replace(recipe, tokenize={**recipe.tokenize, "vocab_size": padded})
-    from zephon.tokenizer import load_tokenizer
-
-    size = len(load_tokenizer(recipe.tokenizer))
-    if size > padded:
-        raise ZephonArgumentError(
-            f"{recipe.source}: its tokenizer has {size} tokens but the model's vocabulary has "
-            f"{padded}; set --vocab-size/--tokenizer-model to match the recipe's tokenizer")
-    return recipe

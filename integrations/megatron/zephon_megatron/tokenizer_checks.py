@@ -48,14 +48,21 @@ def _null_eod_chosen() -> bool:
 def eod_id(recipe: Any, tokenizer: Any = None) -> int:
     """The EOS id for ``--eod-mask-loss``: the recipe's, else (token-id data) the EOD of
     Megatron-LM's ``tokenizer``. An id no token can carry is an error (see
-    :func:`_check_eod_occurs`), never a mask that masks nothing."""
+    :func:`check_eod_occurs`), never a mask that masks nothing."""
     try:
         eod = recipe.eos_token_id()
     except ConfigError:
         if recipe.tokenizer is not None:
             raise
+        eod = None
+    if eod is None:  # token-id data: Megatron's EOD, which the documents must end with
+        from zephon_megatron.eod_checks import document_end_problems
+
         eod = _megatron_eod(recipe, tokenizer)
-    _check_eod_occurs(eod, recipe)
+        problems = document_end_problems(recipe, eod, f"Megatron's {type(tokenizer).__name__}")
+        if problems:
+            raise ZephonArgumentError("\n".join(problems))
+    check_eod_occurs(eod, recipe)
     return eod
 
 
@@ -68,20 +75,13 @@ def _megatron_eod(recipe: Any, tokenizer: Any) -> int:
             "tokenizer knows it)")
     eod = int(tokenizer.eod)
     if _is_null(tokenizer) and not _null_eod_chosen():
-        raise ZephonArgumentError(
-            f"--eod-mask-loss: the EOD id {eod} comes from Megatron's "
-            f"{type(tokenizer).__name__}, which makes it up from --vocab-size (one past the "
-            "last id in megatron-core <= 0.18, the last id from 0.19): it is not the EOD the "
-            "data was written with, so the mask would hit no label or the wrong ones. Set "
-            "[to_training] eos_token_id in "
-            "--zephon-recipe to the EOD id the data was written with (preprocess_data.py "
-            "--append-eod writes its tokenizer's EOD) or pass it as --null-tokenizer-eod-id "
-            "(megatron-core 0.19+), or name that tokenizer with "
-            "--tokenizer-type/--tokenizer-model, or drop --eod-mask-loss")
+        from zephon_megatron.eod_checks import null_tokenizer_eod
+
+        raise ZephonArgumentError(null_tokenizer_eod(eod))
     return eod
 
 
-def _check_eod_occurs(eod: int, recipe: Any) -> None:
+def check_eod_occurs(eod: int, recipe: Any) -> None:
     """Refuse an EOD id outside the ids the data holds: below 0, or not below the recipe
     tokenizer's size (text) or ``[tokenize] vocab_size`` (token ids)."""
     if recipe.tokenizer is not None:
