@@ -34,6 +34,7 @@ PUBLIC_MODULES = (
     "zephon.distributed",  # the process-wide gloo group, launcher stores
     "zephon.meter",  # LoaderMeter, the zephon/ metrics
     "zephon.trace",  # trace lines: what was in step N
+    "zephon.report",  # PipelineReport, DatasetReport: what a run read, per dataset
     "zephon.demo.assets",  # the bundled corpus and tokenizer
 )
 """Modules whose public names (those without a leading underscore) are the API."""

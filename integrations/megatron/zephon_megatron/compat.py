@@ -128,3 +128,13 @@ def install_checkpoint_hook() -> None:
 
     maybe_save_dataloader_state._zephon_wrapped = True  # type: ignore[attr-defined]
     checkpointing.maybe_save_dataloader_state = maybe_save_dataloader_state
+
+
+def megatron_core_version() -> str | None:
+    """The installed megatron-core's version (its distribution metadata), or None."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("megatron-core")
+    except metadata.PackageNotFoundError:
+        return None

@@ -144,8 +144,6 @@ def eod_problems(args: argparse.Namespace, recipe: Any) -> list[str]:
     docstring)."""
     if not getattr(args, "eod_mask_loss", False) or recipe.tokenizer is not None:
         return []
-    from zephon_megatron.tokenizer_checks import check_eod_occurs
-
     try:
         found = command_line_eod(args, recipe)
         if found:
@@ -153,3 +151,20 @@ def eod_problems(args: argparse.Namespace, recipe: Any) -> list[str]:
     except ZephonArgumentError as exc:
         return [str(exc)]
     return document_end_problems(recipe, *found) if found else []
+
+
+def check_eod_occurs(eod: int, recipe: Any) -> None:
+    """Refuse an EOD id outside the ids the data holds: below 0, or not below the recipe
+    tokenizer's size (text) or ``[tokenize] vocab_size`` (token ids)."""
+    if recipe.tokenizer is not None:
+        from zephon.tokenizer import load_tokenizer
+
+        limit, what = len(load_tokenizer(recipe.tokenizer)), f"tokenizer {recipe.tokenizer!r}"
+    else:
+        limit, what = recipe.tokenize.get("vocab_size"), "[tokenize] vocab_size"
+    if eod < 0 or (limit is not None and eod >= limit):
+        raise ZephonArgumentError(
+            f"{recipe.source}: --eod-mask-loss masks the label after EOD id {eod}, but the "
+            f"data's ids are 0..{'?' if limit is None else limit - 1} ({what}), so none is "
+            "ever masked. Set [to_training] eos_token_id to the EOD id the data holds, or "
+            "drop --eod-mask-loss")

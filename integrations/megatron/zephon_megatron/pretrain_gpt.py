@@ -43,6 +43,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from zephon_megatron.compat import megatron_core_version
+
 MISSING_MEGATRON_LM = (
     "zephon_megatron.pretrain_gpt runs Megatron-LM's pretrain(), which is not importable here "
     "(missing: {missing}). {advice} Transformer Engine and a GPU are needed for real runs; "
@@ -52,16 +54,6 @@ MISSING_TRAINING_DEPENDENCY = (
     "zephon_megatron.pretrain_gpt: megatron.training imports {module!r}, which is not "
     "installed. Install Megatron-LM's training dependencies: pip install "
     "\"zephon[megatron-training]\"")
-
-
-def megatron_core_version() -> str | None:
-    """The installed megatron-core's version (its distribution metadata), or None."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("megatron-core")
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def megatron_lm_advice(missing: Sequence[str], version: str | None = None) -> str:

@@ -62,6 +62,8 @@ def eod_id(recipe: Any, tokenizer: Any = None) -> int:
         problems = document_end_problems(recipe, eod, f"Megatron's {type(tokenizer).__name__}")
         if problems:
             raise ZephonArgumentError("\n".join(problems))
+    from zephon_megatron.eod_checks import check_eod_occurs
+
     check_eod_occurs(eod, recipe)
     return eod
 
@@ -79,23 +81,6 @@ def _megatron_eod(recipe: Any, tokenizer: Any) -> int:
 
         raise ZephonArgumentError(null_tokenizer_eod(eod))
     return eod
-
-
-def check_eod_occurs(eod: int, recipe: Any) -> None:
-    """Refuse an EOD id outside the ids the data holds: below 0, or not below the recipe
-    tokenizer's size (text) or ``[tokenize] vocab_size`` (token ids)."""
-    if recipe.tokenizer is not None:
-        from zephon.tokenizer import load_tokenizer
-
-        limit, what = len(load_tokenizer(recipe.tokenizer)), f"tokenizer {recipe.tokenizer!r}"
-    else:
-        limit, what = recipe.tokenize.get("vocab_size"), "[tokenize] vocab_size"
-    if eod < 0 or (limit is not None and eod >= limit):
-        raise ZephonArgumentError(
-            f"{recipe.source}: --eod-mask-loss masks the label after EOD id {eod}, but the "
-            f"data's ids are 0..{'?' if limit is None else limit - 1} ({what}), so none is "
-            "ever masked. Set [to_training] eos_token_id to the EOD id the data holds, or "
-            "drop --eod-mask-loss")
 
 
 def check_tokenizers(recipe: Any, args: argparse.Namespace, tokenizer: Any) -> None:

@@ -54,7 +54,7 @@ def tokenizer_type(args: argparse.Namespace, token_ids: bool) -> str | None:
 def null_tokenizer_adds_eod(version: str | None = None) -> bool:
     """Whether Megatron's NullTokenizer has ``--vocab-size + 1`` ids (megatron-core < 0.19)."""
     if version is None:
-        from zephon_megatron.pretrain_gpt import megatron_core_version
+        from zephon_megatron.compat import megatron_core_version
 
         version = megatron_core_version()
     if not version:
