@@ -24,7 +24,8 @@ PY312 := $(VENV312)/bin/python
 MEGATRON_CORE_312 := megatron-core==0.19.2
 STAMP312 := $(VENV312)/.installed
 
-.PHONY: demo test lint bench smoke-torchtitan smoke-megatron test-megatron-py312 clean
+.PHONY: demo test test-py311 test-quick install-py312 lint bench smoke-torchtitan smoke-megatron \
+  test-megatron-py312 clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -58,21 +59,41 @@ demo: $(STAMP)
 	$(PY) -m zephon.demo
 	$(PY) -m zephon_torchtitan.demo --steps 10
 
+# The suite runs on TEST_WORKERS pytest-xdist processes, each taking whole test modules (so a
+# module's fixtures, such as a trained run shared by its tests, are made once). The Python 3.12
+# environment installs (mostly a download) while the Python 3.11 suite runs. The smoke runs
+# (make smoke-megatron, smoke-torchtitan) are what tests/megatron and tests/torchtitan train.
+TEST_WORKERS ?= 2
+PYTEST_ARGS := -q -n $(TEST_WORKERS) --dist loadscope
+
 test: $(STAMP) $(AZURITE)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q tests
-	$(MAKE) --no-print-directory smoke-megatron
+	$(MAKE) --no-print-directory -j2 test-py311 install-py312
 	$(MAKE) --no-print-directory test-megatron-py312
 
-# The Megatron tests and smoke under Python 3.12 and megatron-core 0.19 (skipped, saying so,
-# where no python3.12 exists).
+test-py311: $(STAMP) $(AZURITE)
+	$(PY) -m pytest $(PYTEST_ARGS) tests
+
+# The inner loop: the core, IO and torch-adapter tests that start no trainer and no process
+# group (about 3 minutes on 2 cores).
+test-quick: $(STAMP) $(AZURITE)
+	$(PY) -m ruff check .
+	$(PY) -m pytest $(PYTEST_ARGS) -m "not slow and not multiprocess" tests/core tests/hub \
+	  tests/objectstore tests/torch tests/test_import_rules.py
+
+install-py312:
+ifneq ($(strip $(PYTHON312)),)
+	$(MAKE) --no-print-directory $(STAMP312)
+endif
+
+# The Megatron tests under Python 3.12 and megatron-core 0.19 (skipped, saying so, where no
+# python3.12 exists).
 test-megatron-py312:
 ifeq ($(strip $(PYTHON312)),)
 	@echo "test-megatron-py312: SKIPPED: no python3.12 on this machine (megatron-core 0.17+ needs it)"
 else
 	$(MAKE) --no-print-directory $(STAMP312)
-	$(PY312) -m pytest -q tests/megatron
-	$(MAKE) --no-print-directory smoke-megatron SMOKE_PY=$(PY312) SMOKE_MEGATRON_DIR=$(SMOKE_MEGATRON_DIR)-py312
+	$(PY312) -m pytest $(PYTEST_ARGS) tests/megatron
 endif
 
 lint: $(STAMP)

@@ -17,7 +17,7 @@ from tests.conftest import write_jsonl
 from tests.core import toy_ops
 from zephon import Pipeline
 from zephon.demo.assets import make_documents
-from zephon.engine.workers import DocumentWorkers, _transform, _unpack
+from zephon.engine.workers import DocumentWorkers, _transform, _unpack, block_prefix
 from zephon.errors import ConfigError
 from zephon.io import Dataset
 from zephon.records import Doc
@@ -123,7 +123,7 @@ def test_workers_share_the_cores_among_their_tokenizers(monkeypatch) -> None:
 
 
 _TRAINING_SCRIPT = """
-import sys
+import os, sys
 sys.path.insert(0, {root!r})
 from tests.core.test_workers import source_for
 from zephon import Pipeline
@@ -149,7 +149,7 @@ if __name__ == "__main__":
     except Exception as exc:
         print(type(exc).__name__, exc, flush=True)
     assert first_batches(2) == first_batches(0)
-    print("stopped", flush=True)
+    print("stopped", os.getpid(), flush=True)
 """
 
 
@@ -172,16 +172,15 @@ def test_a_training_script_that_stops_mid_stream_exits_quietly_and_frees_shared_
     in a ConfigError instead of a broken process pool."""
     data = write_jsonl(tmp_path / "d.jsonl", [
         {"text": t} for t in make_documents(400, seed=5, min_words=50, max_words=90)])
-    shm = Path("/dev/shm")
-    before = {p.name for p in shm.glob("psm_*")}
     done = run_script(_TRAINING_SCRIPT, tmp_path, data, tokenizer_dir, timeout=120)
     assert done.returncode == 0, done.stderr
     refused, stopped = done.stdout.strip().splitlines()
     assert refused.startswith("ConfigError options(workers=...): a worker process cannot load")
     assert "under_the_guard" in refused and "workers=0" in refused
-    assert stopped == "stopped"
+    word, pid = stopped.split()
+    assert word == "stopped"
     assert "Traceback" not in done.stderr and "leaked" not in done.stderr, done.stderr
-    assert {p.name for p in shm.glob("psm_*")} <= before
+    assert sorted(Path("/dev/shm").glob(f"{block_prefix(int(pid))}*")) == []
 
 
 def test_discarded_and_unread_results_are_freed_once(tokenizer_dir) -> None:

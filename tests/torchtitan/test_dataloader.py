@@ -9,6 +9,7 @@ import pickle
 import threading
 import warnings
 from dataclasses import replace
+from multiprocessing import synchronize
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from zephon import ConfigError, StateMismatchError
+from zephon.engine.workers import block_prefix
 from zephon_torchtitan import config_checks as preflight
 from zephon_torchtitan.dataloader import ZephonDataLoader
 
@@ -202,15 +204,21 @@ def test_infinite_loader_resumes_across_the_wrap(docs_dir, tmp_path, recipes):
 
 @pytest.mark.parametrize("workers", [0, 1])
 def test_validation_loaders_built_and_dropped_each_run_leave_nothing_behind(tmp_path, recipes,
-                                                                           workers):
+                                                                           workers,
+                                                                           monkeypatch):
     """TorchTitan's validator builds a loader per validation run and drops its iterator after
     ``validator.steps``: no thread, worker process or shared memory may outlive it."""
     recipe = recipes.write(tmp_path / "valid.toml", datasets=recipes.demo(), lanes=2)
     recipe.write_text(recipe.read_text().replace(
         "prefetch = 0", f"prefetch = 4\nworkers = {workers}"))
     config = ZephonDataLoader.Config(recipe=str(recipe))
-    threads, shm = set(threading.enumerate()), set(Path("/dev/shm").iterdir())
+    threads = set(threading.enumerate())
     others = set(multiprocessing.active_children())  # left by earlier tests, exiting
+    semaphores: list[str] = []  # what this process names in /dev/shm; other jobs' are theirs
+    make_name = synchronize.SemLock._make_name
+    monkeypatch.setattr(synchronize.SemLock, "_make_name", staticmethod(
+        lambda: semaphores.append(name := make_name()) or name))
+    mine = f"{block_prefix()}*"  # the workers' shared memory blocks for this process
     for _ in range(3):
         loader = replace(config, infinite=False).build(
             dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=64, local_batch_size=2)
@@ -222,7 +230,9 @@ def test_validation_loaders_built_and_dropped_each_run_leave_nothing_behind(tmp_
             thread.join(10)
         assert set(threading.enumerate()) <= threads
         assert set(multiprocessing.active_children()) <= others
-        assert set(Path("/dev/shm").iterdir()) <= shm
+        assert sorted(Path("/dev/shm").glob(mine)) == []
+        assert [n for n in semaphores if Path("/dev/shm", "sem." + n.lstrip("/")).exists()] == []
+    assert bool(semaphores) == bool(workers)  # the check saw the worker pool's semaphores
 
 
 def test_bad_recipes_fail_naming_the_problem(tmp_path, recipes):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -116,13 +117,21 @@ def make_conversations(n: int, seed: int = 0) -> list[list[dict[str, str]]]:
 def build_chat_assets(root: str | os.PathLike[str] | None = None, n: int = 400,
                       seed: int = 0) -> dict[str, str]:
     """A JSONL chat corpus and a tokenizer with a chat template, built once under ``root``."""
-    from transformers import AutoTokenizer
-
     root = Path(root) if root is not None else default_root()
     target = root / f"chat-v{ASSET_VERSION}.2-{n}-{seed}"
     done = target / "done.json"
     if done.exists():
         return json.loads(done.read_text())
+    with _building(target):
+        if done.exists():  # another process built it while this one waited
+            return json.loads(done.read_text())
+        return _build_chat_assets(target, n, seed)
+
+
+def _build_chat_assets(target: Path, n: int, seed: int) -> dict[str, str]:
+    from transformers import AutoTokenizer
+
+    done = target / "done.json"
     (target / "chat").mkdir(parents=True, exist_ok=True)
     conversations = make_conversations(n, seed)
     with open(target / "chat" / "chat.jsonl", "w") as fh:
@@ -149,14 +158,32 @@ def default_root() -> Path:
 def build_demo_assets(root: str | os.PathLike[str] | None = None, n_docs: int = 2000,
                       n_files: int = 4, seed: int = 0) -> dict[str, str]:
     """Corpus (Parquet files) and tokenizer under ``root``; built once, then reused."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     root = Path(root) if root is not None else default_root()
     target = root / f"v{ASSET_VERSION}-{n_docs}-{n_files}-{seed}"
     done = target / "done.json"
     if done.exists():
         return json.loads(done.read_text())
+    with _building(target):
+        if done.exists():  # another process built it while this one waited
+            return json.loads(done.read_text())
+        return _build_demo_assets(target, n_docs, n_files, seed)
+
+
+def _building(target: Path) -> Any:
+    """A lock held while ``target`` is built: processes that ask for the same assets at
+    once (ranks of a launch, parallel test workers) build them once and never read a half
+    written corpus."""
+    from filelock import FileLock
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(target) + ".lock")
+
+
+def _build_demo_assets(target: Path, n_docs: int, n_files: int, seed: int) -> dict[str, str]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    done = target / "done.json"
     corpus = target / "corpus"
     corpus.mkdir(parents=True, exist_ok=True)
     docs = make_documents(n_docs, seed)

@@ -63,6 +63,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import secrets
 import select
 import signal
 import threading
@@ -81,10 +82,27 @@ from zephon.ops.base import DocumentOperator
 Rows = list[tuple[list[Any], list[str]]]
 _OPS: dict[int, tuple[DocumentOperator, ...]] = {}
 _LOAD_ERRORS: list[str] = []
+_OWNER = os.getpid()
+"""The process whose pipeline the shared memory blocks serve: this one, or in a worker the
+process that started it. Blocks are named ``zephon-<owner>-<random>``, so a leak is traced to
+its process (and tests look for their own blocks only)."""
+
+
+def block_prefix(owner: int | None = None) -> str:
+    """The name prefix of the shared memory blocks serving process ``owner`` (default:
+    this process's pipeline)."""
+    return f"zephon-{_OWNER if owner is None else owner}-"
+
+
+def _new_block(size: int) -> shared_memory.SharedMemory:
+    return shared_memory.SharedMemory(name=block_prefix() + secrets.token_hex(8), create=True,
+                                      size=size)
 
 
 def _start_worker(payload_name: str, payload_size: int, tokenizer_threads: int,
                   parent: int | None = None) -> None:
+    global _OWNER
+    _OWNER = os.getppid()
     if parent is not None:
         _exit_with_parent(parent)
     # Before the first encode builds the tokenizer's thread pool; the caller's own setting wins.
@@ -162,7 +180,7 @@ def _raise_exit(signum: int, frame: Any) -> None:
 
 
 def _shared_copy(data: bytes) -> shared_memory.SharedMemory:
-    block = shared_memory.SharedMemory(create=True, size=max(1, len(data)))
+    block = _new_block(max(1, len(data)))
     block.buf[:len(data)] = data
     return block
 
@@ -193,7 +211,7 @@ def _transform(dataset: int, docs: list[Any], labels: list[Any]
     sizes = [view.nbytes for view in views]
     if not sum(sizes):
         return skeleton, None, sizes
-    block = shared_memory.SharedMemory(create=True, size=sum(sizes))
+    block = _new_block(sum(sizes))
     offset = 0
     for view, size in zip(views, sizes, strict=True):
         block.buf[offset:offset + size] = view
