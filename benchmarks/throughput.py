@@ -51,13 +51,13 @@ from pathlib import Path
 from typing import Any
 
 
-def build_corpus(root: Path, n_docs: int, n_files: int) -> dict[str, str]:
+def build_corpus(root: Path, n_docs: int, n_files: int, vocab: int = 8192) -> dict[str, str]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from zephon.demo.assets import make_documents, train_tokenizer
 
-    target = root / f"corpus-{n_docs}-{n_files}"
+    target = root / (f"corpus-{n_docs}-{n_files}" + (f"-v{vocab}" if vocab != 8192 else ""))
     done = target / "done.json"
     if done.exists():
         return json.loads(done.read_text())
@@ -70,7 +70,7 @@ def build_corpus(root: Path, n_docs: int, n_files: int) -> dict[str, str]:
         sample += docs[:300]
         pq.write_table(pa.table({"text": docs}), target / "data" / f"part-{i:04d}.parquet",
                        row_group_size=256)
-    tokenizer = train_tokenizer(sample, target / "tokenizer", vocab_size=8192)
+    tokenizer = train_tokenizer(sample, target / "tokenizer", vocab_size=vocab)
     paths = {"data": str(target / "data"), "tokenizer": tokenizer}
     done.write_text(json.dumps(paths))
     return paths
@@ -331,6 +331,9 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--root", default=".bench")
+    parser.add_argument("--vocab", type=int, default=8192,
+                        help="tokenizer vocabulary to train (the fast engine loads larger "
+                        "ones for longer)")
     parser.add_argument("--workers", default="0",
                         help="comma-separated worker counts to measure the pipeline with")
     parser.add_argument("--engines", default=None,
@@ -358,7 +361,7 @@ def main() -> None:
         return
     print(f"building corpus: {args.docs} documents in {args.files} Parquet files "
           f"(cached under {args.root})", flush=True)
-    paths = build_corpus(Path(args.root), args.docs, args.files)
+    paths = build_corpus(Path(args.root), args.docs, args.files, args.vocab)
     fast = fast_engine_installed()
     engines = args.engines.split(",") if args.engines else ["hf", *(["fastokens"] if fast
                                                                    else [])]
