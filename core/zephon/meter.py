@@ -2,12 +2,14 @@
 
 :class:`LoaderMeter` counts microbatches, tokens, padding, loss-bearing labels and the time
 the trainer waited for each microbatch. :meth:`LoaderMeter.window` gives the metrics of the
-window since its last call plus the pipeline report's running mixture shares, drops and
-filters; both adapters hand them to their framework's loggers (TensorBoard, W&B).
+window since its last call plus the pipeline report's running mixture shares (realized, and
+the target: a schedule's integral up to the job's position), the tokens each dataset has
+handed to the trainer so far (``zephon/tokens_seen/<name>``), drops and filters; both adapters
+hand them to their framework's loggers (TensorBoard, W&B).
 
 Job figures. Given the data-parallel ``group``, every figure :meth:`~LoaderMeter.window` gives
 under ``zephon/`` describes the whole job, not this rank: one all-reduce (SUM) of about
-``8 + 2 x datasets`` float64 values on the host, at each log step, over a gloo group. All ranks
+``9 + 2 x datasets`` float64 values on the host, at each log step, over a gloo group. All ranks
 call it at the same step (adapters log on every reader at the same microbatch count), so every
 rank, the one writing TensorBoard and the one printing the console line alike, gets the same
 numbers, and they are those of the same data read at another data-parallel size: the counts
@@ -59,7 +61,8 @@ class LoaderMeter:
         values = [*(float(delta[k]) for k in _COUNTS), elapsed, 1.0,
                   float(report.dropped.get("documents", 0) + report.leftover.get("documents", 0)),
                   float(sum(d.filtered for d in report.datasets)),
-                  *(float(getattr(d, unit)) for d in report.datasets)]
+                  *(float(getattr(d, unit)) for d in report.datasets),
+                  *(float(d.handed_tokens) for d in report.datasets)]
         job = self._summed(values)
         counts = dict(zip(_COUNTS, job[:5], strict=True))
         ranks = job[6] * self.replicas
@@ -70,11 +73,13 @@ class LoaderMeter:
             "zephon/padding_share": counts["padding"] / tokens,
             "zephon/loss_share": counts["valid"] / tokens,
         }
-        shown = job[9:]
+        shown, seen = job[9:9 + len(names)], job[9 + len(names):]
         total = sum(shown) or 1.0
-        for name, amount, dataset in zip(names, shown, report.datasets, strict=True):
+        for name, amount, tokens_seen, dataset in zip(names, shown, seen, report.datasets,
+                                                       strict=True):
             out[f"zephon/realized/{name}"] = amount / total
             out[f"zephon/target/{name}"] = dataset.target_share
+            out[f"zephon/tokens_seen/{name}"] = tokens_seen
         out["zephon/dropped_documents"] = job[7]
         out["zephon/filtered_documents"] = job[8]
         out.update(mine)

@@ -130,6 +130,13 @@ class _MixtureChoice:
     by: str | None = None
     """``"tokens"`` or ``"documents"``. Default: tokens when a token-estimation key is given,
     documents otherwise."""
+    stages: list[dict[str, Any]] | None = None
+    """Shares that change as training goes on (``[[mixture.stages]]``): each stage has
+    ``weights`` (a table of dataset names), ``until_tokens`` (tokens handed to the trainer by
+    the whole job when it ends; the last stage runs to the end) and optionally
+    ``ramp_tokens`` (move linearly from the previous stage's shares over that many tokens).
+    The datasets' own ``weight`` keys are then not used. Mixing is by tokens. A resume may
+    change the stages the run has not reached (:mod:`zephon.work.schedule`)."""
 
 
 @dataclass(frozen=True)
@@ -347,7 +354,8 @@ class DataRecipe:
         """``"tokens"`` or ``"documents"``; see the module docstring for the default."""
         by = self.mixture.get("by")
         if by is None:
-            by = "tokens" if any(k in self.mixture for k in _ESTIMATION_KEYS) else "documents"
+            by = "tokens" if self.mixture.get("stages") or any(
+                k in self.mixture for k in _ESTIMATION_KEYS) else "documents"
         return by
 
     @property
@@ -444,6 +452,33 @@ class DataRecipe:
             self.listed[key] = read_plan(self.plan)
         return self.listed[key]
 
+    def _stage_problems(self, names: list[str]) -> list[str]:
+        """``[[mixture.stages]]`` checked: the stages themselves, mixing by tokens, every
+        name a dataset of the recipe, no dataset weight that the stages would override."""
+        stages = self.mixture.get("stages")
+        if not stages:
+            return []
+        from zephon.work import MixtureSchedule
+
+        where = f"{self.source}: [[mixture.stages]]"
+        try:
+            schedule = MixtureSchedule(stages)
+        except ConfigError as exc:
+            return [f"{where}: {exc}"]
+        problems = []
+        if self.mix_by != "tokens":
+            problems.append(f"{where}: stages end at token counts; mix by tokens "
+                            f"([mixture] by = \"tokens\", not {self.mix_by!r})")
+        unknown = sorted(set(schedule.names) - set(names))
+        if unknown:
+            problems.append(f"{where}: names datasets the recipe does not have: {unknown} "
+                            f"(datasets: {names})")
+        weighted = [e.name for e in self.datasets if e.weight != 1.0]
+        if weighted:
+            problems.append(f"{where}: the stages give the weights; [[datasets]] weight is "
+                            f"not used with them (given for {weighted})")
+        return problems
+
     def _mixture_problems(self) -> list[str]:
         """The mixture and work-source options against the dataset names (a repeated name,
         reported by the caller, is told apart by its entry number here)."""
@@ -457,6 +492,7 @@ class DataRecipe:
                          e.weight for i, e in enumerate(self.datasets)})
         except ConfigError as exc:
             problems.append(f"{self.source}: [mixture] {exc}")
+        problems += self._stage_problems(names)
         options = {k: self.mixture[k] for k in _MIX_SOURCE_KEYS if k in self.mixture}
         work = {k: v for k, v in self.work.items() if k in ("unit_bytes", "arrow_unit_rows")}
         sections = {"seed": "", **{k: "[work] " for k in _WORK_SOURCE_KEYS}}
@@ -480,10 +516,14 @@ class DataRecipe:
                                             if k in self.mixture})
         if not datasets:
             return None
-        from zephon.work import MixtureSpec
+        from zephon.work import MixtureSchedule, MixtureSpec, ScheduledMixtureWorkSource
 
-        mixture = MixtureSpec({e.name: e.weight for e in self.datasets})
         options = {k: self.mixture[k] for k in _MIX_SOURCE_KEYS if k in self.mixture}
+        if self.mixture.get("stages"):
+            return ScheduledMixtureWorkSource(datasets, MixtureSchedule(self.mixture["stages"]),
+                                              seed=self.seed, token_estimation=estimation,
+                                              **options, **self.work)
+        mixture = MixtureSpec({e.name: e.weight for e in self.datasets})
         return StaticMixtureWorkSource(datasets, mixture, seed=self.seed,
                                        token_estimation=estimation, **options, **self.work)
 

@@ -49,6 +49,29 @@ class DatasetReport:
 
 
 @dataclass
+class StageReport:
+    """One stage of a mixture schedule as far as the lanes reached it."""
+
+    stage: int
+    """Its number, from 1."""
+    begins: int
+    """The job token it begins at."""
+    reached: int
+    """The job token the lanes had reached in it (its end, once past it)."""
+    target: dict[str, float]
+    """Each dataset's target share over that span (a ramp's shares averaged)."""
+    mixed: dict[str, float]
+    """Each dataset's share of the tokens the mixer handed on in it (what was read for
+    rows; the trainer receives them within a row or a shuffle buffer)."""
+
+    def __str__(self) -> str:
+        shares = ", ".join(f"{n} {self.target.get(n, 0):.3f}/{self.mixed.get(n, 0):.3f}"
+                           for n in self.target)
+        return (f"stage {self.stage} (job tokens {self.begins:,} to {self.reached:,}): "
+                f"target/mixed {shares}")
+
+
+@dataclass
 class PipelineReport:
     """Counts over the lanes this rank owns, up to the last consumed microbatch."""
 
@@ -65,6 +88,8 @@ class PipelineReport:
     lanes: tuple[int, ...] = ()
     """The lanes counted (this rank's), of ``total_lanes``."""
     total_lanes: int = 0
+    stages: list[StageReport] = field(default_factory=list)
+    """Per stage of a mixture schedule reached so far: target and mixed shares."""
 
     def __str__(self) -> str:
         lines = []
@@ -86,6 +111,7 @@ class PipelineReport:
                 more = len(d.skipped_files) - 3
                 lines.append(f"{'':<24}skipped files: {shown}"
                              + (f" and {more} more" if more > 0 else ""))
+        lines += [str(stage) for stage in self.stages]
         lines.append(f"microbatches {self.microbatches:,}; padding tokens "
                      f"{self.padding_tokens:,}; dropped at flush {self.dropped}; "
                      f"left over at end {self.leftover}")

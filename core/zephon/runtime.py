@@ -47,7 +47,7 @@ from zephon.ops.pack import PackSpec
 from zephon.progress import progress
 from zephon.records import Doc
 from zephon.redact import get_logger
-from zephon.report import PipelineReport, build_report, sum_stats
+from zephon.report import PipelineReport, StageReport, build_report, sum_stats
 from zephon.sample_batch import SampleBatch
 from zephon.work.estimation import DatasetEstimate, TokenEstimation, estimate_dataset
 from zephon.work.static_mixture import StaticMixtureWorkSource
@@ -104,8 +104,10 @@ class Loader:
         elif options.prefetch > 0:
             self.workers = DocumentThreads(ops_by_dataset)
         self._use_source(work_source.bound(options.io_options))
+        # The ranks must also agree on the mixture, which the resume fingerprint leaves to
+        # the lanes (a resume may change its future).
         check_ranks_agree(
-            lambda: self._fingerprint,
+            lambda: {**self._fingerprint, "mixture": self.source.schedule.describe()},
             options.dp_rank, world, options.process_group, self._titles)
 
     def _use_source(self, source: StaticMixtureWorkSource) -> None:
@@ -322,11 +324,57 @@ class Loader:
         source = self.source
         report = build_report(
             stats, source.names() + source.unused,
-            [*source.weights, *[0.0] * len(source.unused)], source.by_tokens,
+            [*self._target_shares(stats), *[0.0] * len(source.unused)], source.by_tokens,
             sum(s["microbatches"] for s in snapshots), stream.leftover, stream.finished,
             {ds.name: ds.skipped_files() for ds in source.datasets})
         report.lanes, report.total_lanes = tuple(stream.owned), self.lanes
+        report.stages = self._stage_reports(stats)
         return report
+
+    def _stage_reports(self, stats: dict[str, Any]) -> list[StageReport]:
+        """The stages the lanes reached: each one's target shares over the span reached (job
+        position: what the mixers handed on, times the lanes over the lanes counted) and the
+        shares of what the mixers handed on in it."""
+        schedule = self.source.schedule
+        by_stage = stats.get("stages")
+        if schedule.static or not by_stage:
+            return []
+        scale = self.lanes / len(self.stream.owned)
+        position = sum(stats.get("tokens", {}).values()) * scale
+        out = []
+        for key in sorted(by_stage, key=int):
+            stage = int(key)
+            begins = schedule.stage_boundary(stage)
+            until = schedule.stages[stage].until_tokens
+            reached = min(position, until) if until is not None else position
+            span = max(reached - begins, 1e-9)
+            target = [(b - a) / span for a, b in zip(schedule.targets(begins),
+                                                      schedule.targets(reached), strict=True)]
+            counts = by_stage[key]
+            total = sum(counts.values()) or 1
+            out.append(StageReport(stage + 1, int(begins), int(reached),
+                                   dict(zip(schedule.names, target, strict=True)),
+                                   {n: counts.get(n, 0) / total for n in schedule.names}))
+        return out
+
+    def _target_shares(self, stats: dict[str, Any]) -> list[float]:
+        """Each dataset's target share of what this rank's lanes handed out: a static
+        mixture's shares, or a schedule's integral up to the job position they stand for
+        (what they handed times the lanes over the lanes counted) over that position."""
+        source = self.source
+        schedule = source.schedule
+        if schedule.static:
+            return [float(w) for w in source.weights]
+        position = _handed(stats, source.by_tokens) * self.lanes / len(self.stream.owned)
+        targets = dict(zip(schedule.names, schedule.targets(position), strict=True))
+        if position <= 0:
+            return [float(w) for w in source.weights]
+        return [targets.get(name, 0.0) / position for name in source.names()]
+
+
+def _handed(stats: dict[str, Any], by_tokens: bool) -> int:
+    handed = stats.get("handed", {}).get("tokens" if by_tokens else "documents", {})
+    return sum(handed.values())
 
 
 def microbatch_tokens(specs: Sequence[OperatorSpec]) -> int | None:

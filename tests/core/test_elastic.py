@@ -261,8 +261,10 @@ def test_refuses_changed_recipe(two_datasets, tokenizer_dir):
     with pytest.raises(StateMismatchError, match="seed changed"):
         other.load_state_dict(state)
     other = build(two_datasets, tokenizer_dir, weights=(0.5, 0.5)).options(lanes=LANES)
-    with pytest.raises(StateMismatchError, match=r"mixture weights changed "
-                       r"\(work_source\.mixture\.long: checkpoint 0\.4, now 0\.5\)"):
+    with pytest.raises(StateMismatchError, match=r"nodes\[0\]\.schedule is the mixture the run "
+                       r"trained with, and stage 1 of this one differs from it from job token "
+                       r"0 \(at 0: shares \{short: 0\.5, long: 0\.5\} here, \{short: 0\.6, "
+                       r"long: 0\.4\} in the run\)"):
         other.load_state_dict(state)
 
 

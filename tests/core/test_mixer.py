@@ -5,8 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from zephon.engine.mixer import DeficitMixer, MixNode
+from zephon.engine.mixer import DeficitMixer, MixNode, MixTargets
 from zephon.records import Doc
+from zephon.work.schedule import MixtureSchedule, Stage
+
+
+def static(*weights: float, names: str | tuple[str, ...] = "ab") -> MixtureSchedule:
+    """A one-stage schedule of ``weights`` over datasets named by the letters of ``names``."""
+    return MixtureSchedule([Stage(dict(zip(names, weights)))])
+
+
+def mixer(*weights: float) -> DeficitMixer:
+    return DeficitMixer(MixTargets(static(*weights), "ab", lanes=1))
 
 
 class FakeSource:
@@ -39,7 +49,7 @@ def drain(node):
 
 
 def test_token_shares_stay_within_one_document():
-    node = MixNode([FakeSource("a", [10] * 100), FakeSource("b", [50] * 100)], [0.5, 0.5],
+    node = MixNode([FakeSource("a", [10] * 100), FakeSource("b", [50] * 100)], static(0.5, 0.5),
                    by_tokens=True, on_exhausted="stop")
     tokens = {"a": 0, "b": 0}
     for _ in range(60):
@@ -54,7 +64,8 @@ def test_by_tokens_the_next_documents_decide_and_the_lane_stays_close_to_its_tar
     target (the deficit rule) overshoots by most of it; looking at the next documents keeps
     every prefix within half of the longest document."""
     lengths = {"short": [20, 30, 10, 40] * 60, "long": [400, 250, 500] * 30}
-    node = MixNode([FakeSource(n, v) for n, v in lengths.items()], [0.7, 0.3],
+    node = MixNode([FakeSource(n, v) for n, v in lengths.items()],
+                   static(0.7, 0.3, names=("short", "long")),
                    by_tokens=True, on_exhausted="stop")
     tokens = {"short": 0, "long": 0}
     worst_after_start = 0.0
@@ -65,7 +76,7 @@ def test_by_tokens_the_next_documents_decide_and_the_lane_stays_close_to_its_tar
         if step >= 2:
             worst_after_start = max(worst_after_start, abs(tokens["long"] - 0.3 * total))
     assert worst_after_start <= 500 / 2 + 40
-    deficit = DeficitMixer([0.7, 0.3])
+    deficit = mixer(0.7, 0.3)
     assert deficit.closest([20, 400]) == 0  # the long one would overshoot the lane
     deficit.record(0, 2000)
     assert deficit.closest([20, 400]) == 1  # now it brings the lane closest to 0.3
@@ -73,7 +84,7 @@ def test_by_tokens_the_next_documents_decide_and_the_lane_stays_close_to_its_tar
 
 @pytest.mark.parametrize("policy, expected", [("stop", 2 * 3), ("drain", 3 + 10)])
 def test_stop_or_drain_when_a_dataset_ends(policy, expected):
-    node = MixNode([FakeSource("a", [1] * 3), FakeSource("b", [1] * 10)], [0.5, 0.5],
+    node = MixNode([FakeSource("a", [1] * 3), FakeSource("b", [1] * 10)], static(0.5, 0.5),
                    by_tokens=False, on_exhausted=policy)
     assert len(drain(node)) == expected
     assert node.next() is None and node.snapshot()["ended"]
@@ -82,7 +93,7 @@ def test_stop_or_drain_when_a_dataset_ends(policy, expected):
 def test_restore_continues_the_same_choices():
     def make():
         return MixNode([FakeSource("a", [3, 9, 1] * 10), FakeSource("b", [5] * 30)],
-                       [0.3, 0.7], by_tokens=True, on_exhausted="drain")
+                       static(0.3, 0.7), by_tokens=True, on_exhausted="drain")
 
     node = make()
     head = [d.doc_id for d in (node.next() for _ in range(11))]
@@ -95,7 +106,7 @@ def test_restore_continues_the_same_choices():
 
 
 def test_deficit_mixer_ties_go_to_the_lowest_index():
-    mixer = DeficitMixer([1, 1])
-    assert mixer.choose() == 0
-    mixer.record(0, 1)
-    assert mixer.choose() == 1
+    chooser = mixer(1, 1)
+    assert chooser.choose() == 0
+    chooser.record(0, 1)
+    assert chooser.choose() == 1

@@ -42,15 +42,18 @@ def test_a_schedule_that_agrees_on_the_past_differs_only_after_it():
                                                   until_tokens=3000, ramp_tokens=500),
                              Stage({"web": 0.1, "math": 0.9})])
     assert schedule.differs_before(later, 2999) is None
-    assert schedule.differs_before(later, 3000) == 1
+    found = schedule.differs_before(later, 3000)
+    assert (found.stage, found.begins, found.at) == (1, 3000, 3000)
     earlier_ramp = MixtureSchedule([TWO_STAGES[0], Stage(TWO_STAGES[1].weights,
                                                          ramp_tokens=400)])
     assert schedule.differs_before(earlier_ramp, 1000) is None
-    assert schedule.differs_before(earlier_ramp, 1001) == 1
+    found = schedule.differs_before(earlier_ramp, 1001)
+    assert (found.stage, found.begins) == (1, 1000)
     moved = MixtureSchedule([Stage({"web": 0.8, "code": 0.2}, until_tokens=900),
                              TWO_STAGES[1]])
     assert schedule.differs_before(moved, 899) is None
-    assert schedule.differs_before(moved, 950) == 0
+    found = schedule.differs_before(moved, 950)
+    assert (found.stage, found.begins) == (0, 900)  # apart just after 900
     assert schedule.differs_before(MixtureSchedule(schedule.describe()), math.inf) is None
 
 

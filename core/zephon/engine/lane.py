@@ -90,8 +90,8 @@ class LanePlan:
         source = self.source
         sources = [DatasetSource(source, i, lane, self.lanes, self.ops_of(i), self.workers)
                    for i in range(len(source.datasets))]
-        nodes: list[Node] = [MixNode(sources, source.weights, source.by_tokens,
-                                     source.on_exhausted)]
+        nodes: list[Node] = [MixNode(sources, source.schedule, source.by_tokens,
+                                     source.on_exhausted, self.lanes)]
         if not self.makes_rows:
             nodes.append(DocumentRows(nodes[-1], lane))
         for op in self.row_ops:

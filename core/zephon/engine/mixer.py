@@ -27,10 +27,12 @@ microseconds, numpy's call overhead would be fifty.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 from zephon.engine.dataset_source import DatasetSource
+from zephon.errors import ConfigError
 from zephon.ops.base import Node
 from zephon.records import Doc
 from zephon.state_checks import (
@@ -45,44 +47,99 @@ from zephon.state_checks import (
     need_list,
     within,
 )
+from zephon.work.schedule import MixtureSchedule
+
+
+class MixTargets:
+    """What each dataset of a lane should have delivered after ``T`` of its tokens (or
+    documents): the schedule's integral of shares at job position ``lanes * T`` (see
+    :mod:`zephon.work.schedule`), over ``lanes``; with one stage, ``shares * T``. ``names``
+    orders the datasets as the lane's sources are."""
+
+    def __init__(self, schedule: MixtureSchedule, names: Sequence[str], lanes: int):
+        self.schedule, self.lanes = schedule, lanes
+        index = {name: i for i, name in enumerate(schedule.names)}
+        self._order = [index.get(name) for name in names]
+        self.static = schedule.static
+        self._fixed = self._pick(schedule.shares_at(0)) if self.static else None
+
+    def _pick(self, values: Sequence[float]) -> list[float]:
+        return [values[i] if i is not None else 0.0 for i in self._order]
+
+    def shares(self, amount: float) -> list[float]:
+        """Target shares at the lane's ``amount``."""
+        if self._fixed is not None:
+            return self._fixed
+        return self._pick(self.schedule.shares_at(amount * self.lanes))
+
+    def targets(self, amount: float) -> list[float]:
+        """What each dataset should have delivered by the lane's ``amount``."""
+        if self._fixed is not None:
+            return [share * amount for share in self._fixed]
+        lanes = self.lanes
+        return [t / lanes for t in self._pick(self.schedule.targets(amount * lanes))]
 
 
 class DeficitMixer:
-    def __init__(self, weights: Sequence[float]):
-        self.weights = [float(w) for w in weights]
-        self.delivered = [0] * len(self.weights)
-        self.active = [True] * len(self.weights)
-        self._normalized = self._normalize()
+    """The delivered amounts of a lane's datasets against :class:`MixTargets`, and the choice
+    of the next dataset (see the module docstring)."""
 
-    def _normalize(self) -> list[float]:
+    def __init__(self, targets: MixTargets):
+        self.plan = targets
+        n = len(targets._order)
+        self.delivered = [0] * n
+        self.active = [True] * n
+        self._sole: int | None = None
+        self._update_sole()
+
+    def _update_sole(self) -> None:
         live = [i for i, a in enumerate(self.active) if a]
         self._sole = live[0] if len(live) == 1 else None
-        total = sum(w for w, a in zip(self.weights, self.active, strict=True) if a)
-        return [w / total if a and total > 0 else 0.0
-                for w, a in zip(self.weights, self.active, strict=True)]
 
     def snapshot(self) -> dict[str, Any]:
         return {"delivered": list(self.delivered), "active": list(self.active)}
 
     def restore(self, state: dict[str, Any]) -> None:
         state = need_fields(state, "", ("delivered", "active"))
-        n = len(self.weights)
+        n = len(self.delivered)
         delivered = need_list(state["delivered"], "delivered", n)
         active = need_list(state["active"], "active", n)
         self.delivered = [need_int(x, item("delivered", i)) for i, x in enumerate(delivered)]
         self.active = [need_bool(x, item("active", i)) for i, x in enumerate(active)]
-        self._normalized = self._normalize()
+        self._update_sole()
+
+    def goals(self, total: float) -> list[float]:
+        """What each active dataset should have delivered at ``total``. Once a dataset has
+        left (drain), the others split the total by their current shares, renormalized."""
+        if all(self.active):
+            return self.plan.targets(total)
+        shares = [s if a else 0.0 for s, a in zip(self.plan.shares(total), self.active,
+                                                  strict=True)]
+        norm = sum(shares)
+        if norm <= 0:  # only datasets without a share now are left: share the rest evenly
+            shares, norm = [1.0 if a else 0.0 for a in self.active], float(sum(self.active))
+        return [s / norm * total for s in shares] if norm > 0 else [0.0] * len(shares)
+
+    def candidates(self) -> list[bool]:
+        """The datasets the next document may come from: those still in the mixture with a
+        share now (any still in it, where none has)."""
+        total = float(sum(self.delivered))
+        shares = self.plan.shares(total)
+        wanted = [a and s > 0 for a, s in zip(self.active, shares, strict=True)]
+        return wanted if any(wanted) else list(self.active)
 
     def choose(self) -> int | None:
+        """By documents: the dataset furthest below its target (ties to the lowest index)."""
         if self._sole is not None:  # one dataset left (or only one): no deficit to compare
             return self._sole
         total = float(sum(self.delivered))
+        goals = self.goals(total)
         best, best_deficit = None, 0.0
-        for index, (weight, delivered, active) in enumerate(
-                zip(self._normalized, self.delivered, self.active, strict=True)):
-            if not active:
+        for index, (goal, delivered, open_) in enumerate(
+                zip(goals, self.delivered, self.candidates(), strict=True)):
+            if not open_:
                 continue
-            deficit = weight * total - delivered
+            deficit = goal - delivered
             if best is None or deficit > best_deficit:
                 best, best_deficit = index, deficit
         return best
@@ -90,16 +147,16 @@ class DeficitMixer:
     def closest(self, sizes: Sequence[int | None]) -> int:
         """The dataset whose next document, of ``sizes[c]`` (None: not a candidate), leaves
         the delivered amounts closest to their targets (see the module docstring)."""
-        delivered, weights = self.delivered, self._normalized
+        delivered = self.delivered
         total = float(sum(delivered))
         best, best_error = -1, 0.0
         for index, size in enumerate(sizes):
             if size is None:
                 continue
-            after = total + size
+            goals = self.goals(total + size)
             error = 0.0
-            for j, (weight, amount) in enumerate(zip(weights, delivered, strict=True)):
-                error += abs(amount + (size if j == index else 0) - weight * after)
+            for j, (goal, amount) in enumerate(zip(goals, delivered, strict=True)):
+                error += abs(amount + (size if j == index else 0) - goal)
             if best < 0 or error < best_error:
                 best, best_error = index, error
         return best
@@ -109,7 +166,7 @@ class DeficitMixer:
 
     def deactivate(self, index: int) -> None:
         self.active[index] = False
-        self._normalized = self._normalize()
+        self._update_sole()
 
 
 class MixNode(Node):
@@ -120,15 +177,19 @@ class MixNode(Node):
     documents (first pieces) and tokens it hands on.
     """
 
-    def __init__(self, sources: list[DatasetSource], weights: Sequence[float], by_tokens: bool,
-                 on_exhausted: str):
+    def __init__(self, sources: list[DatasetSource], schedule: MixtureSchedule, by_tokens: bool,
+                 on_exhausted: str, lanes: int = 1):
         self.sources = sources
-        self.mixer = DeficitMixer(weights)
+        self.schedule, self.lanes = schedule, lanes
+        self.mixer = DeficitMixer(MixTargets(schedule, [s.name for s in sources], lanes))
         self.by_tokens = by_tokens
         self.stop_when_one_ends = on_exhausted == "stop"
         names = [s.name for s in sources]
         self.documents = dict.fromkeys(names, 0)
         self.tokens = dict.fromkeys(names, 0)
+        self.by_stage: dict[str, dict[str, int]] | None = None if schedule.static else {}
+        """Tokens handed on per stage (its index, as text) and dataset, where the mixture
+        has stages."""
         self._ended = False
 
     def next(self) -> Doc | None:
@@ -149,6 +210,10 @@ class MixNode(Node):
                 self.mixer.record(index, 1)
                 return doc
             tokens = len(doc.tokens)
+            if self.by_stage is not None:
+                stage = str(self.schedule.stage_at(self.lanes * sum(self.mixer.delivered)))
+                counts = self.by_stage.setdefault(stage, dict.fromkeys(self.documents, 0))
+                counts[source.name] += tokens
             self.tokens[source.name] += tokens
             self.documents[source.name] += first
             self.mixer.record(index, tokens if self.by_tokens else int(first))
@@ -164,8 +229,9 @@ class MixNode(Node):
         if mixer._sole is not None:
             return mixer._sole
         sizes: list[int | None] = []
-        for index, (source, active) in enumerate(zip(self.sources, mixer.active, strict=True)):
-            if not active:
+        for index, (source, wanted) in enumerate(zip(self.sources, mixer.candidates(),
+                                                     strict=True)):
+            if not wanted:
                 sizes.append(None)
                 continue
             doc = source.peek()
@@ -177,33 +243,81 @@ class MixNode(Node):
     def snapshot(self) -> dict[str, Any]:
         return {
             "mixer": self.mixer.snapshot(),
+            "schedule": self.schedule.describe(),
             "sources": [s.snapshot() for s in self.sources],
             "ended": self._ended,
             "stats": {"documents": dict(self.documents), "tokens": dict(self.tokens),
-                      "skipped": {s.name: dict(s.skipped) for s in self.sources}},
+                      "skipped": {s.name: dict(s.skipped) for s in self.sources},
+                      **({"stages": {k: dict(v) for k, v in self.by_stage.items()}}
+                         if self.by_stage is not None else {})},
         }
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from ``state``, refused unless it is one the mixer could have written:
         see :meth:`_check_counts` and :meth:`_check_active`."""
-        state = need_fields(state, "", ("mixer", "sources", "ended", "stats"))
+        state = need_fields(state, "", ("mixer", "schedule", "sources", "ended", "stats"))
         saved = need_list(state["sources"], "sources", len(self.sources))
         for i, (source, part) in enumerate(zip(self.sources, saved, strict=True)):
             with within(item("sources", i)):
                 source.restore(part)
         with within("mixer"):
             self.mixer.restore(state["mixer"])
+        self._check_past(state["schedule"])
         ended = need_bool(state["ended"], "ended")
         names = [s.name for s in self.sources]
-        stats = need_fields(state["stats"], "stats", ("documents", "tokens", "skipped"))
+        stats = need_fields(state["stats"], "stats", ("documents", "tokens", "skipped"),
+                            ("stages",))
         documents = need_counts(stats["documents"], "stats.documents", names)
         tokens = need_counts(stats["tokens"], "stats.tokens", names)
+        by_stage = self._stage_counts(stats.get("stages"), tokens)
         self._check_counts(documents, tokens, need_fields(stats["skipped"], "stats.skipped",
                                                           names))
         self._check_active(ended)
         self._ended = ended
         self.documents = documents
         self.tokens = tokens
+        self.by_stage = by_stage
+
+    def _stage_counts(self, saved: Any, tokens: dict[str, int]
+                      ) -> dict[str, dict[str, int]] | None:
+        """The per-stage counts of a state, each a stage of this mixture, adding up to the
+        tokens counted per dataset. A state written with one stage, resumed with stages
+        (whose first one it was still in), counts all it read in the first."""
+        if self.by_stage is None:
+            return None
+        if saved is None:
+            return {"0": dict(tokens)}
+        counts = {stage: need_counts(part, join("stats.stages", stage), list(tokens))
+                  for stage, part in need_dict(saved, "stats.stages").items()}
+        for stage in counts:
+            if stage not in {str(i) for i in range(len(self.schedule.stages))}:
+                raise StateFieldError(join("stats.stages", stage), "is not a stage of this "
+                                                                   "mixture")
+        for name, total in tokens.items():
+            if sum(part[name] for part in counts.values()) != total:
+                raise StateFieldError("stats.stages", f"counts {name!r} otherwise than "
+                                                      f"stats.tokens ({total})")
+        return counts
+
+    def _check_past(self, saved: Any) -> None:
+        """The schedule the state was written under must give the same shares as this one
+        up to where the lane stands (job position: lanes x what its mixer delivered); what
+        comes after may change (see :mod:`zephon.work.schedule`)."""
+        try:
+            before = MixtureSchedule.from_plain(saved, "schedule")
+        except ConfigError as exc:
+            raise StateFieldError("schedule", f"is not a mixture schedule: {exc}") from None
+        position = self.lanes * sum(self.mixer.delivered)
+        found = self.schedule.differs_before(before, position)
+        if found is not None:
+            unit = "token" if self.by_tokens else "document"
+            raise StateFieldError(
+                "schedule", f"is the mixture the run trained with, and stage "
+                f"{found.stage + 1} of this one differs from it from job {unit} "
+                f"{math.ceil(found.begins):,} (at {math.ceil(found.at):,}: shares "
+                f"{found.mine} here, {found.theirs} in the run), before the point the run "
+                f"had reached (this lane stands at {position:,}). What was trained cannot "
+                "change; change only the stages after it")
 
     def _check_counts(self, documents: dict[str, int], tokens: dict[str, int],
                       skipped: dict[str, Any]) -> None:
@@ -234,3 +348,4 @@ class MixNode(Node):
             raise StateFieldError("ended", f"is {'true' if ended else 'false'}, but "
                                   + ("datasets are still in the mixture (mixer.active)" if ended
                                      else "no dataset is left in the mixture (mixer.active)"))
+

@@ -2,6 +2,8 @@
 
 from zephon.work.estimation import DatasetEstimate, TokenEstimation
 from zephon.work.mixture import MixtureSpec
-from zephon.work.static_mixture import StaticMixtureWorkSource
+from zephon.work.schedule import MixtureSchedule, Stage
+from zephon.work.static_mixture import ScheduledMixtureWorkSource, StaticMixtureWorkSource
 
-__all__ = ["DatasetEstimate", "MixtureSpec", "StaticMixtureWorkSource", "TokenEstimation"]
+__all__ = ["DatasetEstimate", "MixtureSchedule", "MixtureSpec", "ScheduledMixtureWorkSource",
+           "Stage", "StaticMixtureWorkSource", "TokenEstimation"]

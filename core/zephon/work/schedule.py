@@ -54,6 +54,21 @@ class Stage:
 
 
 @dataclass(frozen=True)
+class Divergence:
+    """Where two schedules part (:meth:`MixtureSchedule.differs_before`)."""
+
+    stage: int
+    """The stage (of the schedule asked) in which they part."""
+    begins: float
+    """The job token from which they differ."""
+    at: float
+    """A job token where they differ, and the shares there: ``mine`` (the schedule asked)
+    and ``theirs``."""
+    mine: str
+    theirs: str
+
+
+@dataclass(frozen=True)
 class _Segment:
     """Shares moving linearly from ``start`` (at ``begin``) to ``end`` (at ``stop``)."""
 
@@ -140,6 +155,10 @@ class MixtureSchedule:
         """The index of the stage that job token ``tokens`` falls in."""
         return self._segment(tokens).stage
 
+    def stage_boundary(self, stage: int) -> float:
+        """The job token at which ``stage`` begins."""
+        return float(self.stages[stage - 1].until_tokens) if stage else 0.0
+
     def shares_at(self, tokens: float) -> tuple[float, ...]:
         """Target shares (in :attr:`names` order) at job token ``tokens``."""
         segment = self._segment(tokens)
@@ -174,24 +193,33 @@ class MixtureSchedule:
         return self._segments[-1]
 
     # -- the past and the future -----------------------------------------------------------
-    def differs_before(self, other: MixtureSchedule, tokens: float) -> int | None:
-        """The stage of this schedule in which ``other``'s shares first differ from these at
-        or before job token ``tokens`` (None: they agree on ``[0, tokens]``). Both are
-        piecewise linear, so comparing at every breakpoint of either (and at ``tokens``)
-        decides it."""
+    def differs_before(self, other: MixtureSchedule, tokens: float) -> Divergence | None:
+        """Where ``other``'s shares first differ from these at or before job token
+        ``tokens`` (None: they agree on ``[0, tokens]``). Both are piecewise linear, so
+        comparing them at every breakpoint of either (both sides of it) and at ``tokens``
+        decides it, and finds where they part: at a breakpoint where one jumps, else just
+        after the last breakpoint where they agreed."""
         names = sorted(set(self.names) | set(other.names))
         points = sorted({0.0, float(tokens), *(p for s in (self, other)
                                                 for g in s._segments
                                                 for p in (g.begin, g.stop)
                                                 if p <= tokens)})
+        def differ(edge: float) -> Divergence | None:
+            mine = dict(zip(self.names, self.shares_at(edge), strict=True))
+            theirs = dict(zip(other.names, other.shares_at(edge), strict=True))
+            if all(abs(mine.get(n, 0.0) - theirs.get(n, 0.0)) <= 1e-12 for n in names):
+                return None
+            return Divergence(self.stage_at(edge), agreed, edge, _shown(mine), _shown(theirs))
+
+        agreed = 0.0  # the last breakpoint where they agreed: they part after it
         for point in points:
-            for edge in (point, math.nextafter(point, -math.inf)) if point else (point,):
-                if edge < 0:
-                    continue
-                mine = dict(zip(self.names, self.shares_at(edge), strict=True))
-                theirs = dict(zip(other.names, other.shares_at(edge), strict=True))
-                if any(abs(mine.get(n, 0.0) - theirs.get(n, 0.0)) > 1e-12 for n in names):
-                    return self.stage_at(edge)
+            left = differ(math.nextafter(point, -math.inf)) if point > 0 else None
+            if left is not None:  # apart inside (agreed, point)
+                return left
+            agreed = point  # the left side agreed: a difference at the point is a jump there
+            found = differ(point)
+            if found is not None:
+                return found
         return None
 
     def describe(self) -> list[dict[str, Any]]:
@@ -232,3 +260,7 @@ def _stage(value: Any, index: int) -> Stage:
 def _count(value: Any, zero: bool = False) -> bool:
     return (isinstance(value, int) and not isinstance(value, bool)
             and (0 if zero else 1) <= value <= MAX_TOKENS)
+
+
+def _shown(shares: Mapping[str, float]) -> str:
+    return "{" + ", ".join(f"{n}: {w:.3g}" for n, w in shares.items() if w) + "}"
