@@ -216,8 +216,8 @@ def trace_steps(pipeline: Any, first: int, last: int, per_step: int, world_size:
             yield TracedMicrobatch(step, index, batch.lane, batch.lane % world_size,
                                    batch.ids, rows)
         index += 1
-    ends = (index + offset) // per_step
-    raise DataError(f"the data ends after global microbatch {index - 1} (step {ends}, with "
+    ends = (index - 1 + offset) // per_step + 1  # the step of the last microbatch
+    raise DataError(f"the data ends after global microbatch {index - 1} (in step {ends}, with "
                     f"{per_step} microbatch(es) a step): steps "
                     f"{max(first, ends + 1)}..{last} were not trained on this data (a run "
                     "that went on started it over; trace those from one of its checkpoints)")

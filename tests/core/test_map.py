@@ -141,7 +141,7 @@ def _keeps_below_seven(doc: dict) -> bool:
 @pytest.mark.parametrize("op", ["map", "filter"])
 def test_an_error_in_a_user_function_names_the_row(tmp_path, op):
     path = write_jsonl(tmp_path / "rows.jsonl", [{"n": i} for i in range(12)])
-    pipeline = Pipeline(source(path, shuffle_rows=False)).options(prefetch=0)
+    pipeline = Pipeline(source(path, shuffle_units=False, shuffle_rows=False)).options(prefetch=0)
     pipeline = pipeline.map(_fails_on_seven) if op == "map" else \
         pipeline.filter(_keeps_below_seven)
     with pytest.raises(DataError) as caught:

@@ -163,7 +163,7 @@ def test_steps_past_the_end_of_the_data_are_an_error_not_silence(two_datasets, t
     last = -(-total // PER_STEP)
     got = []
     with pytest.raises(DataError, match=rf"the data ends after global microbatch {total - 1} "
-                                        rf"\(step {last}, .*steps {last + 1}\.\.{last + 5}"):
+                                        rf"\(in step {last}, .*steps {last + 1}\.\.{last + 5}"):
         got.extend(trace_steps(pipeline(two_datasets, tokenizer_dir), last, last + 5, PER_STEP,
                                2))
     assert [t.step for t in got] == [last] * (total - (last - 1) * PER_STEP)

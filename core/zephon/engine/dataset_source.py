@@ -209,8 +209,7 @@ class DatasetSource:
         only when it is read (:meth:`_check_resumed`). A row past the last has no piece."""
         found = self.source.unit_at(self.index, self.lane, k, self.lanes)
         if found is None:
-            units = len(self.source.plan(self.lanes)[self.index])
-            count = len(range(self.lane, units, self.lanes))
+            count = self.source.units_of_lane(self.index, self.lane, self.lanes)
             raise StateFieldError("position[0]", f"is {k}, but lane {self.lane} reads "
                                                  f"{count} work unit(s) of dataset {self.name!r}"
                                                  f", which does not repeat (0 to {count - 1})")

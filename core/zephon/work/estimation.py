@@ -70,7 +70,7 @@ def estimate_dataset(source: Any, index: int, lanes: int, columns: list[str] | N
     from zephon.io.formats import RowLabel, read_unit
 
     dataset = source.datasets[index]
-    units = source.plan(lanes)[index]
+    units = source.sampling_units(index, lanes)
     documents = units.rows()
     total_bytes = sum(f.size for f in dataset.files())
     if all(f.fmt == "megatron" for f in dataset.files()):

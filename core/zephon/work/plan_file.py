@@ -63,7 +63,7 @@ from zephon.state_checks import (
     need_str,
     within,
 )
-from zephon.work.static_mixture import UNITS_PER_LANE
+from zephon.work.static_mixture import units_per_lane
 
 log = get_logger(__name__)
 
@@ -76,12 +76,18 @@ MAX_HEADER_BYTES = 1 << 31
 takes about 20 MB)."""
 
 _DATASET_FIELDS = ("name", "path", "fmt", "documents", "files", "skipped", "fingerprint",
-                   "units", "unit_count")
+                   "units", "unit_count", "min_units")
 
 
 def _identity(dataset: Dataset) -> dict[str, Any]:
     return {"name": dataset.name, "path": dataset.path, "fmt": dataset.fmt,
             "documents": list(dataset.documents) if dataset.documents else None}
+
+
+def _min_units(source: Any, dataset: Dataset, lanes: int) -> int:
+    """The least units ``source`` cuts ``dataset`` into for ``lanes`` lanes."""
+    repeated = source.repeated[[d.name for d in source.datasets].index(dataset.name)]
+    return units_per_lane(repeated, dataset.files()) * lanes
 
 
 def write_plan(source: Any, lanes: int, out: str | os.PathLike[str]) -> dict[str, Any]:
@@ -98,7 +104,8 @@ def write_plan(source: Any, lanes: int, out: str | os.PathLike[str]) -> dict[str
                         "files": [encoded(f) for f in dataset.files()],
                         "skipped": list(dataset.skipped_files()),
                         "fingerprint": dataset.fingerprint(),
-                        "units": [offset, len(blob)], "unit_count": len(table)})
+                        "units": [offset, len(blob)], "unit_count": len(table),
+                        "min_units": _min_units(source, dataset, lanes)})
         blobs.append(blob)
         offset += len(blob)
     body = b"".join(blobs)
@@ -152,7 +159,7 @@ class SavedPlan:
         except StateFieldError as exc:
             raise ArtifactError(f"{where}: {exc}") from None
         dataset.adopt_listing(files, tuple(entry["skipped"]))
-        dataset.adopt_units((*self.unit_options, UNITS_PER_LANE * self.lanes), entry["table"])
+        dataset.adopt_units((*self.unit_options, entry["min_units"]), entry["table"])
         extra = dataset.unplanned_files(files)
         if extra and first_rank():
             log.warning("zephon: %s: %d file(s) under %s are not in the plan and are not read "
@@ -252,6 +259,7 @@ def _check_header(header: dict[str, Any]) -> dict[str, Any]:
                                                f"body of {body}")
             end = offset + size
             need_int(entry["unit_count"], "unit_count")
+            need_int(entry["min_units"], "min_units", low=1)
     if end != body:
         raise StateFieldError("body_bytes", f"is {body}, but the tables end at byte {end}")
     return header

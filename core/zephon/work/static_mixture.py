@@ -33,15 +33,31 @@ from zephon.errors import ConfigError
 from zephon.io.dataset import Dataset
 from zephon.io.formats import PlanHints, UnitSpec
 from zephon.io.store_options import StoreOptions
-from zephon.io.unit_table import UnitTable
+from zephon.io.unit_table import KINDS, UnitTable
 from zephon.redact import get_logger
 from zephon.work.estimation import TokenEstimation
 from zephon.work.mixture import MixtureSpec
+from zephon.work.schedule import MixtureSchedule, Stage
 
 log = get_logger(__name__)
 
 EXHAUSTION = ("stop", "drain")
 UNITS_PER_LANE = 4
+"""Units per lane a repeated dataset is cut into, at least (where its files allow)."""
+EPOCH_UNITS_PER_LANE = 64
+"""Units per lane a dataset read once is cut into, at least, where cutting is cheap (byte
+ranges of JSON Lines, row ranges of Arrow files and indexed datasets): the lanes, dealt units
+balanced by size (:meth:`StaticMixtureWorkSource._dealt`), end within about one unit of each
+other, and the run ends with the first lane, so finer units leave less of the epoch unread.
+Parquet units stay row groups: a row range decodes its whole group."""
+
+
+def units_per_lane(repeated: bool, files: Sequence[Any] = ()) -> int:
+    """The least units per lane a dataset of ``files`` is cut into (see the constants
+    above)."""
+    if repeated or any(f.fmt == "parquet" for f in files):
+        return UNITS_PER_LANE
+    return EPOCH_UNITS_PER_LANE
 
 
 _KEPT_ORDERS = 64
@@ -71,7 +87,7 @@ class StaticMixtureWorkSource:
     def __init__(
         self,
         datasets: Sequence[Dataset],
-        mixture: MixtureSpec | None = None,
+        mixture: MixtureSpec | MixtureSchedule | None = None,
         seed: int = 0,
         token_estimation: TokenEstimation | None = None,
         *,
@@ -95,16 +111,28 @@ class StaticMixtureWorkSource:
         problems = self.option_problems(names, mixture, seed, repeat=repeat,
                                         on_exhausted=on_exhausted, unit_bytes=unit_bytes,
                                         arrow_unit_rows=arrow_unit_rows)
+        if isinstance(mixture, MixtureSchedule) and not mixture.static and \
+                token_estimation is None:
+            problems.append("mixture stages end at token counts, so they need mixing by "
+                            "tokens (token_estimation=TokenEstimation(); a recipe's [mixture] "
+                            "by = \"tokens\")")
         if problems:
-            raise ConfigError("StaticMixtureWorkSource: " + "; ".join(problems))
-        weights = mixture.as_dict()
+            raise ConfigError(f"{type(self).__name__}: " + "; ".join(problems))
+        schedule = mixture if isinstance(mixture, MixtureSchedule) else \
+            MixtureSchedule([Stage(mixture.as_dict())])
+        most = {n: max(stage["weights"].get(n, 0.0) for stage in schedule.describe())
+                for n in names}
         repeated = (set(names) if repeat else set()) if isinstance(repeat, bool) else set(repeat)
-        active = [ds for ds in datasets if weights[ds.name] > 0]
+        active = [ds for ds in datasets if most[ds.name] > 0]
         self.datasets: list[Dataset] = active
-        self.unused = [ds.name for ds in datasets if weights[ds.name] <= 0]
-        """Datasets of weight 0: never read, listed in reports with a target of 0."""
-        self.weights = np.array([weights[ds.name] for ds in active], dtype=np.float64)
-        self.weights /= self.weights.sum()
+        self.unused = [ds.name for ds in datasets if most[ds.name] <= 0]
+        """Datasets of weight 0 in every stage: never read, listed in reports with a target
+        of 0."""
+        self.schedule = schedule
+        """Target shares over the job's tokens (one stage: a static mixture)."""
+        first = dict(zip(schedule.names, schedule.shares_at(0), strict=True))
+        self.weights = np.array([first.get(ds.name, 0.0) for ds in active], dtype=np.float64)
+        """The shares of the first stage, by dataset (all of them, for a static mixture)."""
         self.mixture = mixture
         self.seed = seed
         self.token_estimation = token_estimation
@@ -114,7 +142,7 @@ class StaticMixtureWorkSource:
         self.shuffle_rows = shuffle_rows
         self.hints = PlanHints(unit_bytes=unit_bytes, arrow_unit_rows=arrow_unit_rows)
         self._plans: dict[int, list[UnitTable]] = {}
-        self._orders: dict[tuple[int, int, int], np.ndarray] = {}
+        self._orders: dict[Any, Any] = {}
 
     @staticmethod
     def option_problems(names: Sequence[str], mixture: MixtureSpec, seed: int, *,
@@ -127,9 +155,10 @@ class StaticMixtureWorkSource:
         duplicates = sorted({n for n in names if list(names).count(n) > 1})
         if duplicates:
             problems.append(f"dataset names must be unique, repeated: {duplicates}")
-        if not isinstance(mixture, MixtureSpec):
-            return [*problems, "mixture must be a MixtureSpec"]
-        weights = mixture.as_dict()
+        if not isinstance(mixture, (MixtureSpec, MixtureSchedule)):
+            return [*problems, "mixture must be a MixtureSpec or a MixtureSchedule"]
+        weights = mixture.as_dict() if isinstance(mixture, MixtureSpec) else \
+            dict.fromkeys(mixture.names, 1.0)
         unknown = sorted(set(weights) - set(names))
         missing = sorted(set(names) - set(weights))
         if unknown or missing:
@@ -178,7 +207,8 @@ class StaticMixtureWorkSource:
         if lanes not in self._plans:
             plans = []
             for index, ds in enumerate(self.datasets):
-                units = _planned_units(ds, self.hints, UNITS_PER_LANE * lanes)
+                units = _planned_units(ds, self.hints, units_per_lane(
+                    self.repeated[index], ds.files()) * lanes)
                 if not units:
                     raise ConfigError(f"dataset {ds.name!r} ({ds.path}) holds no rows")
                 if len(units) < lanes and not self.repeated[index]:
@@ -190,16 +220,63 @@ class StaticMixtureWorkSource:
             self._plans[lanes] = plans
         return self._plans[lanes]
 
+    def sampling_units(self, dataset: int, lanes: int) -> UnitTable:
+        """A dataset's units cut as a repeated dataset's are (:data:`UNITS_PER_LANE`), for
+        estimates: the finer units of a dataset read once hold too few rows each to sample
+        its rows and bytes from (their edges would dominate)."""
+        if self.repeated[dataset]:
+            return self.plan(lanes)[dataset]
+        return _planned_units(self.datasets[dataset], self.hints, UNITS_PER_LANE * lanes)
+
     def unit_at(self, dataset: int, lane: int, k: int, lanes: int
                 ) -> tuple[int, int, tuple[int, UnitSpec]] | None:
         """The ``k``-th unit lane ``lane`` reads from ``dataset``: (epoch, index, unit)."""
         units = self.plan(lanes)[dataset]
+        if not self.repeated[dataset]:
+            dealt = self._dealt(dataset, lanes)[lane]
+            if k >= len(dealt):
+                return None
+            return 0, int(dealt[k]), units[int(dealt[k])]
         position = lane + k * lanes
         epoch, index = divmod(position, len(units))
-        if epoch > 0 and not self.repeated[dataset]:
-            return None
         order = self._unit_order(dataset, epoch, len(units))
         return epoch, int(order[index]), units[int(order[index])]
+
+    def units_of_lane(self, dataset: int, lane: int, lanes: int) -> int | None:
+        """How many units lane ``lane`` reads of ``dataset`` (None: endless, it repeats)."""
+        return None if self.repeated[dataset] else len(self._dealt(dataset, lanes)[lane])
+
+    def _dealt(self, dataset: int, lanes: int) -> list[np.ndarray]:
+        """A dataset that is read once, dealt to the lanes balanced by size, so that the
+        lanes end together and the run leaves little of its epoch unread: the units from the
+        largest to the smallest (ties in the seeded order) go to lanes 0 to L-1, then L-1 to
+        0, and so on (a serpentine deal: each pass gives every lane one unit, and lanes that
+        got a larger one get a smaller one next), each lane then reading its units in the
+        seeded order. Sizes are the units' bytes (rows at their file's bytes a row where
+        units count rows). A few array passes, whatever the number of units; a function of
+        the lane count and the seed only, so the same at every data-parallel size."""
+        key = ("dealt", dataset, lanes)
+        dealt = self._orders.get(key)
+        if dealt is None:
+            units = self.plan(lanes)[dataset]
+            order = self._unit_order(dataset, 0, len(units))
+            rank = np.empty(len(units), dtype=np.int64)
+            rank[order] = np.arange(len(units))
+            sizes = unit_sizes(units, self.datasets[dataset].files())
+            place = np.arange(len(units))
+            turn, seat = place // lanes, place % lanes
+            owner = np.empty(len(units), dtype=np.int64)
+            owner[np.lexsort((rank, -sizes))] = np.where(turn % 2 == 0, seat, lanes - 1 - seat)
+            by_rank = order[np.argsort(owner[order], kind="stable")]
+            counts = np.bincount(owner, minlength=lanes)
+            dealt = np.split(by_rank, np.cumsum(counts)[:-1])
+            self._keep(key, dealt)
+        return dealt
+
+    def _keep(self, key: Any, value: Any) -> None:
+        if len(self._orders) >= _KEPT_ORDERS:
+            self._orders.pop(next(iter(self._orders)), None)
+        self._orders[key] = value
 
     def lane_units(self, dataset: int, lane: int, lanes: int) -> list[int]:
         """The indices of every unit of a repeated ``dataset`` that lane ``lane`` may ever
@@ -222,9 +299,7 @@ class StaticMixtureWorkSource:
         if order is None:
             order = np.arange(n) if not self.shuffle_units else \
                 np.random.default_rng([self.seed, dataset, epoch, 0x11]).permutation(n)
-            if len(self._orders) >= _KEPT_ORDERS:
-                self._orders.pop(next(iter(self._orders)), None)
-            self._orders[key] = order
+            self._keep(key, order)
         return order
 
     def row_order(self, dataset: int, epoch: int, unit: int, n: int) -> np.ndarray:
@@ -234,10 +309,10 @@ class StaticMixtureWorkSource:
 
     # -- identity --------------------------------------------------------------------------
     def fingerprint(self) -> dict[str, Any]:
+        # The mixture is not here: a resume may change its future, and each lane checks
+        # the past it has trained (the lane state keeps the schedule it ran under).
         return {
             "datasets": {ds.name: ds.fingerprint() for ds in self.datasets},
-            "mixture": {ds.name: round(float(w), 12) for ds, w in
-                        zip(self.datasets, self.weights, strict=True)},
             "mix_by": "tokens" if self.by_tokens else "documents",
             "seed": self.seed,
             "repeat": [ds.name for ds, r in zip(self.datasets, self.repeated, strict=True) if r],
@@ -263,3 +338,38 @@ def _planned_units(dataset: Dataset, hints: PlanHints, min_units: int) -> UnitTa
                       hints.arrow_unit_rows, min_units])
     return UnitTable.from_bytes(once_per_job(
         key, lambda: UnitTable.from_units(dataset.plan(hints, min_units)).to_bytes()))
+
+
+class ScheduledMixtureWorkSource(StaticMixtureWorkSource):
+    """A mixture whose target shares change as the job goes on: the stages of a
+    :class:`~zephon.work.schedule.MixtureSchedule`, mixed by tokens (the stages end at token
+    counts). Stage boundaries are job-wide, so the global microbatches are the same at every
+    data-parallel size dividing the lanes, and a resume may change the stages the run has not
+    reached (see :mod:`zephon.work.schedule`). Options are those of
+    :class:`StaticMixtureWorkSource`."""
+
+    def __init__(self, datasets: Sequence[Dataset], schedule: MixtureSchedule, seed: int = 0,
+                 token_estimation: TokenEstimation | None = None, **options: Any):
+        if not isinstance(schedule, MixtureSchedule):
+            raise ConfigError("ScheduledMixtureWorkSource needs a MixtureSchedule, got "
+                              f"{type(schedule).__name__}")
+        super().__init__(datasets, schedule, seed, token_estimation or TokenEstimation(),
+                         **options)
+
+
+def unit_sizes(units: UnitTable, files: Sequence[Any]) -> np.ndarray:
+    """Each unit's size in bytes, estimated where it counts rows: its rows at its file's
+    bytes a row (the file's size over the rows of its units)."""
+    file_sizes = np.array([f.size for f in files], dtype=np.float64)
+    spans = (units.stop - units.start).astype(np.float64)
+    kinds = units.kind
+    sizes = spans.copy()
+    whole = kinds == KINDS.index("file")
+    sizes[whole] = file_sizes[units.file[whole]]
+    counted = np.isin(kinds, [KINDS.index("row_group"), KINDS.index("rows")])
+    if counted.any():
+        rows = np.bincount(units.file[counted], weights=spans[counted],
+                           minlength=len(files))
+        per_row = np.divide(file_sizes, rows, out=np.ones_like(file_sizes), where=rows > 0)
+        sizes[counted] = spans[counted] * per_row[units.file[counted]]
+    return sizes
