@@ -44,7 +44,7 @@ log = get_logger(__name__)
 EXHAUSTION = ("stop", "drain")
 UNITS_PER_LANE = 4
 """Units per lane a repeated dataset is cut into, at least (where its files allow)."""
-EPOCH_UNITS_PER_LANE = 64
+EPOCH_UNITS_PER_LANE = 16
 """Units per lane a dataset read once is cut into, at least, where cutting is cheap (byte
 ranges of JSON Lines, row ranges of Arrow files and indexed datasets): the lanes, dealt units
 balanced by size (:meth:`StaticMixtureWorkSource._dealt`), end within about one unit of each
