@@ -193,16 +193,29 @@ class LoaderSession:
         self._ended = True
 
     def _record(self, batch: SampleBatch, out: Mapping[str, Any], wait_s: float) -> None:
-        ids = out["input_ids"] if "input_ids" in out else out["tokens"]  # Megatron's name
-        tokens = int(ids.numel())
-        if "padding_mask" in out:
-            padding = int(out["padding_mask"].sum())
+        """Count a microbatch handed out, finding each tensor under the name the training
+        options give it (``rename_fields``), or from the records where it was left out."""
+        renamed = self.training.get("rename_fields") or {}
+
+        def tensor(name: str) -> Any:
+            return out.get(renamed.get(name, name))
+
+        ids = tensor("input_ids")
+        if ids is not None:
+            tokens = int(ids.numel())
+        else:  # excluded: the rows' tokens, less the last of each where labels shift them
+            shift = 1 if self.training.get("return_labels") else 0
+            tokens = sum(len(r.payload["input_ids"]) - shift for r in batch.records)
+        padding_mask, valid_count, loss_mask = (tensor(n) for n in (
+            "padding_mask", "num_valid_tokens", "loss_mask"))
+        if padding_mask is not None:
+            padding = int(padding_mask.sum())
         else:
             padding = sum(int(r.meta.get("padding", 0)) for r in batch.records)
-        if "num_valid_tokens" in out:
-            valid = int(out["num_valid_tokens"].sum())
-        elif "loss_mask" in out:
-            valid = int(out["loss_mask"].sum())
+        if valid_count is not None:
+            valid = int(valid_count.sum())
+        elif loss_mask is not None:
+            valid = int(loss_mask.sum())
         else:
             valid = tokens - padding
         self.meter.record(tokens, padding, valid, wait_s)

@@ -88,6 +88,26 @@ def test_a_session_hands_out_training_tensors_and_resumes_exactly(two_datasets, 
     assert ids(resumed) == reference, "a session iterated again starts the data over"
 
 
+@pytest.mark.parametrize("options", [
+    {"rename_fields": {"input_ids": "inputs", "loss_mask": "weights"}},
+    {"exclude_fields": ["input_ids"]},
+])
+def test_a_session_counts_tensors_renamed_or_left_out(two_datasets, tokenizer_dir, options):
+    """The session finds the tensors under the names the recipe gives them (a framework's
+    own: tokens, inputs) or counts from the rows where they are left out."""
+    plain = session(two_datasets, tokenizer_dir)
+    list(islice(iter(plain), 3))
+    other = session(two_datasets, tokenizer_dir)
+    other.training.update(options)
+    items = list(islice(iter(other), 3))
+    assert "input_ids" not in items[0]
+    expected, got = plain.metrics(), other.metrics()
+    for name in ("zephon/tokens_per_s", "zephon/wait_ms", "zephon/this_rank/wait_ms",
+                 "zephon/this_rank/tokens_per_s"):
+        expected.pop(name), got.pop(name)
+    assert got == expected
+
+
 def test_states_of_two_readers_merge_into_one_reader(two_datasets, tokenizer_dir):
     reference = ids(session(two_datasets, tokenizer_dir))
     readers = [session(two_datasets, tokenizer_dir, rank, 2) for rank in range(2)]
