@@ -297,3 +297,18 @@ def test_frames_and_items_decompress_no_further_than_declared(litdata, tmp_path,
     with pytest.raises(DataError, match=r"chunk-0-0\.bin: item 0: decompresses to more than "
                                         r"1048576 bytes"):
         rows_of(Dataset.from_path("l", folder))
+
+
+def test_a_local_litdata_folder_is_listed_without_a_warning(tmp_path_factory, caplog):
+    """Its index.json is the index of its chunks, the documented layout: listed among the
+    skipped files, not logged."""
+    import logging
+
+    from zephon.io import Dataset
+
+    local = litdata_sets.build(tmp_path_factory.getbasetemp() / "litdata-sets", "plain")
+    with caplog.at_level(logging.INFO, logger="zephon"):
+        dataset = Dataset.from_path("d", local)
+        assert dataset.files()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert [s for s in dataset.skipped_files() if "index.json (index of the" in s]

@@ -304,9 +304,10 @@ class Dataset:
             raise ConfigError(f"Dataset {self.name!r}: documents=... selects documents of one "
                               f"Megatron indexed dataset; {self.path!r} holds {len(files)} "
                               "file(s) of other kinds")
-        if skipped:
-            log.warning("Dataset %r: skipped %d path(s), e.g. %s", self.name, len(skipped),
-                        skipped[:3])
+        unexpected = [p for p in skipped if not p.endswith(_PARTS_OF_THE_LAYOUT)]
+        if unexpected:  # an index or the metadata beside its files is the layout, not news
+            log.warning("Dataset %r: skipped %d path(s), e.g. %s", self.name, len(unexpected),
+                        unexpected[:3])
         return files
 
     def fingerprint(self) -> dict[str, Any]:
@@ -384,6 +385,12 @@ class Dataset:
 def _read_bytes(path: str) -> bytes:
     with open(path, "rb") as fh:
         return fh.read()
+
+
+_PARTS_OF_THE_LAYOUT = (" files beside it)", "(dataset metadata)", ".idx)")
+"""Endings of the skipped paths that belong to a dataset's documented layout (an index or
+the metadata beside its data files, a Megatron ``.bin`` beside its ``.idx``): listed in the
+report, not logged."""
 
 
 def _without_companions(entries: list[Any], skipped: list[str]) -> list[Any]:
