@@ -248,13 +248,14 @@ class StaticMixtureWorkSource:
 
     def _dealt(self, dataset: int, lanes: int) -> list[np.ndarray]:
         """A dataset that is read once, dealt to the lanes balanced by size, so that the
-        lanes end together and the run leaves little of its epoch unread: the units from the
-        largest to the smallest (ties in the seeded order) go to lanes 0 to L-1, then L-1 to
-        0, and so on (a serpentine deal: each pass gives every lane one unit, and lanes that
-        got a larger one get a smaller one next), each lane then reading its units in the
-        seeded order. Sizes are the units' bytes (rows at their file's bytes a row where
-        units count rows). A few array passes, whatever the number of units; a function of
-        the lane count and the seed only, so the same at every data-parallel size."""
+        lanes end together and the run leaves little of its epoch unread. The units, from the
+        largest to the smallest (ties in the seeded order), are dealt in passes of one unit a
+        lane, each pass going to the lanes from the least loaded to the most (ties to the
+        lowest lane): equal units go round-robin, and a lane that got a larger unit gets a
+        smaller one next. Each lane then reads its units in the seeded order. Sizes are the
+        units' bytes (rows at their file's bytes a row where units count rows). One pass of
+        array work a lane's unit count; a function of the lane count and the seed only, so
+        the same at every data-parallel size."""
         key = ("dealt", dataset, lanes)
         dealt = self._orders.get(key)
         if dealt is None:
@@ -263,10 +264,15 @@ class StaticMixtureWorkSource:
             rank = np.empty(len(units), dtype=np.int64)
             rank[order] = np.arange(len(units))
             sizes = unit_sizes(units, self.datasets[dataset].files())
-            place = np.arange(len(units))
-            turn, seat = place // lanes, place % lanes
+            largest = np.lexsort((rank, -sizes))
             owner = np.empty(len(units), dtype=np.int64)
-            owner[np.lexsort((rank, -sizes))] = np.where(turn % 2 == 0, seat, lanes - 1 - seat)
+            loads = np.zeros(lanes)
+            seats = np.arange(lanes)
+            for start in range(0, len(units), lanes):
+                batch = largest[start:start + lanes]
+                lightest = np.lexsort((seats, loads))[:len(batch)]
+                owner[batch] = lightest
+                loads[lightest] += sizes[batch]
             by_rank = order[np.argsort(owner[order], kind="stable")]
             counts = np.bincount(owner, minlength=lanes)
             dealt = np.split(by_rank, np.cumsum(counts)[:-1])
