@@ -191,11 +191,16 @@ def test_limit_holds_under_eviction_while_a_pipeline_runs(hub, tmp_path):
     peak = [0]
     stop = threading.Event()
 
+    def size(path) -> int:
+        try:
+            return path.stat().st_size
+        except FileNotFoundError:  # evicted between listing and stat
+            return 0
+
     def watch():
         while not stop.is_set():
             shards = tmp_path / "small" / "shards"
-            peak[0] = max(peak[0], sum(p.stat().st_size for p in shards.glob("*")
-                                       if p.exists()))
+            peak[0] = max(peak[0], sum(size(p) for p in shards.glob("*")))
             time.sleep(0.002)
 
     watcher = threading.Thread(target=watch)
