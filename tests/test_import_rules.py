@@ -51,6 +51,24 @@ def test_io_imports_nothing_above_it():
     assert violations((CORE / "io").rglob("*.py"), above) == []
 
 
+def test_the_engine_knows_work_sources_only_by_their_protocol():
+    """The engine and the loader runtime read through :mod:`zephon.work.protocol`: no
+    concrete work source, no file reading (a work source written in a test drives them)."""
+    allowed = ("zephon.work.protocol", "zephon.work.schedule")
+
+    def concrete(module: str) -> bool:
+        if module == "zephon.work" or module.startswith("zephon.work."):
+            return not module.startswith(allowed)
+        return module.startswith(("zephon.io.formats", "zephon.io.dataset", "zephon.io.hub",
+                                  "zephon.io.storage"))
+
+    engine = list((CORE / "engine").rglob("*.py"))
+    assert violations(engine, concrete) == []
+    # The runtime may estimate tokens (sampling a source's datasets where it has them).
+    assert violations([CORE / "runtime.py", CORE / "pipeline.py"],
+                      lambda m: concrete(m) and not m.startswith("zephon.work.estimation")) == []
+
+
 def test_adapters_use_only_the_public_api():
     assert violations([p for d in ADAPTERS for p in d.rglob("*.py")],
                       lambda m: m.startswith(("zephon.engine", "zephon.runtime"))) == []

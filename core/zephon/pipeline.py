@@ -40,7 +40,7 @@ from zephon.report import PipelineReport
 from zephon.runtime import Loader
 from zephon.sample_batch import SampleBatch
 from zephon.work.estimation import DatasetEstimate
-from zephon.work.static_mixture import StaticMixtureWorkSource
+from zephon.work.protocol import WorkSource, work_source_problem
 
 P = ParamSpec("P")
 
@@ -67,10 +67,11 @@ def _operator_method(spec_cls: Callable[P, OperatorSpec], name: str, doc: str
 class Pipeline:
     """A loader pipeline over a work source; see the module docstring."""
 
-    def __init__(self, work_source: StaticMixtureWorkSource):
-        if not isinstance(work_source, StaticMixtureWorkSource):
-            raise ConfigError("Pipeline needs a work source such as StaticMixtureWorkSource, "
-                              f"got {type(work_source).__name__}")
+    def __init__(self, work_source: WorkSource):
+        problem = work_source_problem(work_source)
+        if problem:
+            raise ConfigError(f"Pipeline needs a work source such as StaticMixtureWorkSource: "
+                              f"{problem}")
         self._work_source = work_source
         self._specs: tuple[OperatorSpec, ...] = ()
         self._options = LoaderOptions()
@@ -79,7 +80,7 @@ class Pipeline:
         self._lock = threading.Lock()
 
     @property
-    def work_source(self) -> StaticMixtureWorkSource:
+    def work_source(self) -> WorkSource:
         return self._work_source
 
     @property

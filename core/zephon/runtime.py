@@ -50,7 +50,7 @@ from zephon.redact import get_logger
 from zephon.report import PipelineReport, StageReport, build_report, sum_stats
 from zephon.sample_batch import SampleBatch
 from zephon.work.estimation import DatasetEstimate, TokenEstimation, estimate_dataset
-from zephon.work.static_mixture import StaticMixtureWorkSource
+from zephon.work.protocol import WorkSource
 
 log = get_logger(__name__)
 
@@ -58,16 +58,16 @@ log = get_logger(__name__)
 class Loader:
     """One rank's view of a built pipeline; see the module docstring."""
 
-    def __init__(self, work_source: StaticMixtureWorkSource, specs: Sequence[OperatorSpec],
+    def __init__(self, work_source: WorkSource, specs: Sequence[OperatorSpec],
                  options: LoaderOptions):
         # Every rank builds its runtime at once: a failure here reaches the peers waiting on
         # this rank (zephon.distributed.startup) instead of leaving them in a collective.
         with startup(options.startup_timeout_s):
             self._build(work_source, specs, options)
 
-    def _build(self, work_source: StaticMixtureWorkSource, specs: Sequence[OperatorSpec],
+    def _build(self, work_source: WorkSource, specs: Sequence[OperatorSpec],
                options: LoaderOptions) -> None:
-        check_chain(specs, [d.name for d in work_source.datasets])
+        check_chain(specs, work_source.names())
         self.options = options
         self.start_step = options.start_step
         """The trainer's step when this data began (kept in the state, for traces)."""
@@ -95,7 +95,7 @@ class Loader:
         self._op_fingerprints = [op.fingerprint() for op in built]
         self._titles = [spec.title for spec in specs]
         self.state_loaded = False
-        names = [d.name for d in work_source.datasets]
+        names = work_source.names()
         ops_by_dataset = {i: [op for op in self.document_ops if applies_to(op.spec, name)]
                           for i, name in enumerate(names)}
         self.workers: Offload | None = None
@@ -110,12 +110,12 @@ class Loader:
             lambda: {**self._fingerprint, "mixture": self.source.schedule.describe()},
             options.dp_rank, world, options.process_group, self._titles)
 
-    def _use_source(self, source: StaticMixtureWorkSource) -> None:
+    def _use_source(self, source: WorkSource) -> None:
         """Plan the lanes over ``source`` and start a fresh stream."""
         self.source = source
         self.plan = LanePlan(source, self.document_ops, self._row_ops,
                              any(s.makes_rows for s in self.specs), self.lanes, self.workers)
-        source.plan(self.lanes)
+        source.work(self.lanes)
         self._fingerprint = {
             "version": STATE_VERSION,
             "lanes": self.lanes,
@@ -137,28 +137,12 @@ class Loader:
     def _follow_moved_branches(self, saved: dict[str, Any]) -> None:
         """Re-pin Hub datasets whose branch moved since ``saved`` (a state fingerprint) to
         the checkpoint's commit, when the storage options allow it."""
-        if not self.options.io_options.resume_on_checkpoint_commit:
+        pin = getattr(self.source, "at_checkpoint_commits", None)
+        if not self.options.io_options.resume_on_checkpoint_commit or pin is None:
             return
-        before = saved.get("work_source", {}).get("datasets", {})
-        now = self._fingerprint["work_source"]["datasets"]
-        datasets = list(self.source.datasets)
-        moved = False
-        for i, dataset in enumerate(datasets):
-            old, new = before.get(dataset.name), now.get(dataset.name)
-            if not (isinstance(old, dict) and isinstance(new, dict) and "commit" in old
-                    and old.get("path") == new.get("path") and old["commit"] != new["commit"]
-                    and hasattr(dataset, "pinned")):
-                continue
-            log.warning("zephon: %s (dataset %r) is at commit %s now; the checkpoint was "
-                        "written at %s, so the run resumes on that commit", new["path"],
-                        dataset.name, new["commit"], old["commit"])
-            datasets[i] = dataset.pinned(old["commit"], old.get("source"))
-            moved = True
-        if moved:
-            source = copy.copy(self.source)
-            source.datasets = datasets
-            source._plans = {}
-            self._use_source(source)
+        pinned = pin(saved)
+        if pinned is not None:
+            self._use_source(pinned)
 
     def check_state(self, state: dict[str, Any]) -> None:
         """The checks of :meth:`load_state_dict` that read no data, for a preflight: every
@@ -168,15 +152,10 @@ class Loader:
         StateMismatchError naming the entry and what changed; changes nothing."""
         entries = lane_entries(state)
         current = copy.deepcopy(self._fingerprint)
-        if self.options.io_options.resume_on_checkpoint_commit:
+        pinned = getattr(self.source, "fingerprint_at_checkpoint_commits", None)
+        if self.options.io_options.resume_on_checkpoint_commit and pinned is not None:
             saved = next(iter(entries.values()))["fingerprint"]
-            before = saved.get("work_source", {}).get("datasets", {})
-            now = current["work_source"]["datasets"]
-            for dataset in self.source.datasets:
-                old, new = before.get(dataset.name), now.get(dataset.name)
-                if (isinstance(old, dict) and isinstance(new, dict) and "commit" in old
-                        and old.get("path") == new.get("path") and hasattr(dataset, "pinned")):
-                    now[dataset.name] = old
+            current["work_source"] = pinned(saved)
         for lane, entry in entries.items():
             check_fingerprint(entry["fingerprint"], current, lane_key(lane), self._titles)
         check_lanes(entries, self.lanes)
@@ -300,12 +279,16 @@ class Loader:
     def estimate(self) -> list[DatasetEstimate]:
         """Estimated documents and tokens per dataset (see :mod:`zephon.work.estimation`).
 
-        Uses the work source's ``token_estimation`` (``measure`` when it has none)."""
-        spec = self.source.token_estimation or TokenEstimation()
+        Uses the work source's ``token_estimation`` (``measure`` when it has none); a work
+        source without datasets to sample (``datasets``) has no estimates."""
+        if not hasattr(self.source, "datasets"):
+            raise ConfigError(f"{type(self.source).__name__} has no datasets to sample, so "
+                              "it has no token estimates")
+        spec = getattr(self.source, "token_estimation", None) or TokenEstimation()
         out = []
-        for i, dataset in enumerate(progress(self.source.datasets, desc="estimating tokens",
-                                             unit="dataset")):
-            ops = [op for op in self.document_ops if applies_to(op.spec, dataset.name)]
+        for i, name in enumerate(progress(self.source.names(), desc="estimating tokens",
+                                          unit="dataset")):
+            ops = [op for op in self.document_ops if applies_to(op.spec, name)]
             measure = _measure(ops) if any(op.spec.makes_tokens for op in ops) else None
             out.append(estimate_dataset(self.source, i, self.lanes, projected_columns(ops),
                                         measure, spec))
@@ -326,7 +309,7 @@ class Loader:
             stats, source.names() + source.unused,
             [*self._target_shares(stats), *[0.0] * len(source.unused)], source.by_tokens,
             sum(s["microbatches"] for s in snapshots), stream.leftover, stream.finished,
-            {ds.name: ds.skipped_files() for ds in source.datasets})
+            {work.name: work.skipped_files() for work in source.work(self.lanes)})
         report.lanes, report.total_lanes = tuple(stream.owned), self.lanes
         report.stages = self._stage_reports(stats)
         return report
@@ -363,12 +346,11 @@ class Loader:
         (what they handed times the lanes over the lanes counted) over that position."""
         source = self.source
         schedule = source.schedule
-        if schedule.static:
-            return [float(w) for w in source.weights]
         position = _handed(stats, source.by_tokens) * self.lanes / len(self.stream.owned)
+        if schedule.static or position <= 0:
+            first = dict(zip(schedule.names, schedule.shares_at(0), strict=True))
+            return [float(first.get(name, 0.0)) for name in source.names()]
         targets = dict(zip(schedule.names, schedule.targets(position), strict=True))
-        if position <= 0:
-            return [float(w) for w in source.weights]
         return [targets.get(name, 0.0) / position for name in source.names()]
 
 

@@ -1,8 +1,9 @@
 """One dataset's documents inside one lane: the source node under the mixer.
 
-The source reads the lane's units of the dataset in the work source's order and the rows of
-each unit in their seeded order, and runs the pipeline's document operators (map, filter,
-tokenize, ...) over them in read-ahead batches, ahead of the mixer. Each row yields zero or
+The source reads the lane's units of the dataset in the order its work gives
+(:class:`zephon.work.protocol.DatasetWork`) and the rows of each unit in their seeded order,
+and runs the pipeline's document operators (map, filter, tokenize, ...) over them in
+read-ahead batches, ahead of the mixer. Each row yields zero or
 more documents (a long document may be split into pieces, a filter may drop it).
 
 With ``options(workers=N)`` the batches go to worker processes
@@ -25,7 +26,7 @@ each read in full; or that many units in a row that hold no rows). A pass of one
 come up empty while other units hold documents (a sparse dataset, a filter that keeps few
 files), so that alone is no error: the source then reads, in this thread, the units the lane
 may ever be given (every unit when units are shuffled; see
-:meth:`StaticMixtureWorkSource.lane_units`) until one yields a document. If one does, the
+:meth:`~zephon.work.protocol.DatasetWork.lane_units`) until one yields a document. If one does, the
 lane goes on as before and the watch ends (the lane will reach that unit). If none does, no
 document can ever come: a DataError names the dataset, the lane, the pass (units and rows)
 and the drop reasons counted in it. The check costs the lane at most one extra read of the
@@ -49,11 +50,10 @@ from zephon.engine.state import lane_key
 from zephon.engine.transform import transform_documents
 from zephon.engine.workers import DocumentWorkers
 from zephon.errors import DataError, StateMismatchError
-from zephon.io.formats import RowLabel, UnitSpec, read_unit
 from zephon.ops.base import DocumentOperator, LazyPieces
 from zephon.records import Doc
 from zephon.state_checks import StateFieldError, item, need_counts, need_fields, need_int, need_list
-from zephon.work.static_mixture import StaticMixtureWorkSource
+from zephon.work.protocol import DatasetWork, LaneUnit, UnitRows
 
 Position = tuple[int, int, int]
 Offload = DocumentWorkers | DocumentThreads
@@ -99,7 +99,7 @@ class _LoadedUnit:
     __slots__ = ("columns", "epoch", "file_index", "k", "keys", "label", "order")
 
     def __init__(self, k: int, epoch: int, columns: dict[str, list[Any]], keys: list[int],
-                 order: list[int], file_index: int, label: Callable[[int], RowLabel]):
+                 order: list[int], file_index: int, label: Callable[[int], Any]):
         self.k, self.epoch, self.columns, self.keys, self.order = k, epoch, columns, keys, order
         self.file_index, self.label = file_index, label
 
@@ -146,12 +146,11 @@ class _LazyRow:
 class DatasetSource:
     """Documents of dataset ``index`` for ``lane`` of ``lanes``; see the module docstring."""
 
-    def __init__(self, source: StaticMixtureWorkSource, index: int, lane: int, lanes: int,
+    def __init__(self, work: DatasetWork, index: int, lane: int, lanes: int,
                  ops: Sequence[DocumentOperator], workers: Offload | None = None):
-        self.source = source
+        self.work = work
         self.index = index
-        self.dataset = source.datasets[index]
-        self.name = self.dataset.name
+        self.name = work.name
         self.lane, self.lanes = lane, lanes
         self.ops = list(ops)
         self.columns = projected_columns(self.ops)
@@ -169,9 +168,9 @@ class DatasetSource:
         self._in_flight: deque[tuple[list[tuple[int, int, int, int]], Future]] = deque()
         self._resumed: Position | None = None
         """The position restored and not yet read from (its row is checked then)."""
-        self._watch = source.repeated[index]
+        self._watch = work.repeated
         """Whether to watch for a pass without a document (see the module docstring)."""
-        self._pass_units = max(1, -(-len(source.plan(lanes)[index]) // lanes))
+        self._pass_units = max(1, -(-work.unit_count() // lanes))
         self._dead_units = 0  # units read in full, since the last document, that yielded none
         self._empty_units = 0  # units in a row, as gathered, that held no rows
         self._watched_k: int | None = None  # the unit (k) the last settled row came from
@@ -207,18 +206,17 @@ class DatasetSource:
         (or 0 before anything was read), and ``row`` at most the unit's row count where the
         plan knows it (Parquet, Arrow, Megatron units); a JSON Lines unit's rows are counted
         only when it is read (:meth:`_check_resumed`). A row past the last has no piece."""
-        found = self.source.unit_at(self.index, self.lane, k, self.lanes)
+        found = self.work.unit_at(self.lane, k)
         if found is None:
-            count = self.source.units_of_lane(self.index, self.lane, self.lanes)
+            count = self.work.units_of_lane(self.lane)
             raise StateFieldError("position[0]", f"is {k}, but lane {self.lane} reads "
                                                  f"{count} work unit(s) of dataset {self.name!r}"
                                                  f", which does not repeat (0 to {count - 1})")
-        unit_epoch, _, (_, spec) = found
+        unit_epoch, rows = found.epoch, found.rows
         if epoch != unit_epoch and (k, row, piece, epoch) != (0, 0, 0, 0):
             raise StateFieldError("epoch", f"is {epoch}, but work unit {k} of lane "
                                            f"{self.lane} is read in epoch {unit_epoch} of "
                                            f"dataset {self.name!r}")
-        rows = spec.stop - spec.start if spec.kind in ("rows", "row_group") else None
         if rows is not None and row > rows:
             raise StateFieldError("position[1]", f"is {row}, but work unit {k} of dataset "
                                                  f"{self.name!r} holds {rows} rows")
@@ -295,49 +293,33 @@ class DatasetSource:
     def _load(self, k: int) -> _LoadedUnit | None:
         if self._unit is not None and self._unit.k == k:
             return self._unit
-        found = self.source.unit_at(self.index, self.lane, k, self.lanes)
+        found = self.work.unit_at(self.lane, k)
         if found is None:
             return None
-        epoch, unit_index, (file_index, spec) = found
-        self._fetch_ahead(k, file_index)
-        table, keys, label = self._unit_rows(file_index, spec)
-        order = np.asarray(self.source.row_order(self.index, epoch, unit_index,
-                                                len(keys))).tolist()
-        self._unit = _LoadedUnit(k, epoch, table, keys, order, file_index, label)
+        self._fetch_ahead(k, found)
+        rows: UnitRows = self.work.read(found.index, self.columns)
+        order = np.asarray(self.work.row_order(found, len(rows.keys))).tolist()
+        self._unit = _LoadedUnit(k, found.epoch, rows.columns, rows.keys, order,
+                                 found.container, rows.label)
         return self._unit
 
     FETCH_AHEAD = 2
-    """Units past the one being read whose files a remote dataset downloads in the
-    background (``fetch_ahead``), so a lane seldom waits for a download; local datasets
-    have no such method and are not asked."""
+    """Units past the one being read that the dataset's work is told come next (a remote
+    dataset downloads their files in the background), so a lane seldom waits for a
+    download."""
 
-    def _fetch_ahead(self, k: int, file_index: int) -> None:
-        """Ask a remote dataset to fetch the files of this lane's next units."""
-        fetch = getattr(self.dataset, "fetch_ahead", None)
-        if fetch is None:
-            return
-        files = self.dataset.files()
-        wanted = []
-        for ahead in range(k + 1, k + 1 + self.FETCH_AHEAD):
-            found = self.source.unit_at(self.index, self.lane, ahead, self.lanes)
+    def _fetch_ahead(self, k: int, current: LaneUnit) -> None:
+        """Tell the dataset's work which of this lane's next units lie in other containers
+        than the one being read."""
+        ahead: list[LaneUnit] = []
+        for later in range(k + 1, k + 1 + self.FETCH_AHEAD):
+            found = self.work.unit_at(self.lane, later)
             if found is None:
                 break
-            index = found[2][0]
-            if index != file_index and files[index] not in wanted:
-                wanted.append(files[index])
-        if wanted:
-            fetch(wanted)
-
-    def _unit_rows(self, file_index: int, spec: UnitSpec) -> tuple[
-            dict[str, list[Any]], list[int], Callable[[int], RowLabel]]:
-        """One unit's columns, row keys and the labeller of its rows."""
-        data_file = self.dataset.files()[file_index]
-        display = self.dataset.display_name(data_file)
-        with self.dataset.local_file(data_file) as local:
-            table, keys = read_unit(local, data_file.fmt, data_file.compression, spec,
-                                    self.columns, display, data_file.context)
-        return table, keys, RowLabel.labeller(display, local, data_file.fmt,
-                                              data_file.compression)
+            if found.container != current.container:
+                ahead.append(found)
+        if ahead:
+            self.work.fetch_ahead(ahead)
 
     def _fill(self) -> bool:
         """Transform the next read-ahead batch into :attr:`_ahead`; False at the end.
@@ -451,16 +433,15 @@ class DatasetSource:
     def _check_documents_exist(self) -> None:
         """Read the units this lane may be given until one yields a document (then stop
         watching), or raise a DataError saying that none does."""
-        units = self.source.plan(self.lanes)[self.index]
-        reachable = self.source.lane_units(self.index, self.lane, self.lanes)
+        units = self.work.unit_count()
+        reachable = self.work.lane_units(self.lane)
         rows = 0
         drops: dict[str, int] = {}
         for unit_index in reachable:
-            file_index, spec = units[unit_index]
-            columns, keys, label = self._unit_rows(file_index, spec)
+            columns, keys, label, container = self.work.read(unit_index, self.columns)
             for start in range(0, len(keys), self.chunk):
                 part = range(start, min(start + self.chunk, len(keys)))
-                docs = [Doc(None, f"{self.name}:{file_index}:{keys[r]}", self.name,
+                docs = [Doc(None, f"{self.name}:{container}:{keys[r]}", self.name,
                             fields={c: values[r] for c, values in columns.items()})
                         for r in part]
                 labels = [label(keys[r]) for r in part]
@@ -471,7 +452,7 @@ class DatasetSource:
                     for reason in reasons:
                         drops[reason] = drops.get(reason, 0) + 1
             rows += len(keys)
-        raise DataError(self._no_documents_message(len(units), len(reachable), rows, drops))
+        raise DataError(self._no_documents_message(units, len(reachable), rows, drops))
 
     def _no_documents_message(self, units: int, reachable: int, rows: int,
                               drops: dict[str, int]) -> str:

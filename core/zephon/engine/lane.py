@@ -36,7 +36,7 @@ from zephon.state_checks import (
     token_limit,
     within,
 )
-from zephon.work.static_mixture import StaticMixtureWorkSource
+from zephon.work.protocol import WorkSource
 
 
 class DocumentRows(Node):
@@ -61,7 +61,7 @@ class DocumentRows(Node):
 class LanePlan:
     """The built operators of a pipeline, shared by all its lanes."""
 
-    source: StaticMixtureWorkSource
+    source: WorkSource
     document_ops: tuple[DocumentOperator, ...]
     """Applied inside the dataset sources they apply to, in order."""
     row_ops: tuple[RowOperator, ...]
@@ -82,14 +82,14 @@ class LanePlan:
 
     def ops_of(self, dataset: int) -> list[DocumentOperator]:
         """The document operators that apply to dataset number ``dataset``."""
-        name = self.source.datasets[dataset].name
+        name = self.source.names()[dataset]
         return [op for op in self.document_ops if applies_to(op.spec, name)]
 
     def chain(self, lane: int) -> list[Node]:
         """The nodes of ``lane``, upstream first."""
         source = self.source
-        sources = [DatasetSource(source, i, lane, self.lanes, self.ops_of(i), self.workers)
-                   for i in range(len(source.datasets))]
+        sources = [DatasetSource(work, i, lane, self.lanes, self.ops_of(i), self.workers)
+                   for i, work in enumerate(source.work(self.lanes))]
         nodes: list[Node] = [MixNode(sources, source.schedule, source.by_tokens,
                                      source.on_exhausted, self.lanes)]
         if not self.makes_rows:

@@ -41,7 +41,7 @@ from zephon.engine import state
 from zephon.engine.state import first_difference, short, to_portable
 from zephon.errors import ConfigError
 from zephon.redact import get_logger
-from zephon.work.static_mixture import StaticMixtureWorkSource
+from zephon.work.protocol import WorkSource
 
 log = get_logger(__name__)
 
@@ -58,12 +58,10 @@ _WHAT = {
 }
 
 
-def plan_digests(source: StaticMixtureWorkSource, lanes: int) -> dict[str, str]:
-    """A digest of each dataset's planned units (file index, kind, group, start, stop)."""
-    out = {}
-    for dataset, units in zip(source.datasets, source.plan(lanes), strict=True):
-        out[dataset.name] = units.digest()
-    return out
+def plan_digests(source: WorkSource, lanes: int) -> dict[str, str]:
+    """A digest of each dataset's planned units (for files: file index, kind, group, start,
+    stop)."""
+    return {work.name: work.digest() for work in source.work(lanes)}
 
 
 def digest(identity: dict[str, Any]) -> int:

@@ -35,6 +35,7 @@ from zephon.io.formats import PlanHints, UnitSpec
 from zephon.io.store_options import StoreOptions
 from zephon.io.unit_table import KINDS, UnitTable
 from zephon.redact import get_logger
+from zephon.work.dataset_work import PlannedDataset
 from zephon.work.estimation import TokenEstimation
 from zephon.work.mixture import MixtureSpec
 from zephon.work.schedule import MixtureSchedule, Stage
@@ -142,6 +143,7 @@ class StaticMixtureWorkSource:
         self.shuffle_rows = shuffle_rows
         self.hints = PlanHints(unit_bytes=unit_bytes, arrow_unit_rows=arrow_unit_rows)
         self._plans: dict[int, list[UnitTable]] = {}
+        self._work: dict[int, list[PlannedDataset]] = {}
         self._orders: dict[Any, Any] = {}
 
     @staticmethod
@@ -187,10 +189,48 @@ class StaticMixtureWorkSource:
         datasets = [ds.bound(io_options) for ds in self.datasets]
         if all(new is old for new, old in zip(datasets, self.datasets, strict=True)):
             return self  # local data needs no options: its plans stay valid
+        return self._with_datasets(datasets)
+
+    def _with_datasets(self, datasets: list[Dataset]) -> StaticMixtureWorkSource:
+        """A copy of this source over ``datasets`` (the same names), planned afresh."""
         clone = copy.copy(self)
         clone.datasets = datasets
-        clone._plans = {}
+        clone._plans, clone._work, clone._orders = {}, {}, {}
         return clone
+
+    def at_checkpoint_commits(self, saved: dict[str, Any]) -> StaticMixtureWorkSource | None:
+        """This source with each Hub dataset whose branch moved since ``saved`` (the
+        fingerprint of a loader state) pinned to the commit the state was written at; None
+        when no branch moved."""
+        datasets, moved = list(self.datasets), False
+        for i, dataset, old, new in self._moved(saved):
+            log.warning("zephon: %s (dataset %r) is at commit %s now; the checkpoint was "
+                        "written at %s, so the run resumes on that commit", new["path"],
+                        dataset.name, new["commit"], old["commit"])
+            datasets[i] = dataset.pinned(old["commit"], old.get("source"))
+            moved = True
+        return self._with_datasets(datasets) if moved else None
+
+    def fingerprint_at_checkpoint_commits(self, saved: dict[str, Any]) -> dict[str, Any]:
+        """:meth:`fingerprint` as it would be after :meth:`at_checkpoint_commits`, without
+        pinning anything (for a preflight)."""
+        out = self.fingerprint()
+        for _, dataset, old, _ in self._moved(saved):
+            out["datasets"][dataset.name] = old
+        return out
+
+    def _moved(self, saved: dict[str, Any]) -> list[tuple[int, Dataset, dict, dict]]:
+        """(index, dataset, saved identity, identity now) of each Hub dataset whose commit
+        differs from ``saved``'s at the same path."""
+        before = saved.get("work_source", {}).get("datasets", {})
+        out = []
+        for i, dataset in enumerate(self.datasets):
+            old, new = before.get(dataset.name), dataset.fingerprint()
+            if (isinstance(old, dict) and isinstance(new, dict) and "commit" in old
+                    and old.get("path") == new.get("path") and old["commit"] != new["commit"]
+                    and hasattr(dataset, "pinned")):
+                out.append((i, dataset, old, new))
+        return out
 
     @property
     def by_tokens(self) -> bool:
@@ -198,6 +238,15 @@ class StaticMixtureWorkSource:
 
     def names(self) -> list[str]:
         return [ds.name for ds in self.datasets]
+
+    def work(self, lanes: int) -> list[PlannedDataset]:
+        """Each dataset planned for ``lanes`` lanes, as the engine reads it (see
+        :mod:`zephon.work.protocol`)."""
+        if lanes not in self._work:
+            self.plan(lanes)
+            self._work[lanes] = [PlannedDataset(self, i, lanes)
+                                 for i in range(len(self.datasets))]
+        return self._work[lanes]
 
     # -- planning --------------------------------------------------------------------------
     def plan(self, lanes: int) -> list[UnitTable]:
