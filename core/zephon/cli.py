@@ -83,6 +83,16 @@ def build_parser() -> argparse.ArgumentParser:
                          help="context length (default: the recipe's [pack] max_length - 1, "
                               "else 128)")
     preview.add_argument("--out", help="write a .png or .html instead of printing")
+    preview.add_argument("--shares", action="store_true",
+                         help="mixture shares over the run instead of the first microbatch: "
+                              "target and delivered, window by window (with --tokens)")
+    preview.add_argument("--tokens", type=size, default=None,
+                         help="--shares: tokens of the run to show (2M, 1B)")
+    preview.add_argument("--windows", type=_positive, default=20,
+                         help="--shares: windows the tokens are cut into")
+    preview.add_argument("--targets-only", action="store_true",
+                         help="--shares: the schedule's targets alone, without running the "
+                              "pipeline")
     stats = commands.add_parser("stats", help="dataset sizes, targets and epochs")
     stats.add_argument("recipe", help="data recipe TOML")
     stats.add_argument("--tokens", type=size, default=None,
@@ -160,6 +170,8 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _preview(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.shares:
+        return _preview_shares(args, parser)
     from zephon.preview import first_batch, render_html, render_png, render_terminal
 
     rows = first_batch(args.recipe, rows=args.rows, seq_len=args.seq_len)
@@ -177,6 +189,33 @@ def _preview(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def _preview_shares(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from zephon.preview_shares import (
+        render_shares_html,
+        render_shares_png,
+        render_shares_terminal,
+        share_windows,
+    )
+
+    if args.tokens is None:
+        parser.error("--shares needs --tokens: how much of the run to show")
+    if args.out is not None and not args.out.endswith((".png", ".html", ".htm")):
+        parser.error("--out must end in .png or .html")
+    windows = share_windows(args.recipe, args.tokens, args.windows,
+                            measure=not args.targets_only, seq_len=args.seq_len)
+    title = f"{os.path.basename(args.recipe)}: mixture shares over {args.tokens:,} tokens"
+    if args.out is None:
+        print(title)
+        print(render_shares_terminal(windows))
+    elif args.out.endswith(".png"):
+        render_shares_png(windows, args.out, title)
+        print(f"wrote {args.out}")
+    else:
+        render_shares_html(windows, args.out, title)
+        print(f"wrote {args.out}")
+    return 0
+
+
 def _stats(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from zephon.recipe import DataRecipe
 
@@ -187,7 +226,12 @@ def _stats(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                             lanes=None if recipe.lanes else 1, prefetch=0)
     estimates = pipeline.estimate()
     source = pipeline.work_source
-    weights = dict(zip(source.names(), source.weights, strict=True))
+    schedule = source.schedule
+    # A schedule's share of a budget is its integral over the budget; without a budget, the
+    # first stage's shares (the stages are listed below the table).
+    shares = ([t / args.tokens for t in schedule.targets(args.tokens)] if args.tokens
+              else list(schedule.shares_at(0)))
+    weights = dict(zip(schedule.names, shares, strict=True))
     repeated = dict(zip(source.names(), source.repeated, strict=True))
     print(f"{args.recipe}: mixing by {recipe.mix_by}"
           + (f", budget {args.tokens:,} tokens" if args.tokens else ""))
@@ -208,6 +252,11 @@ def _stats(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(line)
     print("~: estimated (tokens from a tokenized sample; JSON Lines documents from the bytes "
           "read); figures without ~ are counted")
+    if not schedule.static:
+        print("target: " + ("each dataset's share of the budget over all stages" if args.tokens
+                            else "the first stage's shares"))
+        for line in stage_lines(schedule):
+            print(line)
     if most is not None:
         name, epochs = most
         if epochs <= 1:
@@ -218,6 +267,20 @@ def _stats(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             print(f"{name!r} runs out first, after {100 / epochs:.0f}% of the budget; repeat it "
                   "([mixture] repeat) or lower the budget")
     return 0
+
+
+def stage_lines(schedule: Any) -> list[str]:
+    """A mixture schedule's stages, one line each: where each begins and ends in tokens
+    handed to the trainer by the whole job, its ramp, its shares."""
+    lines = ["mixture stages (tokens handed to the trainer by the whole job):"]
+    for number, stage in enumerate(schedule.describe(), start=1):
+        begins = int(schedule.stage_boundary(number - 1))
+        until = stage["until_tokens"]
+        span = f"{begins:,}..{until:,}" if until is not None else f"{begins:,}..end"
+        ramp = f", ramp {stage['ramp_tokens']:,}" if stage["ramp_tokens"] else ""
+        weights = "  ".join(f"{n} {w:.3f}" for n, w in stage["weights"].items() if w)
+        lines.append(f"  stage {number}  {span}{ramp}:  {weights}")
+    return lines
 
 
 def _count(value: float | None, exact: bool) -> str:
@@ -269,8 +332,9 @@ def _print_traces(traces: Iterator[Any], args: argparse.Namespace) -> None:
         if args.json:
             print(json.dumps(dataclasses.asdict(traced)))
             continue
+        stage = f", mixture stage {traced.stage}" if traced.stage is not None else ""
         print(f"step {traced.step} microbatch {traced.global_microbatch} (lane {traced.lane}, "
-              f"dp rank {traced.dp_rank} of {args.world_size})")
+              f"dp rank {traced.dp_rank} of {args.world_size}{stage})")
         for row, (record_id, documents) in enumerate(zip(traced.ids, traced.rows,
                                                          strict=True)):
             print(f"  row {row} {record_id}")

@@ -35,6 +35,7 @@ from typing import Any
 from zephon.artifacts import from_text
 from zephon.errors import ConfigError, DataError, StateMismatchError
 from zephon.loader_options import lanes_problem
+from zephon.runtime import microbatch_tokens
 
 _LANE_KEY = re.compile(r"(?:^|\.)(lane_\d+)$")
 
@@ -61,6 +62,12 @@ class TracedMicrobatch:
     ids: list[str]
     """The record ids, as the adapters' traces write them."""
     rows: list[list[TracedDocument]]
+    stage: int | None = None
+    """The mixture stage (from 1) the job was in at the microbatch's first token, counting
+    the tokens the trainer received (rows times their length) since the data began; None for
+    a static mixture. The lanes mix by the tokens their mixers handed on, which trail the
+    trainer's count by what waits in packing and shuffle buffers and lead it by padding, so
+    within a few microbatches of a boundary the documents may follow either stage."""
 
 
 def trace_line(batch: Any, lanes: int, dp_rank: int, dp_world_size: int,
@@ -204,7 +211,9 @@ def trace_steps(pipeline: Any, first: int, last: int, per_step: int, world_size:
     if offset + start > (first - 1) * per_step:
         raise ConfigError(f"the loader state is at step {(offset + start) // per_step} "
                           f"(global microbatch {start}); trace steps after it")
-    names = {d.name: d for d in pipeline.work_source.datasets}
+    names = {d.name: d for d in getattr(pipeline.work_source, "datasets", ())}
+    schedule = pipeline.work_source.schedule
+    per_microbatch = microbatch_tokens(pipeline.operators)
     index = start
     for batch in pipeline:
         step = (index + offset) // per_step + 1
@@ -213,8 +222,11 @@ def trace_steps(pipeline: Any, first: int, last: int, per_step: int, world_size:
         if step >= first:
             rows = [[_document(span, record, names, decode, excerpt_chars)
                      for span in record.meta.get("documents", ())] for record in batch.records]
+            stage = None
+            if not schedule.static and per_microbatch:
+                stage = schedule.stage_at(index * per_microbatch) + 1
             yield TracedMicrobatch(step, index, batch.lane, batch.lane % world_size,
-                                   batch.ids, rows)
+                                   batch.ids, rows, stage)
         index += 1
     ends = (index - 1 + offset) // per_step + 1  # the step of the last microbatch
     raise DataError(f"the data ends after global microbatch {index - 1} (in step {ends}, with "

@@ -248,3 +248,76 @@ def test_bad_stages_in_a_recipe_are_named(corpus, tokenizer_dir, tmp_path, stage
     path.write_text(recipe_text(corpus, tokenizer_dir, stages, extra))
     with pytest.raises(ConfigError, match=problem):
         DataRecipe.from_toml(path)
+
+
+@pytest.fixture
+def stages_recipe(corpus, tokenizer_dir, tmp_path) -> Path:
+    path = tmp_path / "stages.toml"
+    path.write_text(recipe_text(corpus, tokenizer_dir, RECIPE_STAGES))
+    return path
+
+
+def test_stats_lists_the_stages_and_each_datasets_share_of_a_budget(stages_recipe, capsys):
+    from zephon.cli import main
+
+    assert main(["stats", str(stages_recipe), "--tokens", "20000"]) == 0
+    out = capsys.readouterr().out
+    assert "stage 1  0..6,000:  web 0.800  code 0.200" in out
+    assert "stage 2  6,000..14,000, ramp 3,000:  web 0.300  code 0.300  math 0.400" in out
+    assert "stage 3  14,000..end:  web 0.500  math 0.500" in out
+    schedule = MixtureSchedule(STAGES)
+    shares = dict(zip(schedule.names, schedule.targets(20_000), strict=True))
+    line = next(li for li in out.splitlines() if li.startswith("math "))
+    assert f"{shares['math'] / 20_000:.3f}" in line  # the budget's share, not stage 1's 0
+
+
+def test_trace_names_each_microbatchs_stage(stages_recipe, capsys):
+    from zephon.cli import main
+
+    # 4 microbatches a step of 130 tokens: stage 2 begins at token 6,000 (in microbatch 46,
+    # step 12), stage 3 at 14,000 (in microbatch 107, step 27; 108 is step 28).
+    assert main(["trace", str(stages_recipe), "--steps", "11:12", "--global-batch-size", "8",
+                 "--json"]) == 0
+    traced = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    stages = {t["global_microbatch"]: t["stage"] for t in traced}
+    assert stages == {g: 1 if g * MICROBATCH_TOKENS < 6_000 else 2 for g in range(40, 48)}
+    assert main(["trace", str(stages_recipe), "--steps", "27:28",
+                 "--global-batch-size", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "microbatch 107 (lane 3, dp rank 0 of 1, mixture stage 2)" in out
+    assert "microbatch 108 (lane 0, dp rank 0 of 1, mixture stage 3)" in out
+
+
+def test_preview_shows_target_and_delivered_shares_over_the_run(stages_recipe, capsys,
+                                                                 tmp_path):
+    from zephon.cli import main
+    from zephon.preview_shares import share_windows
+
+    windows = share_windows(stages_recipe, 18_000, windows=9)
+    assert [(w.begin, w.end) for w in windows][:2] == [(0, 2_000), (2_000, 4_000)]
+    assert windows[0].target == pytest.approx({"web": 0.8, "code": 0.2, "math": 0.0})
+    assert windows[-1].target == pytest.approx({"web": 0.5, "code": 0.0, "math": 0.5})
+    # The ramp's first window (6,000-8,000 of a 3,000-token ramp) is its mean there.
+    middle = MixtureSchedule(STAGES).shares_at(7_000)
+    assert windows[3].target["math"] == pytest.approx(middle[2])
+    for window in (windows[1], windows[-2], windows[-1]):  # away from boundaries
+        assert all(abs(window.delivered[n] - window.target[n]) < 0.06 for n in window.target)
+    assert windows[0].delivered["math"] == 0 and windows[-1].delivered["code"] == 0
+    assert main(["preview", str(stages_recipe), "--shares", "--tokens", "18000",
+                 "--windows", "3", "--targets-only"]) == 0
+    out = capsys.readouterr().out
+    assert "0.800 / -" in out and "mixture shares over 18,000 tokens" in out
+    page = tmp_path / "shares.html"
+    assert main(["preview", str(stages_recipe), "--shares", "--tokens", "6000",
+                 "--windows", "2", "--out", str(page)]) == 0
+    assert "<table" in page.read_text() and "0.800 / " in page.read_text()
+
+
+def test_preview_draws_the_shares(stages_recipe, tmp_path):
+    pytest.importorskip("matplotlib")
+    from zephon.cli import main
+
+    picture = tmp_path / "shares.png"
+    assert main(["preview", str(stages_recipe), "--shares", "--tokens", "16000",
+                 "--out", str(picture)]) == 0
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
