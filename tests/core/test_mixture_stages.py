@@ -11,31 +11,24 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import write_jsonl
+from tests.stages_kit import (
+    LANES,
+    MICROBATCH_TOKENS,
+    RECIPE_STAGES,
+    ROW_TOKENS,
+    ROWS,
+    STAGES,
+    recipe_text,
+    write_corpus,
+)
 from zephon import Pipeline, StateMismatchError
-from zephon.demo.assets import make_documents
 from zephon.io import Dataset
 from zephon.work import MixtureSchedule, ScheduledMixtureWorkSource, Stage
-
-LANES, ROWS, ROW_TOKENS = 4, 2, 65
-MICROBATCH_TOKENS = ROWS * ROW_TOKENS
-STAGES = [Stage({"web": 0.8, "code": 0.2}, until_tokens=6_000),
-          Stage({"web": 0.3, "code": 0.3, "math": 0.4}, until_tokens=14_000, ramp_tokens=3_000),
-          Stage({"web": 0.5, "math": 0.5})]
-"""Boundaries at global microbatch about 46 and 108, the ramp over 46-69."""
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("stages")
-    out = {}
-    for seed, name in enumerate(("web", "code", "math")):
-        texts = make_documents(240, seed=40 + seed, min_words=8, max_words=30)
-        for part in range(3):
-            write_jsonl(root / name / f"part-{part}.jsonl",
-                        [{"text": t} for t in texts[part::3]])
-        out[name] = root / name
-    return out
+    return write_corpus(tmp_path_factory.mktemp("stages"))
 
 
 def build(corpus, tokenizer_dir, stages=STAGES, *, rank=0, world=1) -> Pipeline:
@@ -180,41 +173,6 @@ def test_metrics_give_each_datasets_tokens_seen_and_the_schedules_target(corpus,
     for name, target in zip(schedule.names, schedule.targets(position), strict=True):
         assert metrics[f"zephon/target/{name}"] == pytest.approx(target / position)
         assert abs(metrics[f"zephon/realized/{name}"] - target / position) < 0.03
-
-
-def recipe_text(corpus, tokenizer_dir, stages: str, extra: str = "") -> str:
-    datasets = "".join(f'[[datasets]]\nname = "{n}"\npath = "{p}"\n{extra}'
-                       for n, p in corpus.items())
-    return f"""seed = 5
-lanes = {LANES}
-prefetch = 0
-{datasets}
-[mixture]
-repeat = true
-{stages}
-[work]
-unit_bytes = 2048
-[tokenize]
-tokenizer = "{tokenizer_dir}"
-[pack]
-max_length = {ROW_TOKENS}
-[shuffle]
-buffer_size = 4
-[batch]
-microbatch_size = {ROWS}
-"""
-
-
-RECIPE_STAGES = """[[mixture.stages]]
-until_tokens = 6_000
-weights = { web = 0.8, code = 0.2 }
-[[mixture.stages]]
-until_tokens = 14_000
-ramp_tokens = 3_000
-weights = { web = 0.3, code = 0.3, math = 0.4 }
-[[mixture.stages]]
-weights = { web = 0.5, math = 0.5 }
-"""
 
 
 def test_a_recipe_with_stages_gives_the_python_pipelines_batches(corpus, tokenizer_dir,

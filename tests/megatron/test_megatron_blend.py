@@ -172,6 +172,21 @@ def test_an_options_recipe_must_not_name_datasets(indexed):
                                     str(PACKED)))
 
 
+def test_a_data_path_blend_keeps_its_fixed_weights(indexed, tmp_path):
+    options = tmp_path / "options.toml"
+    options.write_text('[mixture]\nby = "tokens"\n[[mixture.stages]]\nuntil_tokens = 1000\n'
+                       'weights = { web_text_document = 1.0 }\n[[mixture.stages]]\n'
+                       'weights = { web_text_document = 0.5, code_text_document = 0.5 }\n')
+    args = args_for("--data-path", "0.7", indexed["web"], "0.3", indexed["code"],
+                    "--zephon-recipe", str(options))
+    with pytest.raises(ZephonArgumentError, match=r"\[\[mixture.stages\]\] conflicts with "
+                                                  "--data-path"):
+        ZephonDatasetsProvider(lambda: args, lambda: Topology())(None)
+    args = args_for("--data-path", "0.7", indexed["web"], "0.3", indexed["code"])
+    train, _, _ = ZephonDatasetsProvider(lambda: args, lambda: Topology())(None)
+    assert train.pipeline.work_source.schedule.static
+
+
 def test_eod_mask_loss_needs_the_eod_of_token_id_data(indexed, tmp_path):
     args = args_for("--data-path", indexed["web"], "--eod-mask-loss")
     with pytest.raises(ZephonArgumentError, match="EOD id"):

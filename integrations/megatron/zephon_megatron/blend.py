@@ -279,6 +279,11 @@ def _blend_recipes(data_path: Sequence[str] | None, split: str | None,
     if options.get("datasets"):
         raise BlendError(f"{source}: [[datasets]] conflicts with {described}, which names the "
                          "data; use a recipe without [[datasets]] for the other options")
+    if isinstance(options.get("mixture"), dict) and "stages" in options["mixture"]:
+        raise BlendError(f"{source}: [[mixture.stages]] conflicts with {described}, whose "
+                         "weights are a fixed blend as in Megatron; for shares that change "
+                         "during the run, name the datasets in a --zephon-recipe with "
+                         "[[datasets]] and [[mixture.stages]] instead of the data flags")
     options.setdefault("tokenize", {"kind": "pretokenized"})
     if options["tokenize"].get("kind") != "pretokenized":
         raise BlendError(f"{source}: with {described} the data is token ids; set [tokenize] "
