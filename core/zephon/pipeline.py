@@ -79,6 +79,17 @@ class Pipeline:
         self._loader: Loader | None = None
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy for another process (a DataLoader worker) is the description alone: it
+        builds its own loader there."""
+        state = dict(self.__dict__)
+        state["_loader"], state["_lock"] = None, None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     @property
     def work_source(self) -> WorkSource:
         return self._work_source

@@ -402,7 +402,9 @@ class RankStream:
             raise
         finally:
             stop.set()
-            if rounds.thread is not None:
+            # An iterator dropped without being closed is finalized by whichever thread
+            # collects it, the producer itself included: that one stops on the event alone.
+            if rounds.thread is not None and rounds.thread is not threading.current_thread():
                 # The producer notices the stop within one received chunk of a download or
                 # after the microbatch it is making; joining it lets native resources it
                 # holds (open files, partial downloads, tokenizer threads) close before the

@@ -1,8 +1,10 @@
-"""A data recipe as a ``torch.utils.data.IterableDataset`` of microbatches, with state.
+"""A data recipe (or a ``Pipeline`` built in Python) as a ``torch.utils.data.IterableDataset``
+of microbatches, with state.
 
 Each item is one microbatch of this reader: the dict ``SampleBatch.to_training`` returns under
-the recipe's ``[to_training]`` options (``input_ids``, ``labels``, ... as
-``[microbatch_size, seq_len]`` tensors unless the recipe flattens). The recipe batches, so a
+the recipe's ``[to_training]`` options, or a pipeline's ``to_training`` argument
+(``input_ids``, ``labels``, ... as ``[microbatch_size, seq_len]`` tensors unless the options
+flatten). The recipe batches, so a
 ``DataLoader`` takes it with ``batch_size=None``. Microbatch ``m`` of the job goes to reader
 ``m % dp_size``: the same global microbatches at every data-parallel size dividing the lanes.
 
@@ -11,7 +13,8 @@ The translation to :mod:`zephon.integration`:
 - readers: ``geometry``, else :meth:`RunGeometry.from_environment` (the default process group,
   else ``RANK``/``WORLD_SIZE``); several readers need ``torch.distributed`` initialized, whose
   ranks agree on the end of the data and sum the metrics over a gloo group;
-- lanes: :func:`choose_lanes` (the recipe's, ``lanes=``, a loaded state's, else 8 per reader);
+- lanes: :func:`choose_lanes` (the recipe's or the pipeline's, ``lanes=``, a loaded state's,
+  else 8 per reader);
 - the pipeline is built on first use, in the process that iterates: a ``DataLoader`` worker
   builds its own;
 - state: :meth:`ZephonIterableDataset.state_dict` describes the microbatches handed out.
@@ -44,6 +47,7 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
+from zephon import Pipeline
 from zephon.distributed import startup, world_gloo_group
 from zephon.errors import ConfigError
 from zephon.integration import (
@@ -61,18 +65,39 @@ STATE_SCOPES = ("rank", "job")
 class ZephonIterableDataset(IterableDataset):
     """A data recipe's microbatches for this reader; see the module docstring."""
 
-    def __init__(self, recipe: str | os.PathLike[str] | DataRecipe, *,
+    def __init__(self, recipe: str | os.PathLike[str] | DataRecipe | Pipeline, *,
                  seq_len: int | None = None, microbatch_size: int | None = None,
                  lanes: int | None = None, geometry: RunGeometry | None = None,
                  prefetch: int | None = None, infinite: bool = False,
-                 state_scope: str = "rank") -> None:
-        """``seq_len``: tokens per row the model takes (rows are packed to ``seq_len + 1``)
-        unless the recipe's ``[pack] max_length`` fixes it; ``microbatch_size``: rows per
-        item unless ``[batch] microbatch_size`` does (given both, they must agree).
-        ``infinite``: start the data over at its end instead of ending the iteration."""
+                 state_scope: str = "rank",
+                 to_training: dict[str, Any] | None = None) -> None:
+        """``recipe``: a data recipe (TOML path or :class:`DataRecipe`), or a
+        :class:`~zephon.Pipeline` built in Python (its ``options`` give the lanes and
+        prefetch; this dataset sets the reader's rank and size). ``seq_len``: tokens per row
+        the model takes (rows are packed to ``seq_len + 1``) unless the recipe's ``[pack]
+        max_length`` fixes it; ``microbatch_size``: rows per item unless ``[batch]
+        microbatch_size`` does (given both, they must agree); a pipeline fixes both itself.
+        ``to_training``: ``SampleBatch.to_training`` options of a pipeline's items (a recipe
+        has its ``[to_training]``). ``infinite``: start the data over at its end instead of
+        ending the iteration."""
         if state_scope not in STATE_SCOPES:
             raise ConfigError(f"state_scope must be one of {STATE_SCOPES}, got {state_scope!r}")
-        self.recipe = recipe if isinstance(recipe, DataRecipe) else DataRecipe.from_toml(recipe)
+        self.pipeline: Pipeline | None = recipe if isinstance(recipe, Pipeline) else None
+        if self.pipeline is not None:
+            given = [n for n, v in (("seq_len", seq_len), ("microbatch_size", microbatch_size))
+                     if v is not None]
+            if given:
+                raise ConfigError(f"ZephonIterableDataset(pipeline, {given[0]}=...): a pipeline "
+                                  "fixes its rows and microbatches itself (pack_flat, batch)")
+            self.recipe = None
+            self.training = dict(to_training or {})
+        else:
+            if to_training is not None:
+                raise ConfigError("ZephonIterableDataset(recipe, to_training=...): a recipe's "
+                                  "items follow its [to_training] table")
+            self.recipe = recipe if isinstance(recipe, DataRecipe) else \
+                DataRecipe.from_toml(recipe)
+            self.training = self.recipe.training_options()
         self.seq_len, self.microbatch_size = seq_len, microbatch_size
         self.lanes, self.geometry, self.prefetch = lanes, geometry, prefetch
         self.infinite, self.state_scope = infinite, state_scope
@@ -111,18 +136,27 @@ class ZephonIterableDataset(IterableDataset):
                 "each worker would read the same lanes. Use num_workers=0 or 1, and the "
                 "recipe's `workers` to run tokenizing in processes")
         geometry = self.geometry or RunGeometry.from_environment()
-        choice = choose_lanes(geometry.dp_size, recipe=self.recipe.lanes, option=self.lanes,
+        if self.pipeline is not None:
+            own, source = self.pipeline.loader_options.lanes, "the pipeline"
+        else:
+            own, source = self.recipe.lanes, self.recipe.source
+        choice = choose_lanes(geometry.dp_size, recipe=own, option=self.lanes,
                               option_name="ZephonIterableDataset(lanes=...)",
-                              saved=_lanes_of(self._pending), source=self.recipe.source)
+                              saved=_lanes_of(self._pending), source=source)
         problem = lanes_problem(choice.lanes, geometry.dp_size)
         if problem:
             raise ConfigError(f"{problem}; the lanes are {choice.why}")
         group = self._group(geometry)
-        pipeline = self.recipe.build(
-            seq_len=self.seq_len, microbatch_size=self.microbatch_size,
-            dp_rank=geometry.dp_rank, dp_world_size=geometry.dp_size, lanes=choice.lanes,
-            prefetch=self.prefetch, process_group=group)
-        session = LoaderSession(pipeline, self.recipe.to_training, metrics_group=group)
+        if self.pipeline is not None:
+            pipeline = self.pipeline.options(
+                dp_rank=geometry.dp_rank, dp_world_size=geometry.dp_size, lanes=choice.lanes,
+                prefetch=self.prefetch, process_group=group)
+        else:
+            pipeline = self.recipe.build(
+                seq_len=self.seq_len, microbatch_size=self.microbatch_size,
+                dp_rank=geometry.dp_rank, dp_world_size=geometry.dp_size, lanes=choice.lanes,
+                prefetch=self.prefetch, process_group=group)
+        session = LoaderSession(pipeline, self.training, metrics_group=group)
         if self._pending is not None:
             session.load_state_dict(self._pending)
             self._pending = None
