@@ -113,6 +113,14 @@ class DatasetEntry:
     kind: str | None = None
     """``text``, ``chat`` or ``pretokenized`` for this dataset, when it is not ``[tokenize]
     kind``; it shares ``[tokenize]`` tokenizer and max_document_tokens."""
+    add_bos: bool = False
+    """A ``kind = "pretokenized"`` dataset in a recipe with a tokenizer: put the tokenizer's
+    BOS before each of its documents, as text documents get it."""
+    add_eos: bool = False
+    """A ``kind = "pretokenized"`` dataset in a recipe with a tokenizer: put the tokenizer's
+    EOS after each of its documents, as text documents get it (token ids written without a
+    separator would otherwise run together; data that ends in EOD already needs none). Its
+    ids are checked against the tokenizer's vocabulary either way."""
 
 
 @dataclass(frozen=True)
@@ -532,17 +540,20 @@ class DataRecipe:
         kind (each then limited to its datasets)."""
         options = dict(self.tokenize)
         kind = options.pop("kind", "text")
-        groups: dict[tuple[str, str | None], list[str]] = {}
+        groups: dict[tuple[str, str | None, bool, bool], list[str]] = {}
         for entry in self.datasets:
-            groups.setdefault((entry.kind or kind, entry.field), []).append(entry.name)
-        if list(groups) == [(kind, None)]:
+            key = (entry.kind or kind, entry.field, entry.add_bos, entry.add_eos)
+            groups.setdefault(key, []).append(entry.name)
+        if list(groups) == [(kind, None, False, False)]:
             return [_tokenizer_spec(kind, options)]
         shared = {k: v for k, v in options.items() if k in ("tokenizer", "max_document_tokens")}
         specs = []
-        for (own_kind, field_name), names in groups.items():
+        for (own_kind, field_name, add_bos, add_eos), names in groups.items():
             own = dict(options if own_kind == kind else shared)
             if field_name is not None:
                 own["field"] = field_name
+            if own_kind == "pretokenized" and kind != "pretokenized":
+                own.update(self._tokenizer_ids(names, add_bos, add_eos))
             specs.append(_tokenizer_spec(own_kind, own, tuple(names)))
         return specs
 
@@ -597,6 +608,26 @@ class DataRecipe:
                                  dp_size=dp_world_size, lanes=lanes)
         return self.resolve(values).build(dp_rank=dp_rank, process_group=process_group,
                                           prefetch=prefetch, workers=workers)
+
+    def _tokenizer_ids(self, names: list[str], add_bos: bool, add_eos: bool
+                       ) -> dict[str, int]:
+        """What pretokenized datasets ``names`` take from the recipe's tokenizer: its
+        vocabulary size (their ids are checked against it) and the BOS and EOS ids they
+        ask for."""
+        from zephon.tokenizer import resolve_encoder
+
+        encoder = resolve_encoder(self.tokenizer, None)
+        out = {"vocab_size": len(encoder.tokenizer)}
+        for wanted, key, value, what in ((add_bos, "bos_token_id", encoder.special.bos, "BOS"),
+                                         (add_eos, "eos_token_id", encoder.special.eos, "EOS")):
+            if not wanted:
+                continue
+            if value is None:
+                raise ConfigError(f"{self.source}: [[datasets]] {names[0]!r} asks for "
+                                  f"add_{what.lower()}, but the tokenizer {self.tokenizer!r} "
+                                  f"has no {what} token")
+            out[key] = int(value)
+        return out
 
     def eos_token_id(self) -> int:
         """``[to_training] eos_token_id``, else the recipe tokenizer's EOS id."""
@@ -767,9 +798,15 @@ def _dataset_entry(raw: Any, source: str, base: Path, found: _Collector) -> Data
     if raw.get("kind") is not None and raw["kind"] not in _TOKENIZERS:
         raise ConfigError(f"{source}: [[datasets]] {raw['name']!r}: kind = {raw['kind']!r} is "
                           f"not one of {sorted(_TOKENIZERS)}")
+    separators = [k for k in ("add_bos", "add_eos") if raw.get(k)]
+    if separators and raw.get("kind") != "pretokenized":
+        raise ConfigError(f"{source}: [[datasets]] {raw['name']!r}: {separators[0]} applies to "
+                          "a kind = \"pretokenized\" dataset (text documents get BOS and EOS "
+                          "from [tokenize] add_bos and add_eos)")
     return DatasetEntry(raw["name"], _resolve_path(raw["path"], base),
                         float(raw.get("weight", 1.0)), raw.get("fmt"), raw.get("documents"),
-                        raw.get("field"), raw.get("kind"))
+                        raw.get("field"), raw.get("kind"), bool(raw.get("add_bos", False)),
+                        bool(raw.get("add_eos", False)))
 
 
 def _tokenizer_spec(kind: str, options: dict[str, Any],

@@ -245,6 +245,56 @@ def test_datasets_with_their_own_fields_and_kinds(tmp_path, tokenizer_dir):
     assert report == {"wiki": 20, "web": 20, "ids": 10}
 
 
+def test_pretokenized_datasets_in_a_text_recipe_may_take_the_tokenizers_separators(
+        tmp_path, tokenizer_dir):
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.conftest import write_jsonl
+    from zephon.demo.assets import make_documents
+    from zephon.errors import DataError
+    from zephon.tokenizer import load_tokenizer
+
+    texts = make_documents(30, seed=5)
+    tokenizer = load_tokenizer(tokenizer_dir)
+    write_jsonl(tmp_path / "text" / "a.jsonl", [{"text": t} for t in texts[:10]])
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts[10:]]
+    pq.write_table(pa.table({"ids": pa.array(ids, pa.list_(pa.int32()))}),
+                   tmp_path / "ids.parquet")
+
+    def documents(**entry) -> list[np.ndarray]:
+        recipe = DataRecipe.from_dict({
+            "lanes": 1,
+            "datasets": [{"name": "text", "path": str(tmp_path / "text")},
+                         {"name": "ids", "path": str(tmp_path / "ids.parquet"),
+                          "field": "ids", "kind": "pretokenized", **entry}],
+            "mixture": {"on_exhausted": "drain"}, "tokenize": {"tokenizer": tokenizer_dir},
+            "pack": {"max_length": 4097, "algorithm": "best_fit"},
+            "batch": {"drop_last": False}})
+        pipeline = recipe.build(seq_len=4096, microbatch_size=1)
+        return [r.payload["input_ids"][s.row_start:s.row_start + s.length]
+                for b in pipeline for r in b.records for s in r.meta["documents"]
+                if s.dataset == "ids"]
+
+    eos = tokenizer.eos_token_id
+    plain = documents()
+    assert len(plain) == 20 and not any(eos in d for d in plain)  # ids as written
+    separated = documents(add_eos=True)
+    assert all(d[-1] == eos and eos not in d[:-1] for d in separated)
+    assert sorted(d[:-1].tolist() for d in separated) == sorted(d.tolist() for d in plain)
+    with pytest.raises(ConfigError, match=r"'text': add_eos applies to a kind = "
+                                          r"\"pretokenized\" dataset"):
+        DataRecipe.from_dict({"datasets": [{"name": "text", "path": str(tmp_path / "text"),
+                                            "add_eos": True}],
+                              "tokenize": {"tokenizer": tokenizer_dir}})
+    ids[3][2] = len(tokenizer) + 5  # an id past the tokenizer's vocabulary
+    pq.write_table(pa.table({"ids": pa.array(ids, pa.list_(pa.int32()))}),
+                   tmp_path / "ids.parquet")
+    with pytest.raises(DataError, match=r"ids\.parquet"):
+        documents()
+
+
 def test_read_ahead_budget_from_a_recipe(recipe_file):
     recipe_file.write_text(recipe_file.read_text().replace("lanes = 2", "lanes = 2\n"
                                                            "read_ahead_tokens = 2000"))
