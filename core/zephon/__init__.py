@@ -23,6 +23,7 @@ PUBLIC_MODULES = (
     "zephon.integration",  # what every framework adapter needs: geometry, lanes, a session
     "zephon.recipe",  # DataRecipe, TrainingPreset
     "zephon.recipe_checks",  # check_recipe
+    "zephon.presets",  # what each adapter fixes in [to_training]
     "zephon.errors",
     "zephon.io",  # Dataset, CacheOptions, StoreOptions
     "zephon.io.indexed",  # Megatron's indexed datasets

@@ -64,6 +64,31 @@ def _positive(text: str) -> int:
     return value
 
 
+PRESET_NAMES = ("torchtitan", "megatron", "torch")
+
+
+def _preset_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", choices=PRESET_NAMES, default=None,
+                        help="read the recipe as that framework's adapter does: the "
+                             "[to_training] values it fixes count as given, and its choices "
+                             "fill the keys the recipe leaves out")
+
+
+def _read_recipe(args: argparse.Namespace) -> Any:
+    """The recipe named on the command line, read with ``--preset``'s adapter choices."""
+    from zephon.recipe import DataRecipe
+
+    return DataRecipe.from_toml(args.recipe, preset=_preset(args))
+
+
+def _preset(args: argparse.Namespace) -> Any:
+    if getattr(args, "preset", None) is None:
+        return None
+    from zephon.presets import PRESETS
+
+    return PRESETS[args.preset]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zephon", description="Zephon data loader tools.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -72,12 +97,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Check a data recipe and its data (files, fields, tokenizer, lanes, "
                     "lengths, Hub paths) without tokenizing; prints every problem found.")
     check.add_argument("recipe", help="data recipe TOML")
+    _preset_argument(check)
     check.add_argument("--world-size", type=_positive, help="data-parallel size of the run")
     check.add_argument("--seq-len", type=_positive, help="the model's context length")
     check.add_argument("--vocab-size", type=_positive, help="the model's vocabulary size")
     check.add_argument("--microbatch-size", type=_positive, help="rows per microbatch")
     preview = commands.add_parser("preview", help="the first microbatch as a picture")
     preview.add_argument("recipe", help="data recipe TOML")
+    _preset_argument(preview)
     preview.add_argument("--rows", type=_positive, default=4, help="rows to show")
     preview.add_argument("--seq-len", type=_positive, default=None,
                          help="context length (default: the recipe's [pack] max_length - 1, "
@@ -95,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "pipeline")
     stats = commands.add_parser("stats", help="dataset sizes, targets and epochs")
     stats.add_argument("recipe", help="data recipe TOML")
+    _preset_argument(stats)
     stats.add_argument("--tokens", type=size, default=None,
                        help="token budget of the run (1T, 500B, 20M) for the epochs column")
     trace = commands.add_parser(
@@ -102,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="What the trainer received at steps N to M: each microbatch's rows and "
                     "their documents (dataset, file, row, tokens, a text excerpt).")
     trace.add_argument("recipe", help="data recipe TOML of the run")
+    _preset_argument(trace)
     trace.add_argument("--steps", required=True, type=_steps,
                        help="a step (12) or an inclusive range (11:12), counted from 1")
     trace.add_argument("--world-size", type=_positive, default=1,
@@ -125,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     schema.add_argument("section", nargs="?", default=None,
                         help="one section (tokenize, pack, to_training, ...; 'top' for the "
                              "top level)")
+    _preset_argument(schema)
     plan = commands.add_parser(
         "plan", help="list and plan a recipe's data once, for any number of jobs",
         description="List every dataset of a recipe and cut its work units for a lane count, "
@@ -156,16 +186,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from zephon.recipe import DataRecipe, RecipeProblems
     from zephon.recipe_checks import check_recipe, describe
 
-    problems = check_recipe(args.recipe, world_size=args.world_size, seq_len=args.seq_len,
-                            vocab_size=args.vocab_size, microbatch_size=args.microbatch_size)
+    try:
+        recipe: Any = DataRecipe.from_toml(args.recipe, preset=_preset(args))
+    except RecipeProblems as exc:
+        problems = exc.problems
+    else:
+        problems = check_recipe(recipe, world_size=args.world_size, seq_len=args.seq_len,
+                                vocab_size=args.vocab_size,
+                                microbatch_size=args.microbatch_size)
     if problems:
         print(f"{args.recipe}: {len(problems)} problem(s)", file=sys.stderr)
         for problem in problems:
             print(f"  - {problem}", file=sys.stderr)
         return 1
-    print(f"{args.recipe}: ok ({describe(args.recipe)})")
+    print(f"{args.recipe}: ok ({describe(recipe)})")
     return 0
 
 
@@ -174,7 +211,8 @@ def _preview(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return _preview_shares(args, parser)
     from zephon.preview import first_batch, render_html, render_png, render_terminal
 
-    rows = first_batch(args.recipe, rows=args.rows, seq_len=args.seq_len)
+    rows = first_batch(args.recipe, rows=args.rows, seq_len=args.seq_len,
+                       preset=_preset(args))
     title = f"{os.path.basename(args.recipe)}: first microbatch"
     if args.out is None:
         print(render_terminal(rows))
@@ -217,9 +255,8 @@ def _preview_shares(args: argparse.Namespace, parser: argparse.ArgumentParser) -
 
 
 def _stats(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from zephon.recipe import DataRecipe
 
-    recipe = DataRecipe.from_toml(args.recipe)
+    recipe = _read_recipe(args)
     max_length = recipe.pack.max_length if recipe.pack is not None else None
     pipeline = recipe.build(seq_len=max_length - 1 if max_length else 2048,
                             microbatch_size=recipe.batch.microbatch_size or 1,
@@ -295,10 +332,9 @@ def _count(value: float | None, exact: bool) -> str:
 
 
 def _trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from zephon.recipe import DataRecipe
     from zephon.trace import read_loader_state, trace_steps
 
-    recipe = DataRecipe.from_toml(args.recipe)
+    recipe = _read_recipe(args)
     state = read_loader_state(args.from_state) if args.from_state else None
     microbatch = args.microbatch_size or recipe.batch.microbatch_size
     if not microbatch:
@@ -417,6 +453,10 @@ def _schema(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from zephon.schema import format_schema
 
     schema = recipe_schema()
+    if args.preset is not None:
+        from zephon.presets import preset_schema
+
+        schema = preset_schema(schema, _preset(args))
     if args.section is not None:
         wanted = "" if args.section in ("top", "") else args.section.strip("[]")
         chosen = {k: v for k, v in schema.items() if k == wanted or k.startswith(wanted + ".")}

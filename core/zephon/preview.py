@@ -55,11 +55,17 @@ class RowView:
 
 
 def first_batch(recipe_path: str | os.PathLike[str], rows: int = 4,
-                seq_len: int | None = None) -> list[RowView]:
-    """The first ``rows`` rows of the recipe's first microbatch, laid out."""
+                seq_len: int | None = None, preset: Any = None) -> list[RowView]:
+    """The first ``rows`` rows of the recipe's first microbatch, laid out; with ``preset``
+    (:mod:`zephon.presets`), as that framework's adapter completes the recipe's
+    ``[to_training]``."""
+    import dataclasses
+
     from zephon.recipe import DataRecipe
 
-    recipe = DataRecipe.from_toml(recipe_path)
+    recipe = DataRecipe.from_toml(recipe_path, preset=preset)
+    if preset is not None:
+        recipe = dataclasses.replace(recipe, to_training=preset.applied(recipe.to_training))
     max_length = recipe.pack.max_length if recipe.pack is not None else None
     if seq_len is None:
         seq_len = max_length - 1 if max_length else 128

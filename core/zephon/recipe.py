@@ -205,6 +205,13 @@ class TrainingPreset:
     """The framework's name, for messages."""
     fixed: dict[str, Any]
     """``{to_training key: the value the adapter passes}``."""
+    defaults: dict[str, Any] = field(default_factory=dict)
+    """``{to_training key: the adapter's choice where the recipe leaves the key out}``."""
+
+    def applied(self, to_training: dict[str, Any]) -> dict[str, Any]:
+        """A recipe's ``[to_training]`` as the adapter completes it: its defaults, then the
+        recipe's keys, then the fixed values."""
+        return {**self.defaults, **to_training, **self.fixed}
 
 
 @dataclass(frozen=True)

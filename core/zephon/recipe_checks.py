@@ -296,9 +296,9 @@ def _peek_remote(recipe: DataRecipe, entry: Any, dataset: Any) -> list[str]:
     return problems
 
 
-def describe(path: str | os.PathLike[str]) -> str:
+def describe(path: str | os.PathLike[str] | DataRecipe) -> str:
     """A one-line summary of a recipe that passed: datasets, files, tokenizer, lanes."""
-    recipe = DataRecipe.from_toml(path)
+    recipe = path if isinstance(path, DataRecipe) else DataRecipe.from_toml(path)
     files = 0
     for entry in recipe.datasets:
         if not is_remote(entry.path):

@@ -142,3 +142,40 @@ def test_schema_lists_every_key_or_one_section(capsys):
     with pytest.raises(SystemExit):
         main(["schema", "packing"])
     assert "no section 'packing'; sections: top, datasets" in capsys.readouterr().err
+
+
+def test_a_preset_reads_the_recipe_as_its_adapter_does(tmp_path, capsys):
+    """A TorchTitan recipe may leave return_labels to the adapter: without --preset the
+    check refuses it for that alone; with it, every real problem is listed and nothing
+    else, and preview shows the adapter's own masking choice."""
+    from zephon.cli import main
+
+    recipe = tmp_path / "titan.toml"
+    recipe.write_text(DEMO.read_text().replace("return_labels = true", "")
+                      .replace("lanes = 4", "lanes = 3"))
+    assert main(["check", str(recipe), "--world-size", "2"]) == 1
+    assert "eos_mask_loss=True needs return_labels=True" in capsys.readouterr().err
+    assert main(["check", str(recipe), "--world-size", "2", "--preset", "torchtitan"]) == 1
+    titan = capsys.readouterr().err
+    assert "1 problem(s)" in titan and "lanes" in titan and "return_labels" not in titan
+    recipe.write_text(recipe.read_text().replace("lanes = 3", "lanes = 4"))
+    assert main(["check", str(recipe), "--preset", "torchtitan"]) == 0
+    assert "ok" in capsys.readouterr().out
+    assert main(["check", str(recipe), "--preset", "torch"]) == 1  # the loop passes it as is
+    assert "needs return_labels" in capsys.readouterr().err
+    assert main(["check", str(recipe), "--preset", "megatron"]) == 0
+    capsys.readouterr()
+    conflict = tmp_path / "conflict.toml"
+    conflict.write_text(recipe.read_text().replace("[to_training]",
+                                                   "[to_training]\nignore_index = -1"))
+    assert main(["check", str(conflict), "--preset", "torchtitan"]) == 1
+    assert "ignore_index = -1 conflicts with TorchTitan, which needs -100" in \
+        capsys.readouterr().err
+    assert main(["preview", str(recipe), "--preset", "torchtitan", "--rows", "1"]) == 0
+    assert main(["stats", str(recipe), "--preset", "torchtitan"]) == 0
+    assert "demo" in capsys.readouterr().out
+    assert main(["schema", "to_training", "--preset", "torchtitan"]) == 0
+    schema = " ".join(capsys.readouterr().out.split())
+    assert "flatten (true or false; default true): TorchTitan's choice" in schema
+    assert "return_labels (true or false; default true): fixed by TorchTitan" in schema
+

@@ -10,12 +10,11 @@ states another value is refused, naming the key. The masking keys (``position_mo
 
 from __future__ import annotations
 
-from zephon.recipe import TrainingPreset
+from zephon.presets import MEGATRON
 
-PRESET_FIXED = {"return_labels": True, "return_loss_mask": True, "flatten": False,
-                "return_num_valid_tokens": False, "return_padding_mask": False}
+PRESET_FIXED = MEGATRON.fixed
 """Keys whose value the Megatron batch layout fixes, with the only value it accepts."""
 PRESET_LAYOUT = ("rename_fields", "exclude_fields")
 """Keys the adapter sets itself (Megatron's field names); a recipe may not give them."""
-MEGATRON = TrainingPreset("Megatron", PRESET_FIXED)
-"""What recipes read by the adapter are checked with."""
+__all__ = ["MEGATRON", "PRESET_FIXED", "PRESET_LAYOUT"]
+"""``MEGATRON``: what recipes read by the adapter are checked with (:mod:`zephon.presets`)."""

@@ -46,23 +46,23 @@ from torchtitan.tools.logging import logger
 
 from zephon import ConfigError, StateMismatchError
 from zephon.integration import LoaderSession, choose_lanes, state_as_text, state_from_text
-from zephon.recipe import DataRecipe, TrainingPreset, load_recipe
+from zephon.presets import TORCHTITAN
+from zephon.recipe import DataRecipe, load_recipe
 from zephon.trace import trace_line
 from zephon_torchtitan.metrics_processor import LoaderLink
 
 # The seed's TorchTitan preset; a recipe may restate these values but not contradict them.
-PRESET = {"return_labels": True, "return_padding_mask": True, "return_num_valid_tokens": True,
-          "ignore_index": -100}
+PRESET = TORCHTITAN.fixed
 # to_training keys a TorchTitan recipe may choose, and the choices made where it leaves them out
 # (the label after each EOS is the next document's first token: not a prediction to learn).
 RECIPE_CHOICES = ("eos_mask_loss", "eos_token_id", "position_mode", "flatten")
-DEFAULTS = {"eos_mask_loss": True}
+DEFAULTS = TORCHTITAN.defaults
 
 
 def read_recipe(path: str) -> DataRecipe:
     """A data recipe as TorchTitan runs it (the preset's keys may be left out), read once per
     process however many of TorchTitan's steps ask for it."""
-    return load_recipe(path, preset=TrainingPreset("TorchTitan", PRESET))
+    return load_recipe(path, preset=TORCHTITAN)
 
 
 class ZephonDataLoader(BaseDataLoader):

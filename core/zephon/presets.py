@@ -1,0 +1,50 @@
+"""What each framework adapter fixes in ``[to_training]``, and what it chooses where a recipe
+leaves a key out: one place that the adapters build with and that the ``zephon`` command
+applies (``--preset``), so that ``zephon check`` passes exactly the recipes an adapter
+accepts and refuses the same ones.
+
+- TorchTitan trains on -100 labels and keeps the padding mask and valid-token count for its
+  checks and reports; it masks the label after each EOS unless the recipe says otherwise (the
+  next document's first token is not a prediction to learn under a document mask), and hands
+  a microbatch as one flattened row unless the recipe sets ``flatten = false``.
+- Megatron's ``get_batch`` reads ``tokens``, ``labels``, a float ``loss_mask`` and
+  ``position_ids`` as ``[micro_batch_size, seq_length]`` tensors; its flags choose the masking
+  keys (``position_mode``, ``return_cu_seqlens``, ``eos_mask_loss``).
+- A plain PyTorch loop (``zephon_torch``) takes the recipe's keys as they are.
+"""
+
+from __future__ import annotations
+
+from zephon.recipe import TrainingPreset
+
+TORCHTITAN = TrainingPreset(
+    "TorchTitan",
+    {"return_labels": True, "return_padding_mask": True, "return_num_valid_tokens": True,
+     "ignore_index": -100},
+    defaults={"eos_mask_loss": True, "flatten": True})
+MEGATRON = TrainingPreset(
+    "Megatron",
+    {"return_labels": True, "return_loss_mask": True, "flatten": False,
+     "return_num_valid_tokens": False, "return_padding_mask": False})
+TORCH = TrainingPreset("torch", {})
+PRESETS = {"torchtitan": TORCHTITAN, "megatron": MEGATRON, "torch": TORCH}
+"""By the name ``--preset`` takes."""
+
+
+def preset_schema(schema: dict, preset: TrainingPreset) -> dict:
+    """``schema`` (:func:`zephon.recipe.recipe_schema`) with ``[to_training]`` as ``preset``'s
+    adapter reads it: its fixed keys and its defaults shown as such."""
+    import dataclasses
+
+    keys = dict(schema["to_training"])
+    for name, key in keys.items():
+        if name in preset.fixed:
+            keys[name] = dataclasses.replace(
+                key, default=preset.fixed[name],
+                doc=f"fixed by {preset.framework} (leave it out; another value is refused). "
+                    + key.doc)
+        elif name in preset.defaults:
+            keys[name] = dataclasses.replace(
+                key, default=preset.defaults[name],
+                doc=f"{preset.framework}'s choice where the recipe leaves it out. " + key.doc)
+    return {**schema, "to_training": keys}
