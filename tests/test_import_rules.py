@@ -4,6 +4,7 @@ above it, adapters use only the public API."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -128,6 +129,37 @@ def dependencies(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
                 target = target.rpartition(".")[0]
             if target and target != module:
                 found.add(target)
+    by_string = imported_by_string(tree, modules) - {module}
+    return found | {m for m in by_string if (module, m) not in FACTORY_EDGES}
+
+
+FACTORY_EDGES = {("zephon.io.dataset", "zephon.io.hub.dataset"),
+                 ("zephon.io.dataset", "zephon.io.storage.dataset")}
+"""The imports by string the circle rule leaves out, each for a reason. ``Dataset.from_path``
+(the public factory) makes the remote dataset classes, which subclass ``Dataset``; it names
+them by string so that their clients load only when a path first uses their scheme (importing
+the Hub dataset costs about 1 s of huggingface_hub). A factory on a base class cannot avoid
+naming its subclasses; every other string import must not lead back."""
+
+
+_BY_STRING = re.compile(r"^([A-Za-z_][\w.]*):[A-Za-z_]\w*$")
+
+
+def imported_by_string(tree: ast.AST, modules: dict[str, Path]) -> set[str]:
+    """Project modules a file names to import later: ``"package.module:attribute"`` strings
+    (registries, lazy factories) and ``importlib.import_module("package.module")`` calls. An
+    import by string is an import all the same: a circle through one is a circle."""
+    found = set()
+    for node in ast.walk(tree):
+        name = None
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            match = _BY_STRING.match(node.value)
+            name = match.group(1) if match else None
+        elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith("import_module") \
+                and node.args and isinstance(node.args[0], ast.Constant):
+            name = node.args[0].value
+        if isinstance(name, str) and name in modules:
+            found.add(name)
     return found
 
 
@@ -234,3 +266,19 @@ def test_nothing_read_back_is_unpickled():
              if p not in UNPICKLING_ALLOWED]
     assert [call for path in files for call in unpickling_calls(path)] == []
     assert unpickling_calls(CORE / "engine" / "workers.py"), "the rule test finds nothing"
+
+
+def test_an_import_by_string_that_leads_back_is_a_circle(tmp_path, monkeypatch):
+    package = tmp_path / "zephon"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "registry.py").write_text('PLUGINS = {"toy": "zephon.toy:Toy"}\n')
+    (package / "toy.py").write_text("from zephon.registry import PLUGINS\n")
+    (package / "lazy.py").write_text("import importlib\n"
+                                     "def load():\n    importlib.import_module('zephon.back')\n")
+    (package / "back.py").write_text("import zephon.lazy\n")
+    monkeypatch.setitem(PACKAGES, "zephon", package)
+    for name in ("zephon_torchtitan", "zephon_megatron", "zephon_torch"):
+        monkeypatch.setitem(PACKAGES, name, tmp_path / "none")
+    assert import_circles() == [["zephon.back", "zephon.lazy"],
+                                ["zephon.registry", "zephon.toy"]]

@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from zephon.errors import DataError
-from zephon.io.file_formats import FieldKinds
+from zephon.io.format_plugin import FieldKinds
 from zephon.io.units import PlanHints, UnitSpec
 
 SUFFIXES = {".jsonl": None, ".json": None, ".ndjson": None, ".jsonl.gz": "gzip",

@@ -55,7 +55,7 @@ import numpy as np
 import pyarrow as pa
 
 from zephon.errors import DataError
-from zephon.io.file_formats import FileFormat
+from zephon.io.format_plugin import FileFormat
 from zephon.io.formats.arrow_columns import check_arrow, check_columns, table_columns
 from zephon.io.formats.decompress import decompress
 from zephon.io.units import PlanHints, UnitSpec, row_units

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from zephon.errors import DataError
-from zephon.io.file_formats import FileFormat
+from zephon.io.format_plugin import FileFormat
 from zephon.io.formats.decompress import decompress
 from zephon.io.units import PlanHints, UnitSpec, row_units
 from zephon.state_checks import (

@@ -35,28 +35,11 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Protocol
 
 from zephon.errors import ConfigError
+from zephon.io.storage.object_info import ObjectInfo
 
 HUB_SCHEME = "hf"
 """``hf://`` is remote too, but read by :mod:`zephon.io.hub` (a Hub repository, not a
 bucket)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ObjectInfo:
-    """One object of a listing."""
-
-    key: str
-    """Its key in the bucket (no leading ``/``)."""
-    size: int
-    """Bytes."""
-    version: str
-    """What identifies its content: ``md5:<hex>`` where the store gives the MD5 (a
-    single-part S3 ETag; checked on download), else ``etag:<etag>`` (a multipart ETag,
-    recomputed where the store gives the part sizes, or a version id: compared, not
-    recomputed)."""
-    problem: str | None = None
-    """Why the object cannot be read, for a listed key the client cannot request (the listing
-    skips it and reports it with this reason); None for every readable object."""
 
 
 class ObjectStore(Protocol):

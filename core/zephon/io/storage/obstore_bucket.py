@@ -49,7 +49,7 @@ from zephon.io.retry import (
     status_of,
     unreachable_reason,
 )
-from zephon.io.storage import ObjectInfo
+from zephon.io.storage.object_info import ObjectInfo
 from zephon.io.store_options import StoreOptions
 from zephon.redact import get_logger
 

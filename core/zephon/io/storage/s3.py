@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 from zephon.errors import ConfigError
 from zephon.io.content_check import multipart_count
 from zephon.io.retry import GaveUp, retry_call
-from zephon.io.storage import ObjectInfo
+from zephon.io.storage.object_info import ObjectInfo
 from zephon.io.storage.obstore_bucket import (
     NO_RETRIES,
     ObstoreBucket,
