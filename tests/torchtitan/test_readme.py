@@ -1,4 +1,6 @@
-"""The TorchTitan README's commands train as written (three routes, two steps each)."""
+"""The TorchTitan README's commands train as written (three routes, two steps each), and each
+reads its data recipe and lists each dataset once per process (they were read 4-7 times: the
+config, the preflight, the vocabulary and the loader)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,10 @@ REPO = Path(__file__).resolve().parents[2]
 README = REPO / "integrations" / "torchtitan" / "README.md"
 COMMANDS = re.findall(r"```bash readme-test\n(.*?)\n```", README.read_text(), re.S)
 
+RECIPES = (2, 2, 1)
+"""Recipes each command's trainer reads (the smoke recipe and the registry's config name a
+validation recipe too, read though the validator is off)."""
+
 pytestmark = pytest.mark.slow
 
 
@@ -27,8 +33,9 @@ def test_the_readme_shows_three_routes():
     assert "--override.imports" in COMMANDS[2]
 
 
-@pytest.mark.parametrize("command", COMMANDS, ids=["launcher", "registry", "override"])
-def test_readme_command_trains(command, tmp_path):
+@pytest.mark.parametrize("command, recipes", list(zip(COMMANDS, RECIPES, strict=True)),
+                         ids=["launcher", "registry", "override"])
+def test_readme_command_trains(command, recipes, tmp_path, read_counts):
     argv = shlex.split(command)
     assert argv[0] == "python"
     argv[0] = sys.executable  # the interpreter of this environment, as `python` would be
@@ -41,3 +48,9 @@ def test_readme_command_trains(command, tmp_path):
     assert result.returncode == 0, output[-4000:]
     assert sorted(parse_losses(output)) == [1, 2], output[-3000:]
     assert "zephon: preflight passed" in output
+    counts = read_counts()
+    assert counts, "no process counted anything"
+    for pid, lines in counts.items():
+        assert all(n == 1 for n in lines.values()), (pid, lines)
+    assert any(sum(1 for line in lines if line.startswith("recipe ")) == recipes
+               for lines in counts.values()), counts
