@@ -105,20 +105,6 @@ def two_fields(tmp_path: Path, recipes) -> Path:
     return recipes.write(tmp_path / "data.toml", datasets=datasets, lanes=2)
 
 
-def test_two_sources_with_different_fields_train_through_the_launcher(tmp_path, recipes):
-    two_fields(tmp_path, recipes)
-    text = (tmp_path / "data.toml").read_text().replace('[mixture]\nby = "documents"',
-                                                        '[mixture]\nby = "documents"\n'
-                                                        'repeat = true')
-    (tmp_path / "data.toml").write_text(text)
-    (tmp_path / "launch.toml").write_text(LAUNCH.format(vocab='vocab_size = "tokenizer"'))
-    code, output, losses = run_training(["--toml", str(tmp_path / "launch.toml")],
-                                        cwd=tmp_path, timeout=300)
-    assert code == 0, output[-4000:]
-    assert sorted(losses) == [1, 2]
-    assert "zephon: preflight passed" in output
-
-
 def test_a_bad_option_value_stops_the_launcher_before_torchtitan(tmp_path, recipes):
     recipes.write(tmp_path / "data.toml", datasets=recipes.demo(),
                   extra='[shuffle]\nbuffer_size = 4\nseed = "x"\n')
@@ -178,13 +164,22 @@ def test_the_model_follows_a_recipe_named_on_the_command_line(tmp_path, recipes,
 
 def test_the_launchers_fitted_vocabulary_follows_the_command_line_recipe(tmp_path, recipes,
                                                                          small_tokenizer):
+    """The launch TOML names a 4096-token recipe; the command line names one with a
+    2048-token tokenizer, whose two sources keep their documents in different fields: the
+    model is sized to the command line's, and both sources train."""
     recipes.write(tmp_path / "data.toml", datasets=recipes.demo())  # 4096 tokens
-    small = recipes.write(tmp_path / "small.toml", datasets=recipes.demo(),
-                          tokenizer=small_tokenizer)
+    two_fields(tmp_path, recipes)  # rewrites data.toml: the demo corpus and 'content' notes
+    small = tmp_path / "small.toml"
+    small.write_text((tmp_path / "data.toml").read_text()
+                     .replace('tokenizer = "demo:tokenizer"', f'tokenizer = "{small_tokenizer}"')
+                     .replace('[mixture]\nby = "documents"',
+                              '[mixture]\nby = "documents"\nrepeat = true'))
+    recipes.write(tmp_path / "data.toml", datasets=recipes.demo())  # 4096 tokens again
     (tmp_path / "launch.toml").write_text(LAUNCH.format(vocab='vocab_size = "tokenizer"'))
     code, output, losses = run_training(
         ["--toml", str(tmp_path / "launch.toml"), "--dataloader.recipe", str(small)],
         cwd=tmp_path, timeout=300)
     assert code == 0, output[-4000:]
     assert "zephon: model vocabulary 4096 -> 2048" in output
+    assert "zephon: preflight passed" in output
     assert sorted(losses) == [1, 2]

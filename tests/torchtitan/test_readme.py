@@ -48,6 +48,7 @@ def test_readme_command_trains(command, recipes, tmp_path, read_counts):
     assert result.returncode == 0, output[-4000:]
     assert sorted(parse_losses(output)) == [1, 2], output[-3000:]
     assert "zephon: preflight passed" in output
+    assert "zephon: recipe" in output and "pretrain_docmask.toml" in output
     counts = read_counts()
     assert counts, "no process counted anything"
     for pid, lines in counts.items():

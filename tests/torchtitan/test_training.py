@@ -104,16 +104,6 @@ def test_resume_at_the_same_size_gives_identical_losses(two_process_run, tmp_pat
         m: reference[m]["sha256"] for m in range(10, 20)}
 
 
-def test_config_registry_route(tmp_path):
-    output, losses = train(["-m", "torchtitan.train", "--module", "zephon_torchtitan",
-                            "--config",
-                            "zephon_llama3_debugmodel", *SHORT, "--training.steps", "2",
-                            "--validator.no-enable", "--dump_folder", str(tmp_path / "out")],
-                           tmp_path, module="zephon_torchtitan.cpu_shims", torchrun=True)
-    assert sorted(losses) == [1, 2]
-    assert "zephon: recipe" in output and "pretrain_docmask.toml" in output
-
-
 def test_override_route_on_a_stock_config(tmp_path, small_tokenizer, recipes):
     recipe = recipes.write(tmp_path / "data.toml", datasets=recipes.demo(), lanes=2,
                            tokenizer=small_tokenizer)
