@@ -12,15 +12,15 @@ buffer (so the arrays are writable) and one view per text.
 ``split_special_tokens`` setting) and raises :class:`Unusable` naming the first text whose ids
 differ: whitespace runs, digits, mixed scripts, emoji, combining marks, control characters,
 code, every added and special token of the tokenizer inside text, the empty string, and a text
-longer than the encoder's slicing limit (256 Ki characters). ``tokenizers`` would take 100-300
-ms for that long text alone (262K characters, 275K tokens of the demo BPE), so it is built as
-a block repeated after a joiner, and its expected ids as the block's ids followed by the
+longer than the encoder's slicing limit (256 Ki characters). Encoding that long text whole
+with ``tokenizers`` would cost several times what the whole check costs, so it is built as a
+block repeated after a joiner, and its expected ids as the block's ids followed by the
 repeated tail the joiner and block take in context; that this tiling holds is checked on two
 and three blocks first, with a space, a newline and a private-use character as joiners in
-turn (a whole-text encode where none tiles). With ``benchmarks/throughput.py``'s 8k-token
-vocabulary the check takes 25-30 ms: 6 ms in ``tokenizers`` and 19-21 ms in fastokens, whose
-first pass over a long text costs that much (2 ms after); loading takes 31-37 ms (0.63 s for
-the 128k-token vocabulary of ``benchmarks/startup.py``).
+turn (a whole-text encode where none tiles). Most of what the check then costs is fastokens's
+first pass over a long text, which later passes do not pay; loading costs about as much
+again, more with a larger vocabulary (``benchmarks/throughput.py``'s 8k-token vocabulary and
+the 128k-token one of ``benchmarks/startup.py``; measured: docs/measurements.md).
 """
 
 from __future__ import annotations

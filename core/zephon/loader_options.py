@@ -54,9 +54,10 @@ class LoaderOptions:
     """Processes running the document operators (reading, decoding, tokenizing) beside the
     lanes: 0 keeps them in this process (on the document threads, or with ``prefetch=0`` in the
     lanes' thread). The data, the state and every resume are the
-    same for every value. Each worker loads the operators (the tokenizer) once, about a second
-    to start and its own copy in memory; worth it where tokenization or Python per-document
-    work is the bottleneck and cores are free (see ``benchmarks/throughput.py``)."""
+    same for every value. Each worker loads the operators (the tokenizer) once, a start-up
+    cost and its own copy in memory; worth it where tokenization or Python per-document work
+    is the bottleneck and cores are free (see ``benchmarks/throughput.py``; measured:
+    docs/measurements.md)."""
     start_step: int = dataclasses.field(default=0, metadata={"recipe": False})
     """Training steps the trainer had taken when this pipeline's data began (given by the
     framework): 0, unless the run restarted its data mid-training (TorchTitan's

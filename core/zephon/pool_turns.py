@@ -4,7 +4,7 @@ The Rust tokenizer runs every batch call on one thread pool per process (rayon).
 flight at once do not run side by side: a pool thread that waits for its share of one call
 takes up the other call meanwhile, so the first call cannot return before the second is done.
 Both return together, and the pool then idles while both callers turn their ids into arrays
-with the GIL held, one after the other (about 4 ms for two calls of 1 MiB of text each).
+with the GIL held, one after the other (measured: docs/measurements.md).
 
 Taking turns, one call is in the pool at a time and the next starts the moment it returns:
 
@@ -23,7 +23,7 @@ Turns and the longest-first order each close part of the gap to the bare tokeniz
 together most of it; the fast engine (fastokens, :mod:`zephon.fast_engine`) does not take
 turns: its own threads serve concurrent calls, each caller working on its own call's texts,
 so no call waits for another's. ``python -m benchmarks.throughput`` prints the figures; the
-README (Behaviour worth knowing) keeps the measured ones.
+README (Behaviour worth knowing) and docs/measurements.md keep the measured ones.
 
 Limits: the turns are per process, as the pool is; a caller that does not go through them
 (another library calling the same tokenizer) can still share the pool with a turn. After a

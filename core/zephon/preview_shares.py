@@ -6,8 +6,7 @@ integral over the window divided by its width, so a ramp's window shows its mean
 where measured, the share the pipeline delivered in it: the recipe's one-rank pipeline is
 run (its global microbatches are those of every data-parallel size) and each document
 piece's tokens are counted in the window its microbatch falls in. Measuring costs a run of
-``tokens`` tokens (a few seconds a million tokens with a fast tokenizer); targets alone cost
-nothing.
+``tokens`` tokens (measured: docs/measurements.md); targets alone cost nothing.
 
 Windows count the tokens the trainer received, padding included; the lanes mix by what
 their mixers handed on, so realized shares trail the targets by a few microbatches at a

@@ -225,7 +225,7 @@ class DataRecipe:
     (checked against :func:`recipe_schema` and by the classes they are passed to).
 
     A recipe is not changed once read (``dataclasses.replace`` makes a variant). Each dataset
-    is listed once (its files, sizes and tail digests) and the listing is shared by the
+    is listed once (its files, sizes and versions) and the listing is shared by the
     recipe's variants: validating, checking and building a recipe lists the data once."""
 
     datasets: list[DatasetEntry]

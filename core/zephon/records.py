@@ -25,8 +25,8 @@ class DocSpan(NamedTuple):
 
     ``doc_start`` is the offset of the piece inside the tokenized document, ``row_start`` its
     offset inside the row, ``length`` its number of tokens. A named tuple, not a dataclass:
-    packing makes two or three a row, and a frozen dataclass takes 1.5 us to build where this
-    takes 0.35.
+    packing makes two or three a row, and a frozen dataclass takes several times as long to
+    build (measured: docs/measurements.md).
     """
 
     doc_id: str

@@ -9,9 +9,9 @@ and what is wrong (``is -5, must be >= 0``). Whoever restores an enclosing part 
 path (:func:`within`), so the loader reports ``nodes[0].sources[1].position[1] is -5, must be
 >= 0`` under the state key of the lane. A reader reports them as errors of its own kind
 naming its file (:func:`reported_as`: a DataError ``index.json: chunks[2].chunk_size is 0,
-must be >= 1``). The checks are per field and per array, never per
-token: a lane holding 64 packed rows of 2049 tokens (about 500 documents) restores in 1.7 ms
-with them, 0.5 ms without, next to the 7 ms of decoding its arrays.
+must be >= 1``). The checks are per field and per array, never per token, so restoring a
+lane that holds 64 packed rows of 2049 tokens (about 500 documents) with them costs less than
+decoding its arrays (measured: docs/measurements.md).
 
 Counts and positions must be integers (never booleans, floats or strings) from 0 to
 :data:`MAX_COUNT`; token arrays must be one-dimensional integer arrays of ids from 0 to below

@@ -4,17 +4,18 @@ Tokenizers are loaded lazily, once per process and id, through ``transformers``.
 looks local but does not exist fails at once (no retries against the Hub). A Hub id is first
 made a local snapshot of the repository's tokenizer files (:func:`hub_tokenizer_directory`):
 one that neither a reachable Hub nor the Hugging Face cache holds is refused at once (asked
-with the id, transformers retries an unreachable Hub for about 48 s first), and a missing or
-gated repository is named as such. Loading never touches the process environment or torch's
-thread settings: the trainer owns those.
+with the id, transformers first retries an unreachable Hub for a long while; measured:
+docs/measurements.md), and a missing or gated repository is named as such. Loading never
+touches the process environment or torch's thread settings: the trainer owns those.
 
 Encoding goes through the Rust ``tokenizers`` backend in batches (it releases the GIL and
 parallelizes across documents; batch calls from several threads take turns in its pool,
 :mod:`zephon.pool_turns`), with truncation and padding switched off so a saved tokenizer
 setting cannot silently cut documents: on the backend itself when it was read for the encoder
 alone (a directory with ``tokenizer.json``), on a private copy when others may hold it.
-Start-up with a 128k-token vocabulary (a 9 MB ``tokenizer.json``, ``benchmarks/startup.py``):
-0.26 s to read it and 0.05 s to build the encoder in place, 0.49 s with a copy.
+With a large vocabulary reading ``tokenizer.json`` is most of the start-up, and building the
+encoder in place costs far less than building it on a copy (``benchmarks/startup.py``;
+measured: docs/measurements.md).
 
 Engines (``engine``): ``"hf"`` encodes with the ``tokenizers`` backend; ``"fastokens"`` with
 fastokens (:mod:`zephon.fast_engine`, the ``fast`` extra), loaded from the same JSON and
@@ -48,8 +49,9 @@ without a safe cut) over ``max_unsliced_chars`` is refused (:class:`TextTooLong`
 A text holding a surrogate code point (U+D800-U+DFFF: a lone half of a UTF-16 pair, which a
 JSON escape such as ``\\udc80`` makes) cannot be encoded by any tokenizer. The backend refuses
 the whole batch with a TypeError (a Python tokenizer: UnicodeEncodeError); only then are the
-batch's texts searched for the culprit (:func:`find_surrogate`: 0.03 ms per MB of ASCII, 0.7
-of other text), so clean text pays nothing, and the refusal becomes :class:`UnencodableText`.
+batch's texts searched for the culprit (:func:`find_surrogate`, quick on ASCII and slower on
+other text; measured: docs/measurements.md), so clean text pays nothing, and the refusal
+becomes :class:`UnencodableText`.
 :func:`replace_surrogates` is the repair, as a ``map``.
 """
 
@@ -84,8 +86,9 @@ _CACHE: dict[str, Any] = {}
 
 LONG_TEXT_CHARS = 1 << 18
 """Texts longer than this are tokenized in slices (when the tokenizer allows it). The Rust
-tokenizer holds about 550 bytes a token while it encodes (offsets, strings): a 1 MB text
-tokenized whole peaks about 100 MiB above the process, a 256 KiB slice about 30 MiB."""
+tokenizer holds about 550 bytes a token while it encodes (offsets, strings), so a slice's
+peak above the process is a fraction of a whole 1 MB text's (measured:
+docs/measurements.md)."""
 SLICE_CHARS = 1 << 18
 """Target characters per slice of a long text (see ``LONG_TEXT_CHARS``)."""
 MAX_UNSLICED_CHARS = 1 << 21
@@ -93,8 +96,8 @@ MAX_UNSLICED_CHARS = 1 << 21
 cut are refused. Encoded whole, 2 Mi characters hold up to about 350 MiB."""
 UNSLICED_BYTES_PER_CHAR = 175
 """The most a text encoded whole held per character, among the kinds of
-``benchmarks/long_document.py --whole`` (5 MB texts: 88 for SentencePiece BPE, 106-111 for
-WordLevel, 132 for Unigram, 142-147 for WordPiece and byte-level BPE; 1 MB texts up to 175)."""
+``benchmarks/long_document.py --whole`` (the figures per kind and size:
+docs/measurements.md)."""
 
 
 def looks_local(tokenizer_id: str) -> bool:
@@ -584,11 +587,11 @@ class _Preparation:
     The thread starts (:meth:`start`) with the encoder's first batch call, or when someone
     asks which engine encodes. That first call encodes with ``tokenizers`` meanwhile, so the
     first batch never waits for the load; every later call waits until fastokens is ready
-    (or declined). Waiting pays: fastokens encodes some 60 times as fast as ``tokenizers``,
-    so whatever ``tokenizers`` would encode during the load, fastokens encodes in a sixtieth
-    of that time once loaded, and ``tokenizers``, which takes every core, would slow the load
-    itself. The thread runs at the caller's priority: at the lowest (nice 19) it starved on a
-    busy host, for longer than short runs last.
+    (or declined). Waiting pays: fastokens encodes many times as fast as ``tokenizers``
+    (measured: docs/measurements.md), so whatever ``tokenizers`` would encode during the load,
+    fastokens encodes in a small fraction of that time once loaded, and ``tokenizers``, which
+    takes every core, would slow the load itself. The thread runs at the caller's priority:
+    at the lowest (nice 19) it starved on a busy host, for longer than short runs last.
 
     The thread is not a daemon: one that Python stops at exit while fastokens runs aborts the
     process (``FATAL: exception not rethrown``); exit waits for it instead (at most the
@@ -650,10 +653,9 @@ def framed(ids: list[np.ndarray], bos: int | None, eos: int | None) -> list[np.n
 
 
 def ids_array(ids: list[int]) -> np.ndarray:
-    """A list of token ids -> an int32 array, through ``array('I')``: about 10 ns a token
-    where ``np.array(ids, dtype=np.int32)`` takes about 20 (on top of the 15 ns the list
-    itself costs). Ids are below 2**31 (no vocabulary comes near), so the unsigned buffer
-    reads as int32 unchanged."""
+    """A list of token ids -> an int32 array, through ``array('I')``, which costs less a
+    token than ``np.array(ids, dtype=np.int32)`` (measured: docs/measurements.md). Ids are
+    below 2**31 (no vocabulary comes near), so the unsigned buffer reads as int32 unchanged."""
     return np.frombuffer(array.array("I", ids), dtype=np.int32)
 
 
@@ -696,8 +698,8 @@ _CUTS: dict[tuple[str, bool], long_text.CutRule | long_text.NoCuts] = {}
 _FAST: dict[tuple[str, bool], Any] = {}
 """fastokens per tokenizer digest and ``split_special_tokens``, once self-checked in this
 process (or why it cannot be used): loaded once and shared by every encoder, as the
-``tokenizers`` backend is (:func:`_saved_fast_tokenizer`). A 128k-token vocabulary takes 0.63 s
-and 143 MiB to load."""
+``tokenizers`` backend is (:func:`_saved_fast_tokenizer`): loading takes time and memory that
+grow with the vocabulary (measured: docs/measurements.md)."""
 
 
 def _check_splits(tokenizer: Any) -> None:
@@ -719,9 +721,10 @@ def _token_id(tokenizer: Any, kind: str) -> int | None:
 class _SavedFastTokenizer:
     """The parts of a saved fast tokenizer the data path needs, read without transformers.
 
-    Importing transformers costs about a second (and imports torch); a directory holding
-    ``tokenizer.json`` and a ``tokenizer_config.json`` that names its special tokens is read
-    with the ``tokenizers`` library alone. Anything else goes through transformers.
+    Importing transformers is slow (and imports torch; measured: docs/measurements.md); a
+    directory holding ``tokenizer.json`` and a ``tokenizer_config.json`` that names its special
+    tokens is read with the ``tokenizers`` library alone. Anything else goes through
+    transformers.
     """
 
     def __init__(self, directory: str):
@@ -763,9 +766,9 @@ def _saved_fast_tokenizer(tokenizer_id: str, split_special_tokens: bool
     """The saved fast tokenizer of a directory (:class:`_SavedFastTokenizer`), read once per
     process and ``split_special_tokens`` setting while its ``tokenizer.json`` is unchanged
     (size and modification time): encoders change their backend's special-token switch in
-    place, so the two settings each have their own. A ``tokenizers.Tokenizer`` keeps about
-    1.5 MB after use: read again per pipeline, an evaluation loop that builds and drops
-    pipelines grew by that much each time."""
+    place, so the two settings each have their own. A ``tokenizers.Tokenizer`` keeps memory
+    after use: read again per pipeline, an evaluation loop that builds and drops pipelines
+    grew with each one (measured: docs/measurements.md)."""
     try:
         stat = os.stat(os.path.join(os.path.expanduser(tokenizer_id), "tokenizer.json"))
     except OSError:

@@ -4,7 +4,8 @@ The corpus is pseudo-English: words drawn with Zipf-like frequencies from a fixe
 inventory, grouped into sentences and documents of seeded lengths. It is not language, but its
 statistics are learnable (a model's loss falls quickly) and it compresses like text under BPE
 (about 1.3 tokens per word with a 4096-token vocabulary). Building 2,000 documents and training
-the tokenizer takes about 2 s on one core; results are cached under ``root``.
+the tokenizer is not free (measured: docs/measurements.md), so results are cached under
+``root``.
 """
 
 from __future__ import annotations

@@ -65,21 +65,21 @@ _CHUNK_GROWTH = 1.1
 """Each read-ahead batch is at most this much larger than the one before, up to the
 operators' batch size. A source waits for a batch only after it has used up the one before,
 so a producer that is a fraction f faster than its trainer keeps ahead only while batches
-grow by less than 1 + f: doubling made a trainer at 80% of capacity wait 20-200 ms at every
-step of the ramp (``benchmarks/trainer_wait.py``). At 80% f is 0.25, and growth of 1.2 left
-a margin of 4%, less than two ranks sharing two cores wobble by: two ranks at 80% of their
-capacity had a single wait of 100-280 ms at the ramp's larger batches in 4 of 34 runs; with
-growth of 1.1 (a 14% margin) in none of 34. The ramp from 8 to 256 documents then spans about
-2,700 documents per source (about 1,900 until 6 KB documents fill ``CHUNK_CHARS``), with
-throughput unchanged within noise (0.99x, median of 5 side-by-side pairs)."""
+grow by less than 1 + f: doubling made a trainer at 80% of capacity wait at every step of
+the ramp (``benchmarks/trainer_wait.py``). At 80% f is 0.25, and growth of 1.2 left a margin
+of 4%, less than two ranks sharing two cores wobble by: two ranks at 80% of their capacity
+sometimes waited once at the ramp's larger batches; with growth of 1.1 (a 14% margin) they
+did not. The ramp from 8 to 256 documents then spans about 2,700 documents per source (about
+1,900 until 6 KB documents fill ``CHUNK_CHARS``), with throughput unchanged within noise
+(measured: docs/measurements.md)."""
 _DEFAULT_CHUNK = 256
 CHUNK_CHARS = 1 << 20
 """A read-ahead batch ends once its documents' text fields reach this many characters, so
-one batch of long documents is not one long burst: 1 MiB of text is about 250k tokens, some
-120-250 ms of tokenizing on two cores (with the GIL released) and about 130 MiB of the
+one batch of long documents is not one long burst: 1 MiB of text is about 250k tokens, a
+fraction of a second of tokenizing (with the GIL released) and about 130 MiB of the
 tokenizer's working memory. Batch size never changes the tokens; with one document thread,
-1 MiB batches were about 8% faster than 256 KiB ones on 2 cores (fewer calls, less idle
-tail per call) and 2 MiB ones no faster."""
+1 MiB batches were faster than 256 KiB ones (fewer calls, less idle tail per call) and 2 MiB
+ones no faster (measured: docs/measurements.md)."""
 
 
 def projected_columns(ops: Sequence[DocumentOperator]) -> list[str] | None:

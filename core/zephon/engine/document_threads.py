@@ -6,9 +6,9 @@ hands its read-ahead batches to one or two threads (:func:`threads_for_this_rank
 the document operators over them exactly as :func:`~zephon.engine.transform.transform_documents`
 does in the caller's thread. Sources whose operators are Python-bound (pretokenized ids,
 map/filter, chat rendered by prefixes) run them on the producer thread: on threads of
-their own they would only take turns at the GIL with it, each turn a context switch
-(pretokenized Parquet: 1,260 switches per million tokens with the threads, 420 without;
-1.17x the tokens/s without, ``benchmarks/operator_threads.py``).
+their own they would only take turns at the GIL with it, each turn a context switch: more
+switches and fewer tokens/s than without the threads (``benchmarks/operator_threads.py``;
+measured: docs/measurements.md).
 
 A source keeps :attr:`DocumentThreads.in_flight` batches submitted and takes the results in
 submission order, so its documents, its state and every resume are what they are without the
@@ -17,37 +17,34 @@ threads, with one thread or two (tested); only the timing changes.
 Why: the tokenizer's Rust backend releases the GIL and keeps both cores of a 2-core machine
 busy while it encodes, but everything around it (reading Parquet, turning ids into arrays,
 packing, batching) is Python that holds the GIL. Done in turns, the cores idle for that
-Python work, some 10% of the time; with the next batch already encoding, they do not. With
-one thread the encoder still idles while that thread turns a batch's ids into arrays and
-frees the tokenizer's encodings (about 24 and 10 ns a token, the GIL held) and in the tail of
-each call, when one of its pool's threads has run out of texts: about 0.5 s of 8 per 12M
-tokens on 2 cores. A second thread has its batch ready meanwhile: its call takes the pool the
+Python work; with the next batch already encoding, they do not. With one thread the encoder
+still idles while that thread turns a batch's ids into arrays and frees the tokenizer's
+encodings (the GIL held) and in the tail of each call, when one of its pool's threads has run
+out of texts. A second thread has its batch ready meanwhile: its call takes the pool the
 moment the first one's returns (:mod:`zephon.pool_turns`; two calls let into the pool at once
-return together and leave it idle while both convert). Measured side by side on 2 cores
-(``benchmarks/throughput.py``, medians of 4-5 pairs): 0.93x the bare tokenizer with one
-thread, 0.95x with two calling at once, 0.98x with two taking turns, the cores then 1.95 of 2
-busy (the bare loop, which converts ids the same way, keeps 1.91 busy). What is left is the
-pipeline's other Python work (reading, packing, batching, tensors: about 0.5 s of CPU per 12M
-tokens beyond the bare loop's, printed by thread), which runs on the cores the encoder would
-otherwise have. Where ranks share the cores, the other ranks fill those gaps and a second
-thread only adds work: two ranks on 2 cores delivered 0.93-0.94x the microbatches with two
-threads each as with one (``benchmarks/trainer_wait``'s capacity, medians of 5), hence one
-thread unless the rank has two cores to itself.
+return together and leave it idle while both convert). Side by side
+(``benchmarks/throughput.py``), two threads taking turns come closest to the bare tokenizer,
+ahead of two calling at once and of one thread, and keep the cores busier than the bare loop,
+which converts ids the same way (measured: docs/measurements.md). What is left is the
+pipeline's other Python work (reading, packing, batching, tensors, printed by thread), which
+runs on the cores the encoder would otherwise have. Where ranks share the cores, the other
+ranks fill those gaps and a second thread only adds work: two ranks on 2 cores delivered fewer
+microbatches with two threads each than with one (``benchmarks/trainer_wait``'s capacity;
+measured: docs/measurements.md), hence one thread unless the rank has two cores to itself.
 
 The threads serve every source of the rank in submission order, so the batch a source needs
 now could wait behind other sources' read-ahead (with 4 lanes and two threads, up to 11
-batches, a second or more): a batch no thread has started when its source asks for it is
-taken back and run on the asking thread instead. Operators must therefore be pure, as for
-worker processes: several batches may be transformed at once, one on each thread (the Rust
-tokenizer encodes from several threads safely).
+batches): a batch no thread has started when its source asks for it is taken back and run on
+the asking thread instead. Operators must therefore be pure, as for worker processes: several
+batches may be transformed at once, one on each thread (the Rust tokenizer encodes from
+several threads safely).
 
 Limits: at most two threads per rank, whatever the number of sources. A third thread on 2
-cores kept them no busier (1.92 of 2 against 1.90-1.92) and its extra call in flight cost
-the tokenizer about 1% more CPU a token: 0.99x the throughput of two (3 pairs, measured
-before calls took turns; with turns a third thread has nothing to do that the second does
-not). Memory: each source holds up to ``in_flight`` batches of at most ``CHUNK_CHARS`` of
-text and their tokens, 3 x 1 MiB of text and about 3 MiB of tokens per source with two
-threads.
+cores kept them no busier and its extra call in flight cost the tokenizer more CPU a token,
+for no more throughput than two (measured before calls took turns: docs/measurements.md;
+with turns a third thread has nothing to do that the second does not). Memory: each source
+holds up to ``in_flight`` batches of at most ``CHUNK_CHARS`` of text and their tokens, 3 x 1
+MiB of text and about 3 MiB of tokens per source with two threads.
 """
 
 from __future__ import annotations

@@ -14,15 +14,15 @@ Amounts are tokens after tokenization (token mixing) or documents. After ``T`` o
   anyway) and takes the one after which the lane is closest to its targets:
   ``argmin_c sum_j |delivered_j + [j = c] s_c - w_j (T + s_c)|`` for next-document sizes
   ``s_c`` (ties to the lowest index). Each dataset then stays within about half of its
-  longest document of its target, and lanes no longer lean alike at their start. Measured
-  on two datasets mixed 0.7/0.3 (documents of about 200 and 2,000 tokens, 8 lanes, rows of
-  2049, ``benchmarks/share_error.py``), the job's share error after 10, 100 and 1,000
-  microbatches fell from 0.035 / 0.005 / 0.0003 to 0.014 / 0.0005 / 0.0000.
+  longest document of its target, and lanes no longer lean alike at their start: against
+  taking the dataset furthest below its target, the job's share error over its first
+  microbatches fell at every point compared (``benchmarks/share_error.py``; measured:
+  docs/measurements.md).
 
 When a dataset runs out (its next document is None, seen when the mixer looks at it) the lane
 stops (``on_exhausted="stop"``) or goes on without it (``"drain"``), the remaining weights
-renormalized. Plain Python on purpose: with a handful of datasets a choice costs a few
-microseconds, numpy's call overhead would be fifty.
+renormalized. Plain Python on purpose: with a handful of datasets a choice costs less than
+numpy's call overhead alone would (measured: docs/measurements.md).
 """
 
 from __future__ import annotations

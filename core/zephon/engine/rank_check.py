@@ -3,8 +3,9 @@
 A rank's data is a pure function of the pipeline's fingerprint (recipe, files, seed, lanes),
 its unit plan and its data-parallel rank. Ranks that differ in any of these read overlapping
 and missing data with no other symptom: in a two-rank trial with seeds 1 and 2 (the classic
-``seed=rank`` bug), 62 of 300 documents were read by both ranks and others by neither. A node
-that misses a local file, or holds another version of it, is the same.
+``seed=rank`` bug), many documents were read by both ranks and others by neither (measured:
+docs/measurements.md). A node that misses a local file, or holds another version of it, is the
+same.
 
 Algorithm. When a pipeline's runtime is built, each rank digests its fingerprint and unit plan
 into 8 bytes and the data-parallel group all-gathers ``(digest, dp_rank, dp_world_size)``:

@@ -17,14 +17,13 @@ its tokens.
 
 Each worker's tokenizer uses the process's cores divided among the workers (its Rust thread
 pool, ``RAYON_NUM_THREADS`` unless the environment sets it), so N workers do not start N pools
-as wide as the machine: on 2 cores, 2 workers with one thread each spend about 6% less CPU per
-token than with two threads each.
+as wide as the machine: 2 workers with one thread each spend less CPU per token than with two
+threads each (measured: docs/measurements.md).
 
-Trade-offs, measured on a 2-core machine (``benchmarks/throughput.py``): workers pay off where
-per-document Python work or tokenization dominates and cores are free; each worker loads the
-operators (the tokenizer) once, which takes about half a second to start, and holds its own
-copy of them: about 80 MiB at the start and 96 MiB at peak per worker on the benchmark (whose
-main module imports no torch), the difference mostly the tokenizer's working memory for one
+Trade-offs (``benchmarks/throughput.py``; measured: docs/measurements.md): workers pay off
+where per-document Python work or tokenization dominates and cores are free; each worker loads
+the operators (the tokenizer) once, a start-up cost, and holds its own copy of them, its
+memory growing from the start to its peak mostly by the tokenizer's working memory for one
 read-ahead batch (``CHUNK_CHARS`` in :mod:`zephon.engine.dataset_source`). Operators and their
 functions must pickle (module-level functions, not lambdas); :class:`DocumentWorkers` checks
 that when it is built and names the operator.
@@ -32,8 +31,8 @@ that when it is built and names the operator.
 The processes are spawned, so each imports the program's main module the way Python's spawn
 start method does (that is what lets a ``map`` function defined in the training script reach
 them; keep the script's work under ``if __name__ == "__main__":``). Its imports are paid per
-worker: a main module that imports torch took the first batch from 0.56 s to 2.6 s with 2
-workers here, and each worker from about 80 to 260 MiB.
+worker: a main module that imports torch delays the first batch several times over and
+multiplies each worker's memory (measured: docs/measurements.md).
 
 Results nobody takes (a run that stops mid-stream, a state load, a collected pipeline) are
 freed when the workers stop, at the latest at interpreter exit, before modules are torn down.

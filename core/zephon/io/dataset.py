@@ -67,10 +67,16 @@ class DataFile:
     """One file of a dataset.
 
     ``path`` is a local path for local datasets and the path inside the repository for Hub
-    datasets; ``version`` is what identifies its content: for local files a digest of their
-    last 4 KiB and of blocks sampled across them (:mod:`zephon.io.file_identity`; with the
-    size, an edit anywhere in place that keeps the size is seen unless it falls between the
-    blocks), the blob id for Hub files, the ETag for objects.
+    datasets; ``version`` is what identifies its content, never a modification time. For a
+    local file (:func:`zephon.io.file_identity.version_of`): 16 hex digits of the SHA-1 of its
+    last 4 KiB, then, for a file longer than that, ``-`` and 16 hex digits of the SHA-1 of
+    those 4 KiB followed by five blocks of 256 bytes sampled across the rest (the rest whole
+    when it is shorter than the blocks together); with the size, an edit in place that keeps
+    the size is seen unless it falls between the blocks. For a Megatron ``.idx``/``.bin``
+    pair, 16 hex digits of the SHA-1 of the two files' versions (``path`` is then their common
+    prefix and ``size`` their sizes added). For Hub files ``sha256:<hex>`` (LFS and Xet
+    files) or ``git-sha1:<blob id>``; for objects ``md5:<hex>`` or ``etag:<etag>``
+    (:attr:`~zephon.io.storage.object_info.ObjectInfo.version`).
     """
 
     path: str
@@ -89,9 +95,9 @@ class DataFile:
 
 SCHEMES: dict[str, str] = {"hf": "zephon.io.hub.dataset:HubDataset"}
 """Remote dataset classes by URL scheme, as ``"module:Class"``. A class is imported when a
-path first names its scheme, so a scheme's dependencies (``huggingface_hub`` for ``hf``, 0.2 s
-to import) load only when used. A class takes ``(name, path, fmt, **options)`` and lists its
-keyword options in ``path_options``."""
+path first names its scheme, so a scheme's dependencies (``huggingface_hub`` for ``hf``, slow
+to import; measured: docs/measurements.md) load only when used. A class takes
+``(name, path, fmt, **options)`` and lists its keyword options in ``path_options``."""
 
 
 NAMED_FILES = 64
@@ -175,10 +181,10 @@ class Dataset:
     # -- files -----------------------------------------------------------------------------
     def files(self) -> tuple[DataFile, ...]:
         """The dataset's data files, listed once per process, and once per job when
-        ``torch.distributed`` runs several ranks: one rank lists (stat and tail digest of
-        every file) and hands the listing to the others
-        (:func:`zephon.distributed.once_per_job`). A rank that finds a file other than its
-        listing says so when it reads it (:meth:`local_file`)."""
+        ``torch.distributed`` runs several ranks: one rank lists (size and version of every
+        file: its last 4 KiB and sampled blocks, :class:`DataFile`) and hands the listing to
+        the others (:func:`zephon.distributed.once_per_job`). A rank that finds a file other
+        than its listing says so when it reads it (:meth:`local_file`)."""
         if self._files is not None:
             return self._files
         from zephon.distributed import job_store, once_per_job
@@ -423,12 +429,13 @@ def _change_since_listing(data_file: DataFile) -> str | None:
 LISTING_THREADS = 16
 """Threads that read the files' tails while listing, where opening a file is slow (a shared
 filesystem, where an open waits for a network round trip). Where it is fast (a local disk,
-the page cache), threads only contend for the GIL: 10,000 Parquet files took 0.75 s on one
-thread and 1.55 s on 8 on a 2-core machine, so the listing starts on one thread and goes
-threaded only if its first files take over :data:`SLOW_FILE_S` each."""
+the page cache), threads only contend for the GIL and one thread lists faster than eight
+(measured: docs/measurements.md), so the listing starts on one thread and goes threaded only
+if its first files take over :data:`SLOW_FILE_S` each."""
 SLOW_FILE_S = 300e-6
-"""Seconds a file that make the listing threaded: 4x the 75 us a page-cached Parquet file
-costs on one thread (open, 4 KiB read, digest, footer)."""
+"""Seconds a file that make the listing threaded: several times what a page-cached Parquet
+file costs on one thread (open, 4 KiB read, digest, footer; measured: docs/measurements.md),
+so that only a slow filesystem crosses it."""
 
 
 def _described(entries: list[DataFile | tuple[str, str, str | None]]) -> list[DataFile]:
@@ -437,9 +444,9 @@ def _described(entries: list[DataFile | tuple[str, str, str | None]]) -> list[Da
     last 4 KiB hold; one open a file, in order (see :data:`LISTING_THREADS`).
 
     Files are read in batches of :data:`DESCRIBE_BATCH`: first every file of the batch, then
-    their digests and footers. Alternating a file's read with its footer's parse cost 77 us a
-    file over 100,000 page-cached files; batched, 31 us (the system calls and pyarrow's
-    parser each keep the CPU's caches warm for the next file)."""
+    their digests and footers. Batched, a file costs much less than alternating its read with
+    its footer's parse (the system calls and pyarrow's parser each keep the CPU's caches warm
+    for the next file; measured: docs/measurements.md)."""
     from concurrent.futures import ThreadPoolExecutor
 
     def describe(batch: list[DataFile | tuple[str, str, str | None]]) -> list[DataFile]:
@@ -470,7 +477,7 @@ def _described(entries: list[DataFile | tuple[str, str, str | None]]) -> list[Da
     threads = min(LISTING_THREADS, len(rest) // 64) if slow else 1
     if threads <= 1:
         return described + batches(rest)
-    step = -(-len(rest) // threads)  # one task a thread: a future a file would cost 50 us
+    step = -(-len(rest) // threads)  # one task a thread: a future a file costs more than the file
     with ThreadPoolExecutor(threads, thread_name_prefix="zephon-list") as pool:
         parts = pool.map(lambda i: batches(rest[i:i + step]), range(0, len(rest), step))
         return described + [data_file for part in parts for data_file in part]
@@ -637,7 +644,7 @@ def _regular_file(path: str) -> tuple[int, int]:
     """The identity (device, inode) of ``path``, which must be a regular file (after links):
     paths that reach one file through links share it. One ``stat`` a file, where resolving
     the real path would ``lstat`` every component of it (six for ``/data/web/part.parquet``:
-    a third of the listing's time over 10,000 files)."""
+    a large share of the listing's time; measured: docs/measurements.md)."""
     try:
         info = os.stat(path)
     except FileNotFoundError:

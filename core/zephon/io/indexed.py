@@ -19,12 +19,12 @@ document costs one slice (a read-only view of the map, in the stored dtype) and 
 read are loaded. Ids reach their reader in the stored dtype, so that ``pretokenized`` checks
 them before its one cast to int32: a cast first would wrap 2**32 + 5 around to 5.
 
-The index is checked when it is opened, with a few vectorized passes over its arrays (about
-5 ms per million sequences, a fifth of reading the index): every sequence must lie inside the
-``.bin`` at a whole multiple of the dtype's size, with a length that is not negative. Token ids
-must be integers: the float codes (6, 7) are refused when the index is opened, since Megatron
-writes token ids as integers (uint16, or int32 above 65,500 ids) and a float id has no one
-right integer.
+The index is checked when it is opened, with a few vectorized passes over its arrays (a
+fraction of what reading the index costs; measured: docs/measurements.md): every sequence
+must lie inside the ``.bin`` at a whole multiple of the dtype's size, with a length that is
+not negative. Token ids must be integers: the float codes (6, 7) are refused when the index
+is opened, since Megatron writes token ids as integers (uint16, or int32 above 65,500 ids)
+and a float id has no one right integer.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ Algorithms:
   document into the first (first_fit) or the tightest (best_fit) row it fits in, opening a new
   row otherwise; when more than ``max_open_bins`` rows are open the fullest is emitted, padded.
   Documents longer than ``max_length`` are cut into ``max_length`` pieces first. With 8 open
-  bins and documents of 200-2000 words, padding stays around 1-3% of tokens; wrap has none but
-  splits about one document per row.
+  bins and documents of 200-2000 words, padding stays a small share of the tokens (measured:
+  docs/measurements.md); wrap has none but splits about one document per row.
 
 A flat row carries ``input_ids`` and ``positions`` (int32; per-document positions restarting at 0,
 padding forming its own run from 0), ``train_mask`` when any document carries one (chat data),

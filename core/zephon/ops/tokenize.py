@@ -15,8 +15,8 @@ as the plain text it is, never as the control token it spells (``split_special_t
 the default; tiktoken refuses such text by default, transformers encodes it as the control
 token). Data that embeds its markers on purpose sets ``split_special_tokens=False``. Either way
 the tokenizer's own switch does the work (see :mod:`zephon.tokenizer`): non-special added
-tokens still match, and both settings tokenize at the same speed (batch calls of 1,000 demo
-documents: a median ratio of 1.00 over 30 interleaved pairs).
+tokens still match, and both settings tokenize at the same speed (measured:
+docs/measurements.md).
 
 The engine (``engine``: ``auto``, the default, ``fastokens`` or ``hf``) changes the speed, never
 the tokens, and is not part of the checkpoint fingerprint: a run saved with one engine resumes
@@ -154,11 +154,10 @@ class DocumentTokenizer(DocumentOperator):
     def releases_gil(self) -> bool:
         """True while ``tokenizers`` encodes: its batch calls spend most of their time with the
         GIL released, so they run on the document threads. False once fastokens encodes: its
-        calls take a fourteenth of the CPU, so the threads add nothing but more turns at the
-        GIL with the training loop (``benchmarks/trainer_wait.py`` at 80% of the tokenizers
-        pipeline's capacity, one rank: simulated steps 9.3% longer than planned with the
-        batches on the source's own thread, 12.0-13.3% with the threads, at the same
-        throughput)."""
+        calls take a small fraction of the CPU, so the threads add nothing but more turns at
+        the GIL with the training loop: with them, simulated steps ran further over their
+        planned time than with the batches on the source's own thread, at the same throughput
+        (``benchmarks/trainer_wait.py``; measured: docs/measurements.md)."""
         return not self.encoder.encodes_with_fastokens
 
     def __init__(self, spec: TokenizeSpec):

@@ -44,8 +44,8 @@ after the model is built:
 - token ids of ``--data-path`` data against ``--vocab-size`` (:func:`token_id_problems`): the
   ``.idx`` dtype bounds them (uint8/uint16 data cannot exceed a vocabulary of 256/65536 or
   more: nothing is read); otherwise the ``.bin`` is scanned, a vectorized max over a memmap of
-  each dataset in chunks (about 1 GB/s from the page cache: seconds per billion tokens; a
-  first read from disk at the disk's speed).
+  each dataset in chunks (at memory speed from the page cache; a first read from disk at the
+  disk's speed; measured: docs/measurements.md).
 - a resume (:func:`resume_problems`): the loader state the resume would read must have been
   written by the same pipeline. Its fingerprint (lanes, seed, datasets, operators) is compared
   with this recipe's by :func:`zephon.engine.state.check_fingerprint`, the function the
@@ -212,7 +212,8 @@ def token_id_problems(args: argparse.Namespace, recipe: Any) -> list[str]:
 def megatron_ramps() -> bool:
     """Whether the installed megatron-core applies ``--rampup-batch-size`` (its
     ``RampupBatchsizeNumMicroBatchesCalculator``; gone from 0.19), read from the module's
-    source so that the check does not import megatron.core (about 4 s)."""
+    source so that the check does not import megatron.core (slow to import; measured:
+    docs/measurements.md)."""
     try:
         spec = importlib.util.find_spec("megatron")
     except (ImportError, ValueError):

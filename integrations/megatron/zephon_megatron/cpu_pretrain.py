@@ -14,8 +14,8 @@ with status 2 saying so, as the entry does.
 of each training microbatch it handed to Megatron, so two runs can be compared token for token
 (tests resume at another data-parallel size and compare with an uninterrupted run).
 
-Model parameters are created on the CPU (``--use-cpu-initialization``). About ten seconds per
-run of a 2-layer model, most of it imports; not a benchmark.
+Model parameters are created on the CPU (``--use-cpu-initialization``). A run of a 2-layer
+model spends most of its time on imports (measured: docs/measurements.md); not a benchmark.
 """
 
 from __future__ import annotations

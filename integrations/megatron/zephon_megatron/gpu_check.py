@@ -17,7 +17,7 @@
 passes Megatron-LM's own parser and ``validate_args`` (of the installed megatron.training, or
 ``--megatron-lm PATH``) and the adapter's launch checks, and prints them. Without CUDA or
 Transformer Engine a plain run prints what is missing and exits 0 (nothing to check on this
-machine); a failed check exits 1. Takes about a minute on one GPU.
+machine); a failed check exits 1. It runs briefly on one GPU (measured: docs/measurements.md).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 :func:`run_demo_training` writes a launch recipe and a data recipe for the bundled corpus and
 tokenizer into a scratch directory (so it works from an installed package, without the
 repository's ``recipes/``), trains TorchTitan's llama3 debug model in a child process (the CPU
-shims stay out of the caller) and returns the loss of every step. On two CPU cores ten steps
-of 4 x 128 tokens take about 30 s with one process.
+shims stay out of the caller) and returns the loss of every step. Ten steps of 4 x 128
+tokens keep it short on CPU with one process (measured: docs/measurements.md).
 
 ``python -m zephon_torchtitan.demo [--toml FILE] [--nproc N] [--steps N]`` runs a launch
 recipe (default: the generated one) with 1 or N processes (gloo) and fails unless the loss

@@ -21,14 +21,14 @@ def read_memory_pool() -> pa.MemoryPool:
 
     Arrow's default pool on Linux, mimalloc, backs its memory with transparent huge pages where
     the system grants them on request (THP ``madvise`` mode, a common default) and keeps
-    faulting new ones in as it frees and reuses memory: 17-24 in a process's first 40 reads of
-    2 MiB row groups, 5-9 in each 40 after. A huge-page fault zeroes 2 MiB and, on a host
-    whose memory is fragmented, waits for the kernel to compact it. Measured with
-    ``benchmarks/parquet_reads.py`` (40 row groups of 256 texts of 7 KB, 50 ms apart, as a lane
-    reads them between tokenizer calls): with mimalloc the slowest read took 62-200 ms and all
-    40 reads 0.25-0.54 s of CPU in most runs; with jemalloc, which Arrow configures without
-    huge pages, 7-9 ms and 0.20-0.23 s, every run. Inside the pipeline such a stall delayed
-    the first batch to 0.21 s instead of 0.06 s."""
+    faulting new ones in as it frees and reuses memory: most in a process's first reads of 2 MiB
+    row groups, and still some every few reads after. A huge-page fault zeroes 2 MiB
+    and, on a host whose memory is fragmented, waits for the kernel to compact it. Read as a
+    lane reads them, one row group at a time between tokenizer calls
+    (``benchmarks/parquet_reads.py``), with mimalloc the slowest read took many times as long
+    and the reads more CPU, varying from run to run; with jemalloc, which Arrow configures
+    without huge pages, both were low in every run. Inside the pipeline such a stall delayed
+    the first batch (measured: docs/measurements.md)."""
     if os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
         return pa.default_memory_pool()
     try:
@@ -66,14 +66,14 @@ def check_arrow(table: pa.Table, columns: list[str] | None, first_row: int,
     Per record batch, in two steps. (1) No buffer of a requested column may share a byte with
     another buffer of the batch: a damaged buffer position in the batch's metadata would
     otherwise read another column's bytes, offsets and text all valid. One ``buffers()`` call
-    per column and a sort of the buffers (about 1 µs per column) per batch; it needs the
-    buffers to be views of the file, which they are unless the file is compressed (then they
-    are decompressed into fresh memory and a redirected buffer decompresses another column:
-    not detected). (2) ``validate(full=True)`` of each requested column's rows: offsets inside
-    their buffers and rising, UTF-8 text, null counts. Both together cost about 0.12 ms for a
-    unit of 256 texts of 7 KB (its read goes from 0.27 to 0.40 ms, against about 0.25 s to
-    tokenize it at 1.7M tokens/s); cheaper offset-only checks would leave the UTF-8 errors to
-    Python's decoder and the nested types unchecked.
+    per column and a sort of the buffers per batch; it needs the buffers to be views of the
+    file, which they are unless the file is compressed (then they are decompressed into fresh
+    memory and a redirected buffer decompresses another column: not detected). (2)
+    ``validate(full=True)`` of each requested column's rows: offsets inside their buffers and
+    rising, UTF-8 text, null counts. Both together add to a unit's read a cost that is
+    negligible beside tokenizing the unit (measured: docs/measurements.md); cheaper
+    offset-only checks would leave the UTF-8 errors to Python's decoder and the nested types
+    unchecked.
     """
     names = table.column_names
     wanted = set(names if columns is None else columns)
@@ -114,10 +114,10 @@ def _check_disjoint(names: list[str], chunks: tuple[pa.Array, ...], wanted: set[
 def check_text(table: pa.Table, first_row: int, display: str) -> None:
     """Raise a DataError naming the row when a string of ``table`` (rows from ``first_row`` of
     the file) is not valid UTF-8, which Parquet decoding does not check. Only columns holding
-    strings (nested ones included) are validated, in full; other columns are skipped. About
-    0.09 ms for a row group of 256 texts of 7 KB, 3% of reading it (2.9 ms): Parquet units
-    are checked only once making their strings has failed (that decoding checks UTF-8
-    too), to name the row."""
+    strings (nested ones included) are validated, in full; other columns are skipped. It costs
+    a small share of reading a row group (measured: docs/measurements.md): Parquet units are
+    checked only once making their strings has failed (that decoding checks UTF-8 too), to
+    name the row."""
     for name, column in zip(table.column_names, table.columns, strict=True):
         if not _has_text(column.type):
             continue
