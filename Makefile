@@ -71,8 +71,14 @@ test: $(STAMP) $(AZURITE)
 	$(MAKE) --no-print-directory -j2 test-py311 install-py312
 	$(MAKE) --no-print-directory test-megatron-py312
 
+# Where Python 3.12 runs the Megatron tests, the Megatron trainings of
+# test_megatron_multiprocess.py run there only (with the newest megatron-core); the other
+# Megatron tests run under both, so megatron-core 0.16 keeps its provider, batch and model
+# tests.
+PY311_SKIP := $(if $(strip $(PYTHON312)),--ignore=tests/megatron/test_megatron_multiprocess.py)
+
 test-py311: $(STAMP) $(AZURITE)
-	$(PY) -m pytest $(PYTEST_ARGS) tests
+	$(PY) -m pytest $(PYTEST_ARGS) $(PY311_SKIP) tests
 
 # The inner loop: the core, IO and torch-adapter tests that start no trainer and no process
 # group (about 3 minutes on 2 cores).
