@@ -133,14 +133,18 @@ def build_parser() -> argparse.ArgumentParser:
     _preset_argument(trace)
     trace.add_argument("--steps", required=True, type=_steps,
                        help="a step (12) or an inclusive range (11:12), counted from 1")
-    trace.add_argument("--world-size", type=_positive, default=1,
-                       help="data-parallel size of the run (says which rank got each)")
-    trace.add_argument("--global-batch-size", type=_positive, required=True,
-                       help="rows per optimizer step over all ranks")
+    trace.add_argument("--world-size", type=_positive, default=None,
+                       help="data-parallel size of the run, which says which rank got each "
+                            "(default: the state's, else 1)")
+    trace.add_argument("--global-batch-size", type=_positive, default=None,
+                       help="rows per optimizer step over all ranks (default: what the "
+                            "state's microbatches over its checkpoint's step give)")
     trace.add_argument("--microbatch-size", type=_positive, default=None,
-                       help="rows per microbatch (default: the recipe's [batch])")
+                       help="rows per microbatch (default: the recipe's [batch], else the "
+                            "state's)")
     trace.add_argument("--seq-len", type=_positive, default=None,
-                       help="the run's context length (default: [pack] max_length - 1)")
+                       help="the run's context length (default: [pack] max_length - 1, else "
+                            "the state's)")
     trace.add_argument("--lanes", type=_positive, default=None,
                        help="the run's lanes (default: the recipe's, or the state's)")
     trace.add_argument("--from-state", default=None,
@@ -332,20 +336,30 @@ def _count(value: float | None, exact: bool) -> str:
 
 
 def _trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from zephon.trace import read_loader_state, trace_steps
+    from zephon.trace import geometry_of, read_loader_state, trace_steps
 
     recipe = _read_recipe(args)
     state = read_loader_state(args.from_state) if args.from_state else None
-    microbatch = args.microbatch_size or recipe.batch.microbatch_size
+    run = geometry_of(state, args.from_state) if state is not None else None
+    microbatch = args.microbatch_size or recipe.batch.microbatch_size or (
+        run.microbatch_size if run else None)
     if not microbatch:
         parser.error("--microbatch-size is needed: the recipe's [batch] sets none")
-    if args.global_batch_size % microbatch:
-        parser.error(f"--global-batch-size {args.global_batch_size} is not a multiple of the "
+    global_batch = args.global_batch_size or (
+        run.microbatches_per_step * microbatch if run and run.microbatches_per_step else None)
+    if global_batch is None:
+        parser.error("--global-batch-size is needed: " + (
+            "the state's checkpoint path names no step (step-N or iter_N) to count it from"
+            if run else "without --from-state nothing tells it"))
+    if global_batch % microbatch:
+        parser.error(f"--global-batch-size {global_batch} is not a multiple of the "
                      f"microbatch size {microbatch}")
     max_length = recipe.pack.max_length if recipe.pack is not None else None
-    seq_len = args.seq_len or (max_length - 1 if max_length else None)
+    seq_len = args.seq_len or (max_length - 1 if max_length else None) or (
+        run.seq_len if run else None)
     if seq_len is None:
         parser.error("--seq-len is needed: the recipe's [pack] sets no max_length")
+    args.world_size = args.world_size or (run.dp_world_size if run else None) or 1
     lanes = len(state) if state is not None else (args.lanes or recipe.lanes)
     if not lanes:
         parser.error("--lanes is needed: the recipe sets none (the run's log names them)")
@@ -355,7 +369,7 @@ def _trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     first, last = args.steps
     # A step the state cannot account for, or past the end of the data, raises after the
     # steps it could trace are printed: main() says why and exits 1.
-    _print_traces(trace_steps(pipeline, first, last, args.global_batch_size // microbatch,
+    _print_traces(trace_steps(pipeline, first, last, global_batch // microbatch,
                               args.world_size, state, decode), args)
     return 0
 

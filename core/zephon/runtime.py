@@ -192,6 +192,8 @@ class Loader:
                 "leftover": dict(stream.leftover) if lane == stream.owned[0] else None,
                 "start_step": self.start_step,
                 "earlier_microbatches": self.earlier_microbatches,
+                # The data-parallel size that wrote it, for traces (any size resumes it).
+                "dp_world_size": self.options.dp_world_size,
                 "lane_state": to_portable(stream.consumed[lane]),
             })
         return out

@@ -164,6 +164,46 @@ def _load_file(path: Path) -> Any:
                                  f"torch.save file of plain data: {str(exc)[:200]})") from None
 
 
+_STEP_FOLDER = re.compile(r"(?:step-|iter_)(\d+)")
+
+
+@dataclass
+class TracedRun:
+    """What a loader state tells of the run that wrote it, for :func:`trace_steps`: each
+    value None where the state cannot tell."""
+
+    lanes: int
+    dp_world_size: int | None
+    microbatch_size: int | None
+    seq_len: int | None
+    """Input tokens a row (the packed rows' length less one)."""
+    microbatches_per_step: int | None
+    """From the checkpoint's step (the nearest ``step-N`` or ``iter_N`` folder of its path):
+    the microbatches trained since the data began over the steps since then."""
+
+
+def geometry_of(state: dict[str, Any], path: str | Path | None = None) -> TracedRun:
+    """The run geometry a loader state (and its checkpoint's path) tells; see
+    :class:`TracedRun`."""
+    entry = next(iter(state.values()))
+    ops = {op.get("op"): op for op in entry["fingerprint"].get("ops", ())
+           if isinstance(op, dict)}
+    batch = ops.get("batch", {}).get("microbatch_size")
+    pack = next((op for name, op in ops.items() if name.startswith("pack")), {})
+    max_length = pack.get("max_length") if pack.get("flat", True) else None
+    per_step = None
+    parts = reversed(Path(path).parts) if path is not None else ()
+    found = next((m for m in map(_STEP_FOLDER.fullmatch, parts) if m), None)
+    if found:
+        steps = int(found.group(1)) - int(entry["start_step"])
+        trained = int(entry["consumed_global"]) + int(entry["earlier_microbatches"])
+        if steps > 0 and trained % steps == 0:
+            per_step = trained // steps
+    return TracedRun(len(state), entry.get("dp_world_size"),
+                       batch if isinstance(batch, int) else None,
+                       max_length - 1 if isinstance(max_length, int) else None, per_step)
+
+
 def _lanes(blob: Any, where: str) -> dict[str, Any]:
     """Every ``lane_<l>`` entry anywhere in ``blob`` (entries stored as text decoded)."""
     found: dict[str, Any] = {}

@@ -185,3 +185,40 @@ microbatch_size = 2
     assert zephon(["trace", str(recipe), "--steps", "100:101", "--global-batch-size",
                    "12"]) == 1
     assert "the data ends after global microbatch" in capsys.readouterr().err
+
+
+def test_the_state_and_its_checkpoint_step_tell_the_geometry(two_datasets, tokenizer_dir,
+                                                            tmp_path, capsys):
+    """From a state saved at step 4 in a ``step-4`` folder, trace needs no sizes: ranks,
+    microbatch rows, row length and microbatches a step come from the state and the path."""
+    from zephon.cli import main as zephon
+
+    seen, state = train_two_ranks(two_datasets, tokenizer_dir, steps=6, save_after=4)
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(f"""lanes = {LANES}
+seed = 9
+[[datasets]]
+name = "short"
+path = "{two_datasets['short']}"
+[[datasets]]
+name = "long"
+path = "{two_datasets['long']}"
+[mixture]
+by = "documents"
+[work]
+unit_bytes = 4096
+[tokenize]
+tokenizer = "{tokenizer_dir}"
+max_document_tokens = 50
+[shuffle]
+buffer_size = 8
+""")
+    checkpoint = tmp_path / "checkpoint" / "step-4"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "loader.json").write_text(json.dumps(state))
+    assert zephon(["trace", str(recipe), "--steps", "5:6", "--from-state",
+                   str(checkpoint / "loader.json"), "--json"]) == 0
+    traced = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [t["global_microbatch"] for t in traced] == list(range(4 * PER_STEP, 6 * PER_STEP))
+    assert all((t["step"], t["dp_rank"], t["ids"]) == seen[t["global_microbatch"]]
+               for t in traced)

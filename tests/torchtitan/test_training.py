@@ -145,3 +145,10 @@ def test_zephon_trace_lists_what_the_ranks_trained_on(two_process_run):
         assert microbatch["dp_rank"] == trained["dp_rank"]
         assert all(d["file"].endswith(".parquet") and d["excerpt"]
                    for row in microbatch["rows"] for d in row)
+    # The checkpoint tells the rest: its state's ranks, rows and lengths, and its step.
+    alone = subprocess.run(
+        [sys.executable, "-m", "zephon.cli", "trace", str(data), "--steps", "6:7",
+         "--from-state", str(tmp / "out" / "checkpoint" / "step-5"), "--json"],
+        capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert [json.loads(line) for line in alone.stdout.splitlines()] == listed

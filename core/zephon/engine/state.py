@@ -110,7 +110,7 @@ def lane_key(lane: int) -> str:
 
 # -- checking entries ------------------------------------------------------------------------
 ENTRY_FIELDS = ("version", "lane", "fingerprint", "consumed_global", "finished", "leftover",
-                "start_step", "earlier_microbatches", "lane_state")
+                "start_step", "earlier_microbatches", "dp_world_size", "lane_state")
 LEFTOVER_FIELDS = ("microbatches", "rows", "documents", "tokens")
 _LANE_KEY = re.compile(r"lane_(0|[1-9][0-9]*)")
 
@@ -164,6 +164,7 @@ def _check_entry(entry: Any) -> dict[str, Any]:
     need_int(entry["consumed_global"], "consumed_global")
     need_int(entry["start_step"], "start_step")
     need_int(entry["earlier_microbatches"], "earlier_microbatches")
+    need_int(entry["dp_world_size"], "dp_world_size", low=1)
     need_bool(entry["finished"], "finished")
     if entry["leftover"] is not None:
         need_counts(entry["leftover"], "leftover", LEFTOVER_FIELDS)
