@@ -390,8 +390,9 @@ def _print_traces(traces: Iterator[Any], args: argparse.Namespace) -> None:
             print(f"  row {row} {record_id}")
             for d in documents:
                 part = "" if d.start == 0 else f" from token {d.start:,}"
-                print(f"    {d.dataset:<12} {d.file}:{d.row}  {d.tokens:,} tokens{part}  "
-                      f"{d.excerpt!r}", flush=True)
+                again = f" (pass {d.epoch + 1})" if d.epoch else ""
+                print(f"    {d.dataset:<12} {d.file} {d.row}{again}  {d.tokens:,} tokens"
+                      f"{part}  {d.excerpt!r}", flush=True)
 
 
 def _text_decoder(tokenizer: str | None):

@@ -26,6 +26,7 @@ run is taken to have begun its data at step 1 and never started it over.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from typing import Any
 
 from zephon.artifacts import from_text
 from zephon.errors import ConfigError, DataError, StateMismatchError
+from zephon.io.formats import RowLabel
 from zephon.loader_options import lanes_problem
 from zephon.runtime import microbatch_tokens
 
@@ -47,10 +49,16 @@ class TracedDocument:
     dataset: str
     file: str
     row: str
+    """Where the row is in its file (:meth:`zephon.io.formats.RowLabel.position`): ``line
+    N`` from 1 for JSON Lines, ``row N`` from 0 for Parquet, Arrow and indexed datasets."""
     tokens: int
     start: int
     """The piece's first token within its document (0: the document starts here)."""
     excerpt: str
+    epoch: int = 0
+    """Which pass over its dataset this reading is from: 0 for the first (a repeated
+    dataset's documents come again in passes 1, 2, ...; their record ids end in ``#e1``,
+    ``#e2``, ...)."""
 
 
 @dataclass
@@ -277,11 +285,18 @@ def trace_steps(pipeline: Any, first: int, last: int, per_step: int, world_size:
 
 def _document(span: Any, record: Any, datasets: dict[str, Any], decode: Any,
               chars: int) -> TracedDocument:
-    _name, file_index, row = span.doc_id.rsplit(":", 2)
+    _name, file_index, key = span.doc_id.rsplit(":", 2)
+    key, _, epoch = key.partition("#e")
     dataset = datasets.get(span.dataset)
-    file = dataset.display_name(dataset.files()[int(file_index)]) if dataset else file_index
+    if dataset is not None:
+        data_file = dataset.files()[int(file_index)]
+        file = dataset.display_name(data_file)
+        local = data_file.path if os.path.isfile(data_file.path) else ""
+        row = RowLabel(file, local, data_file.fmt, data_file.compression, int(key)).position()
+    else:
+        file, row = file_index, f"key {key}"
     ids = record.payload["input_ids"][span.row_start:span.row_start + span.length]
     text = decode([int(i) for i in ids[:4 * chars]]) if decode is not None else ""
     excerpt = " ".join(text.split())[:chars]
     return TracedDocument(span.dataset, file, row, int(span.length), int(span.doc_start),
-                          excerpt)
+                          excerpt, int(epoch or 0))

@@ -222,3 +222,33 @@ buffer_size = 8
     assert [t["global_microbatch"] for t in traced] == list(range(4 * PER_STEP, 6 * PER_STEP))
     assert all((t["step"], t["dp_rank"], t["ids"]) == seen[t["global_microbatch"]]
                for t in traced)
+
+
+def test_rows_are_named_alike_in_every_format(tmp_path, tokenizer_dir):
+    """Parquet rows from 0, JSON Lines lines from 1 (plain files are read by byte offset,
+    named by line), and a repeated dataset's second pass said apart."""
+    import gzip
+
+    from tests.conftest import write_jsonl, write_parquet
+    from zephon.demo.assets import make_documents
+
+    texts = make_documents(12, seed=2)
+    write_parquet(tmp_path / "p" / "a.parquet", texts[:4], row_group_size=4)
+    write_jsonl(tmp_path / "j" / "a.jsonl", [{"text": t} for t in texts[4:8]])
+    with gzip.open(tmp_path / "z.jsonl.gz", "wt") as out:
+        out.writelines(json.dumps({"text": t}) + "\n" for t in texts[8:])
+    (tmp_path / "z").mkdir()
+    (tmp_path / "z.jsonl.gz").rename(tmp_path / "z" / "a.jsonl.gz")
+    datasets = [Dataset.from_path(n, tmp_path / n) for n in ("p", "j", "z")]
+    source = StaticMixtureWorkSource(datasets, seed=1, repeat=True, shuffle_rows=False,
+                                     shuffle_units=False)
+    pipeline = (Pipeline(source).options(lanes=1, prefetch=0)
+                .tokenize(tokenizer_id=tokenizer_dir).pack_flat(4097, "best_fit").batch(1))
+    traced = list(trace_steps(pipeline, 1, 3, 1, 1))
+    rows = {}
+    for document in (d for t in traced for row in t.rows for d in row):
+        rows.setdefault((document.dataset, document.epoch), set()).add(document.row)
+    assert rows[("p", 0)] == {f"row {i}" for i in range(4)}
+    assert rows[("j", 0)] == {f"line {i}" for i in range(1, 5)}
+    assert rows[("z", 0)] == {f"line {i}" for i in range(1, 5)}
+    assert any(epoch == 1 for _, epoch in rows)  # the small datasets came round again

@@ -197,8 +197,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"  row {row} {record_id}")
                 for d in documents:
                     part = "" if d.start == 0 else f" from token {d.start:,}"
-                    print(f"    {d.dataset:<12} {d.file}:{d.row}  {d.tokens:,} tokens{part}  "
-                          f"{d.excerpt!r}")
+                    again = f" (pass {d.epoch + 1})" if d.epoch else ""
+                    print(f"    {d.dataset:<12} {d.file} {d.row}{again}  {d.tokens:,} tokens"
+                          f"{part}  {d.excerpt!r}")
     except (ConfigError, StateMismatchError) as exc:
         print(f"zephon_megatron.trace: {exc}", file=sys.stderr)
         return 2

@@ -203,14 +203,22 @@ class RowLabel:
             return made
         return label
 
-    def __str__(self) -> str:
+    def position(self) -> str:
+        """Where the row is in its file, the same way for every format: ``line N`` (from 1)
+        for JSON Lines, plain or compressed (a plain file's byte offset is counted into its
+        line here; ``byte N`` when the file is no longer there), ``row N`` (from 0) for
+        Parquet, Arrow and indexed datasets, a plug-in's own word (``sample N``) else."""
         if self.kind == "offset":
             try:
-                return f"{self.display}:{line_number(self.path, self.key)}"
+                return f"line {line_number(self.path, self.key)}"
             except OSError:  # the file went away (an evicted shard): say where in bytes
-                return f"{self.display}: byte {self.key}"
-        if self.kind == "line":
-            return f"{self.display}:{self.key}"
-        return f"{self.display}: {self.kind} {self.key}"
+                return f"byte {self.key}"
+        return f"{self.kind} {self.key}"
+
+    def __str__(self) -> str:
+        where = self.position()
+        if where.startswith("line "):
+            return f"{self.display}:{where[5:]}"
+        return f"{self.display}: {where}"
 
     __repr__ = __str__
