@@ -37,7 +37,7 @@ AZURITE_VERSION := 3.35.0
 
 $(STAMP): $(PY) pyproject.toml
 	$(PIP) install -q $(TORCH_PIN)
-	$(PIP) install -q -e ".[hf,s3,gs,az,dev,torch,torchtitan,megatron,viz,fast]" $(TORCH_PIN)
+	$(PIP) install -q -e ".[hf,s3,gs,az,dev,torch,torchtitan,megatron,lightning,viz,fast]" $(TORCH_PIN)
 	$(PIP) install -q --no-deps $(LITDATA)
 	touch $(STAMP)
 

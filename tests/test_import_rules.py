@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CORE = ROOT / "core" / "zephon"
 ADAPTERS = [ROOT / "integrations" / "torchtitan" / "zephon_torchtitan",
             ROOT / "integrations" / "megatron" / "zephon_megatron",
-            ROOT / "integrations" / "torch" / "zephon_torch"]
+            ROOT / "integrations" / "torch" / "zephon_torch",
+            ROOT / "integrations" / "lightning" / "zephon_lightning"]
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -88,11 +89,11 @@ def test_the_checker_sees_nested_imports(tmp_path, source, expected):
 
 
 PACKAGES = {"zephon": CORE, "zephon_torchtitan": ADAPTERS[0], "zephon_megatron": ADAPTERS[1],
-            "zephon_torch": ADAPTERS[2]}
+            "zephon_torch": ADAPTERS[2], "zephon_lightning": ADAPTERS[3]}
 
 
 def module_files() -> dict[str, Path]:
-    """Every module of the three packages by dotted name."""
+    """Every module of the packages by dotted name."""
     modules = {}
     for package, directory in PACKAGES.items():
         for path in directory.rglob("*.py"):
@@ -214,6 +215,7 @@ def test_the_circle_finder_finds_a_circle(tmp_path, monkeypatch):
     monkeypatch.setitem(PACKAGES, "zephon_torchtitan", tmp_path / "none")
     monkeypatch.setitem(PACKAGES, "zephon_megatron", tmp_path / "none")
     monkeypatch.setitem(PACKAGES, "zephon_torch", tmp_path / "none")
+    monkeypatch.setitem(PACKAGES, "zephon_lightning", tmp_path / "none")
     assert import_circles() == [["zephon.a", "zephon.b", "zephon.c"]]
     (package / "c.py").write_text("")
     assert import_circles() == []
@@ -278,7 +280,7 @@ def test_an_import_by_string_that_leads_back_is_a_circle(tmp_path, monkeypatch):
                                      "def load():\n    importlib.import_module('zephon.back')\n")
     (package / "back.py").write_text("import zephon.lazy\n")
     monkeypatch.setitem(PACKAGES, "zephon", package)
-    for name in ("zephon_torchtitan", "zephon_megatron", "zephon_torch"):
+    for name in ("zephon_torchtitan", "zephon_megatron", "zephon_torch", "zephon_lightning"):
         monkeypatch.setitem(PACKAGES, name, tmp_path / "none")
     assert import_circles() == [["zephon.back", "zephon.lazy"],
                                 ["zephon.registry", "zephon.toy"]]

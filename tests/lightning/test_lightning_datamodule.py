@@ -1,0 +1,91 @@
+"""zephon_lightning with the real Lightning: a Trainer's checkpoint resumes the data exactly,
+the batch Lightning's fetcher took ahead of the checkpoint included."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from zephon_lightning import ZephonDataModule
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = REPO / "recipes" / "torch" / "pretrain.toml"
+
+
+class TinyModel(L.LightningModule):
+    """An embedding and a head: a loss on each microbatch, and what it trained on."""
+
+    def __init__(self, vocab: int = 4096):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Embedding(vocab, 32), torch.nn.Linear(32, vocab))
+        self.seen: list[str] = []
+        self.losses: list[float] = []
+
+    def training_step(self, batch, batch_idx):
+        assert "zephon_state" not in batch and "labels" in batch
+        self.seen.append(hashlib.sha256(batch["input_ids"].numpy().tobytes()).hexdigest()[:16])
+        logits = self.net(batch["input_ids"])
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(),
+                                                 ignore_index=-100)
+        self.losses.append(float(loss))
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+def fit(tmp_path: Path, steps: int, ckpt_path: str | None = None,
+        workers: int = 0) -> tuple[TinyModel, ZephonDataModule]:
+    model, data = TinyModel(), ZephonDataModule(RECIPE, workers=workers)
+    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1,
+                                                   every_n_train_steps=3)])
+    trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
+    return model, data
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_checkpoint_resumes_the_data_exactly(tmp_path, workers):
+    straight, _ = fit(tmp_path / "a", 8, workers=workers)
+    assert len(straight.seen) == 8 and len(set(straight.seen)) == 8
+    [checkpoint] = (tmp_path / "a" / "ckpt").glob("*step=3.ckpt")
+    saved = torch.load(checkpoint, weights_only=False)["ZephonDataModule"]["loader"]
+    assert sorted(saved) == [f"lane_{lane}" for lane in range(4)]
+    resumed, _ = fit(tmp_path / "b", 8, ckpt_path=str(checkpoint), workers=workers)
+    assert resumed.seen == straight.seen[3:]
+    assert resumed.losses == pytest.approx(straight.losses[3:], abs=0, rel=1e-6)
+
+
+def run(out: Path, devices: int, steps: int, ckpt: str | None = None) -> list[list[str]]:
+    """A DDP run in its own processes (Lightning starts the other ranks); each rank's
+    digests in order."""
+    import os
+    import subprocess
+    import sys
+
+    out.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    result = subprocess.run([sys.executable, str(Path(__file__).with_name("ddp_worker.py")),
+                             str(out), str(devices), str(steps), *([ckpt] if ckpt else [])],
+                            env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    return [(out / f"rank{r}.txt").read_text().split() for r in range(devices)]
+
+
+@pytest.mark.multiprocess
+def test_two_ranks_checkpoint_and_one_resumes_their_global_order(tmp_path):
+    """Rank r of 2 trains global microbatches 2k + r (4 lanes); the step-3 checkpoint, which
+    rank 0 writes with every rank's lanes, resumes at one rank on microbatch 6."""
+    two = run(tmp_path / "two", 2, 6)
+    global_order = [digest for pair in zip(*two, strict=True) for digest in pair]
+    [checkpoint] = (tmp_path / "two" / "ckpt").glob("*step=3.ckpt")
+    [one] = run(tmp_path / "one", 1, 6, str(checkpoint))
+    assert len(one) == 3 and one == global_order[6:9]
