@@ -7,6 +7,7 @@ import json
 import multiprocessing
 import pickle
 import threading
+import time
 import warnings
 from dataclasses import replace
 from multiprocessing import synchronize
@@ -226,8 +227,12 @@ def test_validation_loaders_built_and_dropped_each_run_leave_nothing_behind(tmp_
         assert len(set(multiprocessing.active_children()) - others) == workers
         del loader
         gc.collect()
-        for thread in set(threading.enumerate()) - threads:
-            thread.join(10)
+        # Joined until none is left: a producer may still be starting when its iterator is
+        # dropped (it then stops at once), so one pass over the threads could miss it.
+        deadline = time.monotonic() + 20
+        while (extra := set(threading.enumerate()) - threads) and time.monotonic() < deadline:
+            for thread in extra:
+                thread.join(0.5)
         assert set(threading.enumerate()) <= threads
         assert set(multiprocessing.active_children()) <= others
         assert sorted(Path("/dev/shm").glob(mine)) == []
