@@ -183,3 +183,16 @@ def test_the_launchers_fitted_vocabulary_follows_the_command_line_recipe(tmp_pat
     assert "zephon: model vocabulary 4096 -> 2048" in output
     assert "zephon: preflight passed" in output
     assert sorted(losses) == [1, 2]
+
+
+def test_a_torchtitan_tokenizer_other_than_the_recipes_is_refused_before_the_model(
+        tmp_path, recipes, small_tokenizer):
+    """--hf_assets_path naming another tokenizer than the recipe's was found by the loader,
+    after the model was built, once a rank; the preflight finds it first."""
+    recipes.write(tmp_path / "data.toml", datasets=recipes.demo())  # 4096 tokens
+    (tmp_path / "launch.toml").write_text(LAUNCH.format(vocab='vocab_size = "tokenizer"'))
+    code, output, _ = run_training(["--toml", str(tmp_path / "launch.toml"),
+                                    "--hf_assets_path", small_tokenizer], cwd=tmp_path,
+                                   timeout=300)
+    assert_refused_before_the_model(code, output, "has 4096 tokens but TorchTitan's tokenizer",
+                                    f"({small_tokenizer}) has 2048")

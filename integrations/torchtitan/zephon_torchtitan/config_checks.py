@@ -110,6 +110,9 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None, *,
             recipe = replace(recipe, lanes=lanes)
         if where == "dataloader" and not found:
             found = [f"[{where}] {p}" for p in resume_problems(root, loader, recipe, values)]
+        if where == "dataloader" and loader.check_tokenizer:
+            mismatch = _tokenizer_problem(root, recipe)
+            found += [f"[{where}] {mismatch}"] if mismatch else []
         problems += found
     if problems:
         if os.environ.get("RANK", "0") != "0":  # every rank finds them: rank 0 lists them
@@ -122,6 +125,25 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None, *,
                 ", ".join(f"{k} {v}" for k, v in values.items() if v is not None)
                 or "recipe only")
     return dict(loaders)
+
+
+def _tokenizer_problem(root: Any, recipe: Any) -> str | None:
+    """TorchTitan's tokenizer (the tokenizer files under ``hf_assets_path``) against the
+    recipe's, as the loader would find it after the model is built (None: they agree, or
+    there is no TorchTitan tokenizer here to compare)."""
+    from zephon.tokenizer import load_tokenizer
+    from zephon_torchtitan.dataloader import tokenizer_mismatch
+
+    path = getattr(root, "hf_assets_path", None)
+    if not path or not os.path.isfile(os.path.join(path, "tokenizer.json")) or \
+            recipe.tokenizer is None or os.path.realpath(path) == \
+            os.path.realpath(recipe.tokenizer):
+        return None
+    try:
+        theirs = load_tokenizer(path)
+    except ConfigError:
+        return None  # TorchTitan names what is wrong with its own tokenizer
+    return tokenizer_mismatch(recipe, len(theirs), theirs.eos_token_id, path)
 
 
 def resume_problems(root: Any, loader: Any, recipe: Any, values: dict[str, Any]) -> list[str]:

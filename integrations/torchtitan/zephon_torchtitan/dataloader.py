@@ -417,23 +417,33 @@ def _training_options(recipe: DataRecipe, config: ZephonDataLoader.Config) -> di
 
 
 def _check_tokenizer(recipe: DataRecipe, tokenizer: Any) -> None:
+    theirs_vocab = tokenizer.get_vocab_size() if hasattr(tokenizer, "get_vocab_size") else None
+    problem = tokenizer_mismatch(recipe, theirs_vocab, getattr(tokenizer, "eos_id", None),
+                                 getattr(tokenizer, "tokenizer_path", "hf_assets_path"))
+    if problem:
+        raise ConfigError(problem)
+
+
+def tokenizer_mismatch(recipe: DataRecipe, vocab: int | None, eos: int | None,
+                       where: str) -> str | None:
+    """Why TorchTitan's tokenizer (``vocab`` tokens, EOS id ``eos``, found at ``where``)
+    cannot read the recipe's token ids, or None: the same checks the loader runs, for the
+    preflight to run before the model is built."""
     from zephon.tokenizer import load_tokenizer
 
     name = recipe.tokenizer
+    if name is None:
+        return None
     ours = load_tokenizer(name)
-    theirs_vocab = tokenizer.get_vocab_size() if hasattr(tokenizer, "get_vocab_size") else None
-    theirs_eos = getattr(tokenizer, "eos_id", None)
-    where = getattr(tokenizer, "tokenizer_path", "hf_assets_path")
-    if theirs_vocab is not None and theirs_vocab != len(ours):
-        raise ConfigError(
-            f"{recipe.source}: tokenizer {name!r} has {len(ours)} tokens but TorchTitan's "
-            f"tokenizer ({where}) has {theirs_vocab}; point --hf_assets_path at the recipe's "
-            "tokenizer (and size the model's vocabulary for it), or pass "
-            "--dataloader.no-check-tokenizer if this is intended")
-    if theirs_eos is not None and ours.eos_token_id is not None and theirs_eos != ours.eos_token_id:
-        raise ConfigError(
-            f"{recipe.source}: tokenizer {name!r} has EOS id {ours.eos_token_id} but "
-            f"TorchTitan's tokenizer ({where}) has {theirs_eos}")
+    if vocab is not None and vocab != len(ours):
+        return (f"{recipe.source}: tokenizer {name!r} has {len(ours)} tokens but TorchTitan's "
+                f"tokenizer ({where}) has {vocab}; point --hf_assets_path at the recipe's "
+                "tokenizer (and size the model's vocabulary for it), or pass "
+                "--dataloader.no-check-tokenizer if this is intended")
+    if eos is not None and ours.eos_token_id is not None and eos != ours.eos_token_id:
+        return (f"{recipe.source}: tokenizer {name!r} has EOS id {ours.eos_token_id} but "
+                f"TorchTitan's tokenizer ({where}) has {eos}")
+    return None
 
 
 def _agreement_process_group(dp_world_size: int) -> Any:
