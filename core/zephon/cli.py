@@ -378,6 +378,8 @@ def _print_traces(traces: Iterator[Any], args: argparse.Namespace) -> None:
     import dataclasses
     import json
 
+    from zephon.trace import row_lines
+
     for traced in traces:
         if args.json:
             print(json.dumps(dataclasses.asdict(traced)))
@@ -385,14 +387,7 @@ def _print_traces(traces: Iterator[Any], args: argparse.Namespace) -> None:
         stage = f", mixture stage {traced.stage}" if traced.stage is not None else ""
         print(f"step {traced.step} microbatch {traced.global_microbatch} (lane {traced.lane}, "
               f"dp rank {traced.dp_rank} of {args.world_size}{stage})")
-        for row, (record_id, documents) in enumerate(zip(traced.ids, traced.rows,
-                                                         strict=True)):
-            print(f"  row {row} {record_id}")
-            for d in documents:
-                part = "" if d.start == 0 else f" from token {d.start:,}"
-                again = f" (pass {d.epoch + 1})" if d.epoch else ""
-                print(f"    {d.dataset:<12} {d.file} {d.row}{again}  {d.tokens:,} tokens"
-                      f"{part}  {d.excerpt!r}", flush=True)
+        print("\n".join(row_lines(traced)), flush=True)
 
 
 def _text_decoder(tokenizer: str | None):

@@ -78,6 +78,20 @@ class TracedMicrobatch:
     within a few microbatches of a boundary the documents may follow either stage."""
 
 
+def row_lines(traced: TracedMicrobatch) -> list[str]:
+    """A traced microbatch's rows as ``zephon trace`` prints them: each row's record id, then
+    one line a document (dataset, file and row, tokens, where the piece starts, excerpt)."""
+    lines = []
+    for row, (record_id, documents) in enumerate(zip(traced.ids, traced.rows, strict=True)):
+        lines.append(f"  row {row} {record_id}")
+        for d in documents:
+            part = "" if d.start == 0 else f" from token {d.start:,}"
+            again = f" (pass {d.epoch + 1})" if d.epoch else ""
+            lines.append(f"    {d.dataset:<12} {d.file} {d.row}{again}  {d.tokens:,} tokens"
+                         f"{part}  {d.excerpt!r}")
+    return lines
+
+
 def trace_line(batch: Any, lanes: int, dp_rank: int, dp_world_size: int,
                tensors: dict[str, Any], **extra: Any) -> dict[str, Any]:
     """The JSON line adapters write per microbatch handed to the trainer (``trace_dir``):

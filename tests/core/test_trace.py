@@ -30,6 +30,26 @@ def pipeline(paths: dict, tokenizer_dir: str, dp_rank: int = 0, world: int = 1) 
             .pack_flat(33).shuffle(8).batch(2))
 
 
+def recipe_of(paths: dict, tokenizer_dir: str, folder: Path, extra: str = "") -> Path:
+    """:func:`pipeline` as a recipe file (rows and microbatches left to the run unless
+    ``extra`` sets them)."""
+    datasets = "".join(f'[[datasets]]\nname = "{n}"\npath = "{p}"\n' for n, p in paths.items())
+    recipe = folder / "recipe.toml"
+    recipe.write_text(f"""lanes = {LANES}
+seed = 9
+{datasets}[mixture]
+by = "documents"
+[work]
+unit_bytes = 4096
+[tokenize]
+tokenizer = "{tokenizer_dir}"
+max_document_tokens = 50
+[shuffle]
+buffer_size = 8
+{extra}""")
+    return recipe
+
+
 def train_two_ranks(paths, tokenizer_dir, steps: int, save_after: int):
     """Two ranks taking PER_STEP / 2 microbatches each per step: what each global microbatch
     held and which rank got it, and both ranks' states after ``save_after`` steps."""
@@ -167,19 +187,8 @@ def test_steps_past_the_end_of_the_data_are_an_error_not_silence(two_datasets, t
         got.extend(trace_steps(pipeline(two_datasets, tokenizer_dir), last, last + 5, PER_STEP,
                                2))
     assert [t.step for t in got] == [last] * (total - (last - 1) * PER_STEP)
-    recipe = tmp_path / "recipe.toml"
-    recipe.write_text(f"""lanes = {LANES}
-seed = 9
-[[datasets]]
-name = "short"
-path = "{two_datasets['short']}"
-[tokenize]
-tokenizer = "{tokenizer_dir}"
-[pack]
-max_length = 33
-[batch]
-microbatch_size = 2
-""")
+    recipe = recipe_of(two_datasets, tokenizer_dir, tmp_path, "[pack]\nmax_length = 33\n"
+                       "[batch]\nmicrobatch_size = 2\n")
     from zephon.cli import main as zephon
 
     assert zephon(["trace", str(recipe), "--steps", "100:101", "--global-batch-size",
@@ -194,25 +203,7 @@ def test_the_state_and_its_checkpoint_step_tell_the_geometry(two_datasets, token
     from zephon.cli import main as zephon
 
     seen, state = train_two_ranks(two_datasets, tokenizer_dir, steps=6, save_after=4)
-    recipe = tmp_path / "recipe.toml"
-    recipe.write_text(f"""lanes = {LANES}
-seed = 9
-[[datasets]]
-name = "short"
-path = "{two_datasets['short']}"
-[[datasets]]
-name = "long"
-path = "{two_datasets['long']}"
-[mixture]
-by = "documents"
-[work]
-unit_bytes = 4096
-[tokenize]
-tokenizer = "{tokenizer_dir}"
-max_document_tokens = 50
-[shuffle]
-buffer_size = 8
-""")
+    recipe = recipe_of(two_datasets, tokenizer_dir, tmp_path)
     checkpoint = tmp_path / "checkpoint" / "step-4"
     checkpoint.mkdir(parents=True)
     (checkpoint / "loader.json").write_text(json.dumps(state))

@@ -119,9 +119,10 @@ def pipeline(source: WorkSource, world: int = 1, rank: int = 0) -> Pipeline:
                                     prefetch=0).batch(2)
 
 
-def global_batches(source_factory, world: int, steps: int) -> list[list[str]]:
-    """Each step's microbatches (one a lane), as ids in global order."""
-    iterators = [iter(pipeline(source_factory(), world, r)) for r in range(world)]
+def steps_of(iterators: list, steps: int) -> list[list[str]]:
+    """``steps`` steps of the ranks' iterators (one microbatch a lane each step), each step's
+    microbatches as ids in global order."""
+    world = len(iterators)
     out = []
     for _ in range(steps):
         step = []
@@ -132,6 +133,11 @@ def global_batches(source_factory, world: int, steps: int) -> list[list[str]]:
                              [r.payload["id"] for r in batch.records]))
         out.append([ids for _, ids in sorted(step)])
     return out
+
+
+def global_batches(source_factory, world: int, steps: int) -> list[list[str]]:
+    """The first ``steps`` steps of a run at ``world`` ranks."""
+    return steps_of([iter(pipeline(source_factory(), world, r)) for r in range(world)], steps)
 
 
 def test_the_memory_source_meets_the_protocol():
@@ -164,28 +170,14 @@ def test_resume_is_exact_across_data_parallel_sizes(stop, world_before, world_af
 
     reference = global_batches(source, 1, stop + 6)
     before = [pipeline(source(), world_before, r) for r in range(world_before)]
-    iterators = [iter(p) for p in before]
-    for _ in range(stop):
-        for iterator in iterators:
-            for _ in range(LANES // world_before):
-                next(iterator)
+    assert steps_of([iter(p) for p in before], stop) == reference[:stop]
     state: dict[str, Any] = {}
     for p in before:
         state.update(p.state_dict())
     after = [pipeline(source(), world_after, r) for r in range(world_after)]
     for p in after:
         p.load_state_dict(state)
-    iterators = [iter(p) for p in after]
-    resumed = []
-    for _ in range(6):
-        step = []
-        for iterator in iterators:
-            for _ in range(LANES // world_after):
-                batch = next(iterator)
-                step.append((batch.index * LANES + batch.lane,
-                             [r.payload["id"] for r in batch.records]))
-        resumed.append([ids for _, ids in sorted(step)])
-    assert resumed == reference[stop:]
+    assert steps_of([iter(p) for p in after], 6) == reference[stop:]
 
 
 def test_a_dataset_read_once_gives_each_row_once_and_counts_the_rest():

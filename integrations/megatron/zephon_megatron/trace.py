@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from zephon.errors import ConfigError, StateMismatchError
+from zephon.trace import row_lines
 
 
 def iteration_ranges(clock: Any, micro_batch_size: int, first: int, last: int
@@ -192,14 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             print(f"iteration {traced.step} microbatch {traced.global_microbatch} (lane "
                   f"{traced.lane}, dp rank {traced.dp_rank})")
-            for row, (record_id, documents) in enumerate(zip(traced.ids, traced.rows,
-                                                             strict=True)):
-                print(f"  row {row} {record_id}")
-                for d in documents:
-                    part = "" if d.start == 0 else f" from token {d.start:,}"
-                    again = f" (pass {d.epoch + 1})" if d.epoch else ""
-                    print(f"    {d.dataset:<12} {d.file} {d.row}{again}  {d.tokens:,} tokens"
-                          f"{part}  {d.excerpt!r}")
+            print("\n".join(row_lines(traced)), flush=True)
     except (ConfigError, StateMismatchError) as exc:
         print(f"zephon_megatron.trace: {exc}", file=sys.stderr)
         return 2
