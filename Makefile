@@ -9,6 +9,10 @@ STAMP := $(VENV)/.installed
 # litdata writes the LitData test datasets. Its torchvision requirement serves images, and the
 # registry's torchvision does not load with the CPU torch, so it is installed without it.
 LITDATA := litdata==0.2.76 lightning-utilities==0.15.3 zstd==1.5.7.2
+# PyTorch Lightning for the zephon_lightning tests, pinned and without the resolver: with it
+# among the extras, pip spent minutes backtracking over the whole set. Its other
+# requirements (fsspec, PyYAML, packaging, tqdm) come with the packages above.
+LIGHTNING := lightning==2.6.6 pytorch-lightning==2.6.6 torchmetrics==1.9.0
 # The Megatron tests and smoke run again under Python 3.12 with the newest megatron-core
 # (0.17+ needs 3.12; there torch 2.13.0 is a CUDA build from the registry, about 5 GB).
 # The first candidate that really runs Python 3.12: a pyenv shim answers `command -v` even when
@@ -37,8 +41,8 @@ AZURITE_VERSION := 3.35.0
 
 $(STAMP): $(PY) pyproject.toml
 	$(PIP) install -q $(TORCH_PIN)
-	$(PIP) install -q -e ".[hf,s3,gs,az,dev,torch,torchtitan,megatron,lightning,viz,fast]" $(TORCH_PIN)
-	$(PIP) install -q --no-deps $(LITDATA)
+	$(PIP) install -q -e ".[hf,s3,gs,az,dev,torch,torchtitan,megatron,viz,fast]" $(TORCH_PIN)
+	$(PIP) install -q --no-deps $(LITDATA) $(LIGHTNING)
 	touch $(STAMP)
 
 $(AZURITE):
