@@ -4,13 +4,15 @@ The TorchTitan adapter hands a microbatch either as one flattened row (``[1, B*S
 recipe's ``[to_training] flatten = true``, its default) or as ``[B, S]`` rows
 (``flatten = false``). Both give the same logits (every row starts at position 0 and
 TorchTitan's document mask follows position resets), so the choice is one of speed: this
-script trains TorchTitan's llama3 debug model on the bundled corpus with each layout,
-alternating runs, and prints the median seconds a step (steps after ``--warmup``, from the
-log lines' timestamps) and TorchTitan's tokens/s for each.
+script trains TorchTitan's llama3 debug model on the bundled corpus with each layout (the
+recipe and launch TOML of ``python -m zephon_torchtitan.demo``), alternating runs, and
+prints the median seconds a step (steps after ``--warmup``, from the log lines'
+timestamps) and TorchTitan's tokens/s for each.
 
 Usage: ``python -m benchmarks.torchtitan_layout [--rows 4] [--seq-len 256] [--steps 12]
-[--repeats 3]``. It runs on CPU through the adapter's CPU shims when no GPU is present; on a
-GPU the answer may differ (compiled FlexAttention), so measure there before choosing.
+[--repeats 3]``. It runs on CPU (the demo launch sets ``cpu = true``: the adapter's CPU
+shims); on a GPU the answer may differ (compiled FlexAttention), so measure there before
+choosing.
 """
 
 from __future__ import annotations
@@ -22,62 +24,20 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from zephon_torchtitan.demo import run_training
+from zephon_torchtitan.demo import run_training, write_demo_recipes
 
 _STAMP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}).*step:\s*(\d+)\b.*?tps:\s*([\d,]+)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
-DATA = """\
-seed = 1
-lanes = 1
-[[datasets]]
-name = "demo"
-path = "demo:corpus"
-[mixture]
-by = "documents"
-repeat = ["demo"]
-[tokenize]
-tokenizer = "demo:tokenizer"
-[pack]
-algorithm = "wrap"
-[to_training]
-return_labels = true
-position_mode = "preserve"
-eos_mask_loss = true
-flatten = {flatten}
-"""
-
-LAUNCH = """\
-dump_folder = "{out}"
-[base]
-module = "llama3"
-config = "llama3_debugmodel"
-vocab_size = "tokenizer"
-cpu = "auto"
-[training]
-seq_len = {seq_len}
-local_batch_size = {rows}
-steps = {steps}
-[checkpoint]
-enable = false
-[validator]
-enable = false
-[metrics]
-log_freq = 1
-[dataloader]
-name = "zephon"
-recipe = "{data}"
-"""
-
-
 def one_run(folder: Path, flatten: bool, args: argparse.Namespace) -> tuple[float, float]:
     """(median seconds a step, median tokens/s) of one training with the layout."""
-    data = folder / f"data-{flatten}.toml"
-    data.write_text(DATA.format(flatten=str(flatten).lower()))
-    launch = folder / f"launch-{flatten}.toml"
-    launch.write_text(LAUNCH.format(out=folder / f"out-{flatten}", seq_len=args.seq_len,
-                                    rows=args.rows, steps=args.steps, data=data))
-    code, output, _ = run_training(["--toml", str(launch)], cwd=folder, timeout=1800)
+    run = folder / f"flatten-{flatten}"
+    launch = write_demo_recipes(run, args.steps)  # the demo's recipe and launch TOML
+    data = run / "data.toml"
+    data.write_text(data.read_text() + f"flatten = {str(flatten).lower()}\n")
+    code, output, _ = run_training(
+        ["--toml", str(launch), "--training.seq_len", str(args.seq_len),
+         "--training.local_batch_size", str(args.rows)], cwd=run, timeout=1800)
     if code:
         raise RuntimeError(output[-3000:])
     steps: dict[int, tuple[datetime.datetime, float]] = {}
