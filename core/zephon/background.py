@@ -49,8 +49,17 @@ def register(stop: Stop, threads: Callable[[], Iterable[threading.Thread]]) -> i
     and from any thread."""
     handle = next(_NEXT)
     with _LOCK:
+        _forget_ended()
         _LIVE[handle] = (stop, threads)
     return handle
+
+
+def _forget_ended() -> None:
+    """Drop the registrations whose threads have all ended (stopped by their owner, who need
+    not unregister them); called under the lock, each time a registration is added."""
+    for handle, (_, threads) in list(_LIVE.items()):
+        if not any(thread.is_alive() for thread in threads()):
+            del _LIVE[handle]
 
 
 def register_thread(stop: threading.Event, thread: threading.Thread) -> int:

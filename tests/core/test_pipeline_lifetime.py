@@ -107,3 +107,35 @@ def test_document_threads_are_stopped_before_the_interpreter_exits():
     assert background.stop_all(only=[threads._registration]) == []  # forgotten once stopped
     done = [b for b in running if b.done() and not b.cancelled()]
     assert 1 <= len(done) <= 4 and any(b.cancelled() for b in running)
+
+
+def test_threads_stopped_by_a_dropped_pipeline_are_still_waited_for_at_exit():
+    """A pipeline dropped as the process exits (its loop left by SIGTERM) stops its document
+    threads without waiting; the exit must still wait for the batch one is running (inside
+    the tokenizer, the interpreter's end of the thread aborts the process: exit 134)."""
+    import threading
+
+    from zephon import background
+    from zephon.engine import document_threads
+
+    threads = document_threads.DocumentThreads({0: []}, threads=1)
+    before = set(threading.enumerate())
+    threads._start()
+    [worker] = set(threading.enumerate()) - before
+    started, release = threading.Event(), threading.Event()
+
+    def slow():
+        started.set()
+        release.wait(5)
+        return "done"
+
+    batch = document_threads._Batch((), [], [])
+    batch.run = slow  # type: ignore[method-assign]
+    threads._requests.put(batch)
+    assert started.wait(5)
+    registration = threads._registration
+    threads.close()  # what dropping the pipeline does: stop, do not wait
+    assert worker.is_alive()
+    threading.Timer(0.3, release.set).start()
+    assert background.stop_all(only=[registration]) == []  # the exit's wait
+    assert not worker.is_alive()

@@ -101,8 +101,12 @@ def _stop(requests: queue.SimpleQueue, threads: tuple[threading.Thread, ...],
     """Tell ``threads`` to stop once they have finished what they were given, or, with
     ``cancel_pending`` (at exit), once they finish the batch each is running: the batches no
     thread has started are cancelled. Each running batch is at most ``CHUNK_CHARS`` of text,
-    well under a second."""
-    background.unregister(registration)
+    well under a second.
+
+    The registration stays (:mod:`zephon.background` forgets it once the threads have
+    ended): a pipeline dropped as the process exits (a loop left by Ctrl-C or SIGTERM) stops
+    its threads here without waiting, and the exit must still wait for a thread inside the
+    tokenizer, or the interpreter's end of it aborts the process."""
     if cancel_pending:
         while True:
             try:

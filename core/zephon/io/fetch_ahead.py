@@ -102,10 +102,11 @@ class FetchAhead:
             while len(fetches.threads) < wanted:
                 thread = threading.Thread(target=self._fetch_loop, args=(fetches,),
                                           name="zephon-fetch-ahead", daemon=True)
-                if not fetches.threads:
-                    background.register(*_stopper(fetches))
+                first = not fetches.threads
                 fetches.threads.append(thread)
                 thread.start()
+                if first:  # registered running: background forgets ended registrations
+                    background.register(*_stopper(fetches))
 
     def wait_fetches(self) -> None:
         """Block until every file given to :meth:`fetch_ahead` so far is fetched."""
