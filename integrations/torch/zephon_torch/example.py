@@ -35,7 +35,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--save", help="write the model, optimizer and data state here")
     parser.add_argument("--resume", help="a file --save wrote: go on from it")
     args = parser.parse_args(argv)
-    if "RANK" in os.environ and not torch.distributed.is_initialized():
+    owns_group = "RANK" in os.environ and not torch.distributed.is_initialized()
+    if owns_group:
         torch.distributed.init_process_group("gloo")
     recipe = DataRecipe.from_toml(args.recipe)
     dataset = ZephonIterableDataset(recipe, infinite=True)
@@ -62,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.makedirs(os.path.dirname(os.path.abspath(args.save)), exist_ok=True)
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                     "data": dataset.state_dict()}, args.save)
-    if torch.distributed.is_initialized():
+    if owns_group:  # a caller's own group is the caller's to end
         torch.distributed.destroy_process_group()
     return 0
 
