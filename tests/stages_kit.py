@@ -70,6 +70,14 @@ microbatch_size = {ROWS}
 """
 
 
+def write_stage_run(root: Path, tokenizer_dir: str, to_training: str = "") -> Path:
+    """The corpus under ``root`` and a stage recipe over it (``root/stages.toml``), for the
+    adapters' tests of schedules."""
+    path = root / "stages.toml"
+    path.write_text(recipe_text(write_corpus(root), tokenizer_dir, to_training=to_training))
+    return path
+
+
 def core_inputs(recipe: Path, count: int) -> list[list[list[int]]]:
     """The input ids (each row without its last token) of the first ``count`` global
     microbatches of the recipe's own one-rank pipeline: what every adapter must hand on."""

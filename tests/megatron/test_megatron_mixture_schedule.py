@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from megatron_helpers import megatron_argv, parse
 
-from tests.stages_kit import ROW_TOKENS, ROWS, core_inputs, recipe_text, write_corpus
+from tests.stages_kit import ROW_TOKENS, ROWS, core_inputs, write_stage_run
 from zephon.recipe import DataRecipe
 from zephon_megatron.arguments import settings_from_args
 from zephon_megatron.provider import Topology, build_iterator
@@ -20,10 +20,7 @@ SEQ_LEN = ROW_TOKENS - 1
 
 @pytest.fixture(scope="module")
 def recipe(tmp_path_factory, tokenizer_dir) -> Path:
-    root = tmp_path_factory.mktemp("megatron-stages")
-    path = root / "stages.toml"
-    path.write_text(recipe_text(write_corpus(root), tokenizer_dir))
-    return path
+    return write_stage_run(tmp_path_factory.mktemp("megatron-stages"), tokenizer_dir)
 
 
 def iterator(recipe: Path, rank: int = 0, world: int = 1):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.stages_kit import ROW_TOKENS, core_inputs, recipe_text, write_corpus
+from tests.stages_kit import ROW_TOKENS, core_inputs, write_stage_run
 from zephon_torch import ZephonIterableDataset
 
 SEQ_LEN = ROW_TOKENS - 1
@@ -16,11 +16,8 @@ SEQ_LEN = ROW_TOKENS - 1
 
 @pytest.fixture(scope="module")
 def recipe(tmp_path_factory, tokenizer_dir) -> Path:
-    root = tmp_path_factory.mktemp("torch-stages")
-    path = root / "stages.toml"
-    path.write_text(recipe_text(write_corpus(root), tokenizer_dir,
-                                to_training="return_labels = true"))
-    return path
+    return write_stage_run(tmp_path_factory.mktemp("torch-stages"), tokenizer_dir,
+                                to_training="return_labels = true")
 
 
 def inputs(items) -> list[list[list[int]]]:

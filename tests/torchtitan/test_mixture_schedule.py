@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.stages_kit import LANES, ROW_TOKENS, ROWS, core_inputs, recipe_text, write_corpus
+from tests.stages_kit import LANES, ROW_TOKENS, ROWS, core_inputs, write_stage_run
 from zephon_torchtitan.dataloader import ZephonDataLoader
 
 SEQ_LEN = ROW_TOKENS - 1
@@ -16,12 +16,9 @@ SEQ_LEN = ROW_TOKENS - 1
 
 @pytest.fixture(scope="module")
 def recipe(tmp_path_factory, tokenizer_dir) -> Path:
-    root = tmp_path_factory.mktemp("titan-stages")
-    path = root / "stages.toml"
-    path.write_text(recipe_text(write_corpus(root), tokenizer_dir,
-                                to_training='return_labels = true\neos_mask_loss = true\n'
-                                            'position_mode = "preserve"'))
-    return path
+    return write_stage_run(tmp_path_factory.mktemp("titan-stages"), tokenizer_dir,
+                           to_training='return_labels = true\neos_mask_loss = true\n'
+                                       'position_mode = "preserve"')
 
 
 def build(recipe: Path, rank: int = 0, world: int = 1) -> ZephonDataLoader:
