@@ -54,6 +54,28 @@ def world_gloo_group() -> Any:
     return _WORLD_GLOO
 
 
+def gather_json(value: Any, group: Any) -> list[Any]:
+    """``value`` (plain data: what ``json.dumps`` takes) from every rank of ``group``, in rank
+    order. A collective of two all-gathers over the (gloo) group, the lengths then the bytes
+    padded to the longest; no pickle is sent or loaded, so what a peer sends is data, which
+    the caller checks like any state read back."""
+    import torch
+    import torch.distributed as dist
+
+    size = dist.get_world_size(group)
+    data = json.dumps(value, separators=(",", ":")).encode()
+    lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(size)]
+    dist.all_gather(lengths, torch.tensor([len(data)], dtype=torch.int64), group=group)
+    longest = max(int(n.item()) for n in lengths)
+    mine = torch.zeros(longest, dtype=torch.uint8)
+    if data:
+        mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    parts = [torch.empty(longest, dtype=torch.uint8) for _ in range(size)]
+    dist.all_gather(parts, mine, group=group)
+    return [json.loads(part[:int(n.item())].numpy().tobytes())
+            for part, n in zip(parts, lengths, strict=True)]
+
+
 STORE_CHUNK = 4 << 20
 """Bytes per store value: the TCP store's server refuses a message over 8 MiB. A value is
 compressed (zlib level 1: a listing of 100,000 files, 10 MB of JSON, becomes about 1 MB) and

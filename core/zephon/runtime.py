@@ -194,6 +194,7 @@ class Loader:
                 "earlier_microbatches": self.earlier_microbatches,
                 # The data-parallel size that wrote it, for traces (any size resumes it).
                 "dp_world_size": self.options.dp_world_size,
+                "tail_from": stream.tail_from,
                 "lane_state": to_portable(stream.consumed[lane]),
             })
         return out
@@ -242,7 +243,19 @@ class Loader:
                 raise StateMismatchError(f"loader state entries disagree on where their data "
                                          f"began (start_step, earlier_microbatches: "
                                          f"{sorted(starts)}); they come from different runs")
-            lane_states = {lane: self._checked_lane(lane, entries[lane], total)
+            tails = {e["tail_from"] for e in entries.values()}
+            if len(tails) != 1:
+                raise StateMismatchError(f"loader state entries disagree on where the last "
+                                         f"round of the data began (tail_from: "
+                                         f"{sorted(tails, key=str)}); they come from different "
+                                         "steps")
+            tail_from = tails.pop()
+            if tail_from is not None and (tail_from % self.lanes or not 0 <= tail_from <= total):
+                raise StateMismatchError(
+                    f"loader state: tail_from is {tail_from}, but the last round begins at a "
+                    f"whole round ({self.lanes} lanes) at or before the {total} microbatches "
+                    "consumed")
+            lane_states = {lane: self._checked_lane(lane, entries[lane], total, tail_from)
                            for lane in stream.owned}
         except BaseException:
             self.source, self.plan, self._fingerprint, self.stream = previous
@@ -252,26 +265,31 @@ class Loader:
         finished = any(e["finished"] for e in entries.values())
         leftover = next((e["leftover"] for e in entries.values() if e["leftover"]),
                         dict.fromkeys(stream.leftover, 0))
-        stream.reset_to(lane_states, total, finished, dict(leftover))
+        stream.reset_to(lane_states, total, finished, dict(leftover),
+                        None if finished else tail_from)
         # The stream the state continues began there.
         self.start_step, self.earlier_microbatches = starts.pop()
         self.state_loaded = True
 
-    def _checked_lane(self, lane: int, entry: dict[str, Any], total: int
-                      ) -> dict[str, Any] | None:
+    def _checked_lane(self, lane: int, entry: dict[str, Any], total: int,
+                      tail_from: int | None) -> dict[str, Any] | None:
         """The decoded state of ``lane``'s entry, restored once into a fresh lane whose nodes
-        check it. Its consumed microbatches must be those that ``total`` implies, unless the
-        entry is finished; then the lane must be at its end."""
+        check it. Its consumed microbatches must be those that ``total`` implies (in the last
+        round, those of the rounds before it), unless the entry is finished; then the lane
+        must be at its end."""
         key = lane_key(lane)
         saved, trial = None, None
         with in_entry(key):
             if entry["lane_state"] is not None:
                 saved, trial = restored_lane(self.plan, lane, entry["lane_state"])
         done = saved["microbatches"] if saved else 0
-        expected = max(0, -(-(total - lane) // self.lanes))
+        expected = max(0, -(-(total - lane) // self.lanes)) if tail_from is None \
+            else tail_from // self.lanes
         if done != expected and not entry["finished"]:
             raise StateMismatchError(f"loader state {key!r} has {done} microbatches consumed, "
-                                     f"but {total} global microbatches imply {expected}")
+                                     f"but {total} global microbatches imply {expected}"
+                                     + ("" if tail_from is None else " (the last round of the "
+                                        f"data began at microbatch {tail_from})"))
         if entry["finished"] and not (trial and trial.drained):
             raise StateMismatchError(f"loader state {key!r}: finished is true, but lane_state "
                                      "is not at the end of the lane's data")

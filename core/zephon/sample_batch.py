@@ -13,15 +13,22 @@ class SampleBatch:
     """A microbatch of records from one lane.
 
     ``lane`` and ``index`` say where it came from: it is the ``index``-th microbatch of lane
-    ``lane``, and global microbatch ``index * lanes + lane`` of the run.
+    ``lane``. It is global microbatch ``index * lanes + lane`` of the run, except in the last
+    round of the data (:mod:`zephon.engine.last_round`), where ``position`` holds its global
+    microbatch (elsewhere None); :meth:`global_microbatch` gives it either way.
     """
 
-    __slots__ = ("index", "lane", "records")
+    __slots__ = ("index", "lane", "position", "records")
 
     def __init__(self, records: Sequence[Record], lane: int = 0, index: int = 0):
         self.records = list(records)
         self.lane = lane
         self.index = index
+        self.position: int | None = None
+
+    def global_microbatch(self, lanes: int) -> int:
+        """The run's global microbatch index of this microbatch, for a pipeline of ``lanes``."""
+        return self.position if self.position is not None else self.index * lanes + self.lane
 
     @property
     def ids(self) -> list[str]:

@@ -1,10 +1,11 @@
 """What was in step N: the documents of every microbatch a trainer received at given steps.
 
-Global microbatch ``g`` is round ``g // lanes`` of lane ``g % lanes``; every data-parallel
-rank takes its lanes' microbatches round by round, so with ``k`` microbatches per optimizer
-step (global batch size over microbatch size) step ``s`` (from 1) is made of the global
-microbatches ``[(s - 1) k, s k)`` at any data-parallel size that divides the lanes, and
-microbatch ``g`` went to data-parallel rank ``g % lanes % world_size``. A one-rank pipeline of
+Global microbatch ``g`` is round ``g // lanes`` of lane ``g % lanes`` (in the last round of
+the data, the one :mod:`zephon.engine.last_round` hands out); every data-parallel rank takes
+its lanes' microbatches round by round, so with ``k`` microbatches per optimizer step (global
+batch size over microbatch size) step ``s`` (from 1) is made of the global microbatches
+``[(s - 1) k, s k)`` at any data-parallel size that divides the lanes, and microbatch ``g``
+went to data-parallel rank ``g % world_size``. A one-rank pipeline of
 the recipe yields the global microbatches in that order, so :func:`trace_steps` iterates one,
 from the start or from a checkpoint's loader state (:func:`read_loader_state`), which puts it
 at the checkpoint's microbatch without replaying the steps before: tracing one step 10,000
@@ -99,7 +100,7 @@ def trace_line(batch: Any, lanes: int, dp_rank: int, dp_world_size: int,
     :func:`trace_steps` lists) and a SHA-256 of each tensor the trainer received."""
     import hashlib
 
-    return {"global_microbatch": batch.index * lanes + batch.lane, "lane": batch.lane,
+    return {"global_microbatch": batch.global_microbatch(lanes), "lane": batch.lane,
             "index": batch.index, "dp_rank": dp_rank, "dp_world_size": dp_world_size,
             "ids": batch.ids,
             "sha256": {k: hashlib.sha256(v.numpy().tobytes()).hexdigest()
@@ -287,7 +288,7 @@ def trace_steps(pipeline: Any, first: int, last: int, per_step: int, world_size:
             stage = None
             if not schedule.static and per_microbatch:
                 stage = schedule.stage_at(index * per_microbatch) + 1
-            yield TracedMicrobatch(step, index, batch.lane, batch.lane % world_size,
+            yield TracedMicrobatch(step, index, batch.lane, index % world_size,
                                    batch.ids, rows, stage)
         index += 1
     ends = (index - 1 + offset) // per_step + 1  # the step of the last microbatch

@@ -57,16 +57,21 @@ def run_workers(tmp_path: Path, source: str, world: int, *args: object) -> list[
     return [json.loads(p.read_text()) for p in outs]
 
 
+def accounts_for_every_token(results: list[dict]) -> None:
+    """Everything the job's lanes read was handed out, dropped at a flush, or left over (a
+    rank hands out other ranks' lanes in the last round, so only the job's sums agree), and
+    the last round left fewer microbatches over than there are ranks."""
+    assert sum(r["tokens"] + r["leftover"]["tokens"] + r["dropped"]["tokens"]
+               for r in results) == sum(r["read"] for r in results)
+    assert sum(r["leftover"]["microbatches"] for r in results) < len(results)
+
+
 @pytest.mark.multiprocess
 def test_ranks_stop_together_and_account_for_every_token(two_datasets, tokenizer_dir, tmp_path):
     results = run_workers(tmp_path, WORKER, 2, two_datasets["short"], two_datasets["long"],
                           tokenizer_dir)
     assert results[0]["batches"] == results[1]["batches"] > 0
-    for result in results:
-        # Everything this rank's lanes read was handed out, dropped at a flush, or left over.
-        assert result["tokens"] + result["leftover"]["tokens"] + result["dropped"]["tokens"] \
-            == result["read"]
-    assert sum(r["leftover"]["microbatches"] for r in results) > 0
+    accounts_for_every_token(results)
 
 
 COUNTING_WORKER = r"""
@@ -93,15 +98,17 @@ options = {"read_ahead_tokens": budget} if budget else {}
 pipeline = (Pipeline(source).options(lanes=8, dp_rank=rank, dp_world_size=world,
                                      prefetch=int(prefetch), **options)
             .tokenize(tokenizer_id=tokenizer).pack_flat(33, "wrap").batch(1))
-batches, tokens, before = 0, 0, calls[0]
+batches, in_rounds, tokens, before = 0, 0, 0, calls[0]
 for batch in pipeline:
     batches += 1
+    in_rounds += batch.position is None  # not from the last round, which needs no agreement
     tokens += sum(s.length for r in batch.records for s in r.meta["documents"])
     time.sleep(pause)  # a trainer's step
 agreements = calls[0] - before
 dist.barrier()
 report = pipeline.report()
-json.dump({"batches": batches, "tokens": tokens, "agreements": agreements,
+json.dump({"batches": batches, "in_rounds": in_rounds, "tokens": tokens,
+           "agreements": agreements,
            "kinds": pipeline.loader().stream.agreements,
            "leftover": report.leftover, "dropped": report.dropped,
            "read": sum(d.tokens for d in report.datasets)}, open(out, "w"))
@@ -128,11 +135,10 @@ def test_four_ranks_agree_far_less_than_once_per_round(two_datasets, tokenizer_d
     batches = {r["batches"] for r in ahead}
     assert len(batches) == 1 and batches.pop() > 50  # every rank the same number
     assert [r["batches"] for r in per_round] == [r["batches"] for r in ahead]
-    rounds = ahead[0]["batches"] // 2  # 8 lanes over 4 ranks: 2 microbatches a round
+    rounds = ahead[0]["in_rounds"] // 2  # 8 lanes over 4 ranks: 2 microbatches a round
     for result in ahead:
         assert result["agreements"] <= rounds / 4 + 4, (result["agreements"], rounds)
-        assert result["tokens"] + result["leftover"]["tokens"] + result["dropped"]["tokens"] \
-            == result["read"]
+    accounts_for_every_token(ahead)
     assert all(r["agreements"] >= rounds for r in per_round)  # prefetch=0: one per round
     # Whether an agreement is issued ahead or on demand is itself agreed: every rank issues
     # the same collectives in the same order.
@@ -152,11 +158,9 @@ def test_a_trainer_paced_consumer_agrees_ahead_of_need(two_datasets, tokenizer_d
     assert all(r["kinds"] == kinds for r in paced)
     assert all(r["agreements"] == kinds["ahead"] + kinds["on_demand"] for r in paced)
     assert kinds["ahead"] > 2 * kinds["on_demand"], kinds
-    rounds = paced[0]["batches"] // 2
+    rounds = paced[0]["in_rounds"] // 2
     assert paced[0]["agreements"] <= rounds / 2 + 4  # each grants about 2/3 of the lead
-    for result in paced:
-        assert result["tokens"] + result["leftover"]["tokens"] + result["dropped"]["tokens"] \
-            == result["read"]
+    accounts_for_every_token(paced)
 
 
 EMPTY_WORKER = r"""
@@ -173,7 +177,8 @@ source = StaticMixtureWorkSource([Dataset.from_path("web", path)], shuffle_units
 base = Pipeline(source).options(lanes=2, dp_rank=rank, dp_world_size=world)
 results = {}
 for case, keep in (("all_filtered", lambda d: False),
-                   ("lane_1_filtered", lambda d: d["text"] != "skip me")):
+                   ("lane_1_filtered", lambda d: d["text"] != "skip me"),
+                   ("one_row", lambda d: d["text"] == "text 0")):
     try:
         results[case] = len(list(base.filter(keep).batch(1, drop_last=False)))
     except Exception as exc:
@@ -187,8 +192,9 @@ dist.destroy_process_group()
 @pytest.mark.multiprocess
 def test_an_empty_run_is_an_error_on_every_rank(tmp_path):
     """Two ranks of one lane each. Every row filtered: both ranks say so. Only lane 1's rows
-    filtered (six units of two rows, not shuffled: lane l reads units l, l + 2, l + 4): rank 0
-    made microbatches, rank 1 none, so no round is complete and both ranks raise."""
+    filtered (six units of two rows, not shuffled: lane l reads units l, l + 2, l + 4): no
+    round is complete, but the last round hands lane 0's six microbatches out, three to each
+    rank. One row kept: one microbatch for two ranks, so both raise saying so."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -201,10 +207,9 @@ def test_an_empty_run_is_an_error_on_every_rank(tmp_path):
             "row(s) were read and every one was dropped. Check the filters and the text field "
             "('web': 6 row(s) read, 0 document(s) delivered, dropped "
             "filtered:__main__:<lambda>: 6)")
-    assert results[0]["lane_1_filtered"].startswith(
-        "DataError: no microbatch could be made on rank 0 of 2 (lanes [0]): the lanes made 6 "
-        "microbatch(es), but batches are handed out a round at a time, one microbatch from "
-        "each of the 2 lanes, and a lane of another rank made none")
-    assert results[1]["lane_1_filtered"].startswith(
-        "DataError: no microbatch could be made on rank 1 of 2 (lanes [1]): 6 row(s) were read "
-        "and every one was dropped")
+    assert [r["lane_1_filtered"] for r in results] == [3, 3]
+    for rank, result in enumerate(results):
+        assert result["one_row"].startswith(
+            f"DataError: no microbatch could be made on rank {rank} of 2 (lanes [{rank}]): the "
+            "lanes made 1 microbatch(es) in all, fewer than one for each of the 2 data-parallel "
+            "ranks")

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zephon.distributed import world_gloo_group
+from zephon.distributed import gather_json, world_gloo_group
 from zephon.errors import ConfigError
 from zephon.redact import get_logger
 
@@ -120,6 +120,23 @@ class RoundAgreement:
         tensor = torch.tensor(values, dtype=torch.int64)
         work = dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=self._group, async_op=True)
         return Pending(work=work, tensor=tensor)
+
+    def gather(self, value: Any) -> list[Any] | None:
+        """``value`` (plain data) from every rank of the group, in rank order; None where
+        the ranks cannot exchange (no process group)."""
+        if self.world_size == 1:
+            return [value]
+        try:
+            import torch.distributed as dist
+        except ImportError:  # pragma: no cover - torch is present wherever ranks exist
+            return None
+        if not dist.is_available() or not dist.is_initialized():
+            return None
+        if self._group is None:
+            if dist.get_world_size() != self.world_size:
+                return None
+            self._group = world_gloo_group()
+        return gather_json(value, self._group)
 
     def _alone(self, values: tuple[int, int],
                why: str = "torch.distributed is not initialized") -> Pending:

@@ -1,13 +1,15 @@
 """Why a run delivered no batch, in terms a user can act on.
 
-A run whose agreed end of data is its very first round hands out nothing. That is never what a
-user wants, so :class:`zephon.engine.rank.RankStream` raises a DataError with this message on
-every rank (each rank reaches the same agreed end). The message is built from the counts the
-report shows (the ``"stats"`` of the lanes' final snapshots and the microbatches left over), for
-the lanes of the rank that raises, and names the first cause that applies:
+A run whose agreed end of data is its very first round, and whose last round
+(:mod:`zephon.engine.last_round`) holds fewer microbatches than there are ranks, hands out
+nothing. That is never what a user wants, so :class:`zephon.engine.rank.RankStream` raises a
+DataError with this message on every rank (each rank reaches the same agreed end). The message
+is built from the counts the report shows (the ``"stats"`` of the lanes' final snapshots), for
+the lanes of the rank that raises, and the microbatches the whole job made, and names the first
+cause that applies:
 
-1. microbatches were made but no round was complete: some lane (here or on another rank) made
-   none, and batches are handed out a round (one microbatch of every lane) at a time;
+1. microbatches were made, but fewer than one for each data-parallel rank, which take them a
+   group of one each at a time;
 2. documents were delivered, but ``batch(drop_last=True)`` dropped the short last batch;
 3. documents were delivered but made no microbatch (some row operator held them back);
 4. rows were read and every one was dropped (empty, filtered, ...), counted by reason;
@@ -22,9 +24,9 @@ from zephon.report import sum_stats
 
 
 def empty_run_message(names: list[str], snapshots: dict[int, dict[str, Any] | None],
-                      leftover: dict[str, int], rank: int, world_size: int, lanes: int) -> str:
+                      made: int, rank: int, world_size: int) -> str:
     """The message for a run that delivered no batch; ``snapshots`` are this rank's lanes'
-    final snapshots, ``leftover`` what they made that no rank handed out."""
+    final snapshots, ``made`` the microbatches all lanes made."""
     final = {lane: s for lane, s in snapshots.items() if s}
     stats = sum_stats(node["stats"] for s in final.values() for node in s["nodes"]
                       if "stats" in node)
@@ -36,14 +38,15 @@ def empty_run_message(names: list[str], snapshots: dict[int, dict[str, Any] | No
     flushed = stats.get("dropped", {}).get("rows", 0)
     where = (f" on rank {rank} of {world_size} (lanes {sorted(snapshots)})"
              if world_size > 1 else "")
-    made = leftover.get("microbatches", 0)
-    if made:
-        idle = [lane for lane in sorted(snapshots) if not (final.get(lane) or {})
-                .get("microbatches")]
-        which = f"lane(s) {idle}" if idle else "a lane of another rank"
-        cause = (f"the lanes made {made} microbatch(es), but batches are handed out a round at "
-                 f"a time, one microbatch from each of the {lanes} lanes, and {which} made "
-                 "none. Use fewer lanes (options(lanes=...)) or more data")
+    if made >= world_size:  # ranks that could not exchange their lanes' states
+        cause = (f"the lanes made {made} microbatch(es), but no round (one of each lane) was "
+                 "complete, and the ranks could not exchange their lanes' states to hand them "
+                 "out in the last round: torch.distributed is not initialized")
+    elif made:
+        cause = (f"the lanes made {made} microbatch(es) in all, fewer than one for each of the "
+                 f"{world_size} data-parallel ranks, which are handed one each at a time so "
+                 "that every rank gets as many. Use fewer ranks, a smaller microbatch_size or "
+                 "more data")
     elif delivered and flushed:
         cause = (f"{delivered} document(s) ({tokens} tokens) were read, but they made only "
                  f"{flushed} row(s), fewer than one microbatch, which batch(drop_last=True) "

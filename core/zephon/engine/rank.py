@@ -16,8 +16,10 @@ processes (:mod:`zephon.engine.document_threads`, :mod:`zephon.engine.workers`).
 runs the lanes and their document operators in the caller's thread, a round at a time. Either
 way the lanes produce the same microbatches.
 
-End of data. A round is complete when every lane has its microbatch; the run ends on all ranks
-at the first incomplete round. Ranks hand out only rounds below the agreed *horizon*, the
+End of data. A round is complete when every lane has its microbatch; the rounds end on all
+ranks at the first incomplete round, and the last round (:mod:`zephon.engine.last_round`)
+hands out what the lanes still hold, in one order at every data-parallel size, leaving at most
+``W - 1`` microbatches. Ranks hand out only rounds below the agreed *horizon*, the
 rounds every rank has made (:mod:`zephon.engine.agreement`). The consumer agrees again when it
 reaches the horizon, and, to keep that off the training thread's critical path, issues the
 next agreement asynchronously halfway there: its result has long arrived when it is read. A
@@ -28,11 +30,11 @@ the next round; if it outran its producer, it waits for 1, 2, 4, ... up to
 Where each agreement is issued and read depends only on agreed results and the hand-out
 count, so all ranks issue the same collectives in the same order, and a consumer that stops
 never leaves a collective its peers did not also issue; only the counts they report depend on
-timing. With one rank the agreement is local and free. Each rank then runs its lanes to their
-end and reports every microbatch no rank handed out as left over, so the report accounts for
-all data read.
-A run whose agreed end is its very first round, having consumed nothing before (not a resume
-at the end, not a state loaded as finished), delivers no batch: every rank raises a DataError
+timing. With one rank the agreement is local and free. Each rank then reports every microbatch no
+rank handed out of the last round as left over, so the report accounts for all data read.
+A run whose agreed end is its very first round and whose last round holds less than one
+microbatch a rank, having consumed nothing before (not a resume at the end, not a state
+loaded as finished), delivers no batch: every rank raises a DataError
 saying why, from its lanes' counts (:mod:`zephon.engine.empty_run`), and so does a later
 ``iter()`` of the same stream.
 
@@ -46,13 +48,15 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from zephon import background
 from zephon.engine.agreement import RoundAgreement
 from zephon.engine.empty_run import empty_run_message
 from zephon.engine.lane import Lane, LanePlan
+from zephon.engine.last_round import LastRound, groups
+from zephon.engine.state import to_portable
 from zephon.errors import DataError, ZephonError
 from zephon.io import cancel
 from zephon.records import record_counts
@@ -89,33 +93,27 @@ class _Drained:
     """What this rank's lanes made that no rank will hand out, counted (never held):
     leftover counts and each lane's final snapshot."""
 
-    __slots__ = ("counts", "snapshots")
+    __slots__ = ("counts", "made", "snapshots")
 
     def __init__(self) -> None:
         self.counts = {"microbatches": 0, "rows": 0, "documents": 0, "tokens": 0}
         self.snapshots: dict[int, Any] = {}
+        self.made = 0
+        """Microbatches the last round made (all lanes, from where this iterator began)."""
 
-    def add(self, items: Iterable[Any]) -> _Drained:
-        for lane, batch, snapshot in items:
-            self.snapshots[lane] = snapshot  # final counts, including what a flush dropped
-            if batch is None:
-                continue
-            self.counts["microbatches"] += 1
-            for record in batch.records:
-                documents, tokens = record_counts(record)
-                self.counts["rows"] += 1
-                self.counts["documents"] += documents
-                self.counts["tokens"] += tokens
-        return self
+    def count(self, batch: SampleBatch) -> None:
+        self.counts["microbatches"] += 1
+        for record in batch.records:
+            documents, tokens = record_counts(record)
+            self.counts["rows"] += 1
+            self.counts["documents"] += documents
+            self.counts["tokens"] += tokens
 
 
 class _Partial:
-    """The first incomplete round of this rank: its data ends here."""
+    """The first incomplete round of this rank: its rounds end here."""
 
-    __slots__ = ("items",)
-
-    def __init__(self, items: list[Any]):
-        self.items = items
+    __slots__ = ()
 
 
 class _Failure:
@@ -127,18 +125,39 @@ class _Failure:
         self.error = error
 
 
+def _register(rounds: _Rounds, stop: threading.Event) -> Any:
+    """An iterator abandoned mid-way has its producer stopped before the interpreter tears
+    down (:mod:`zephon.background`)."""
+    return None if rounds.thread is None else background.register_thread(stop, rounds.thread)
+
+
+def _stopped(rounds: _Rounds, registration: Any, interrupted: bool) -> None:
+    """Wait for a producer told to stop (or halted). An iterator dropped without being closed
+    is finalized by whichever thread collects it, the producer itself included: that one
+    stops on the event alone. The producer notices the stop within one received chunk of a
+    download or after the microbatch it is making; joining it lets native resources it holds
+    (open files, partial downloads, tokenizer threads) close before the interpreter exits. On
+    Ctrl-C the wait is short: the user asked to stop."""
+    if rounds.thread is None or rounds.thread is threading.current_thread():
+        return
+    rounds.thread.join(timeout=_INTERRUPT_JOIN_S if interrupted else 30)
+    if not rounds.thread.is_alive():
+        background.unregister(registration)
+
+
 class _Superseded(Exception):
     """Raised inside an iterator whose stream was taken over by a newer iterator."""
 
 
 class _Rounds:
-    """This rank's production, in order: complete rounds (lists of ``(lane, microbatch,
-    snapshot)``), then its first incomplete round (:class:`_Partial`), then the rest of its
-    lanes' output, counted (:class:`_Drained`).
+    """A production, in order: complete rounds (lists of ``(lane, microbatch, snapshot)``, or of
+    the microbatches of a last-round group), then the end of the rounds (:class:`_Partial`)
+    or of the last round (:class:`_Drained`).
 
     With ``threaded`` a producer thread makes them ahead, holding at most ``capacity`` complete
     rounds the consumer has not taken; otherwise they are made in the consumer's thread when
-    it asks. ``made`` counts complete rounds, ``ended`` says the incomplete one was made."""
+    it asks. ``made`` counts complete rounds, ``ended`` says the incomplete one was made.
+    :meth:`halt` stops the producer after the microbatch it is making."""
 
     def __init__(self, production: Iterator[Any], capacity: int, stop: threading.Event,
                  threaded: bool, name: str):
@@ -149,6 +168,7 @@ class _Rounds:
         self._ready: deque[Any] = deque()
         self._taken = 0
         self._failure: BaseException | None = None
+        self._halted = False
         self.made = 0
         self.ended = False
         self.thread: threading.Thread | None = None
@@ -178,9 +198,9 @@ class _Rounds:
                 while True:
                     with self._cond:
                         while (self.made - self._taken >= self._capacity and not self.ended
-                               and not self._stop.is_set()):
+                               and not self._stop.is_set() and not self._halted):
                             self._cond.wait(_ROOM_POLL_S)
-                        if self._stop.is_set():
+                        if self._stop.is_set() or self._halted:
                             return
                     item = next(self._production, None)
                     if item is None:
@@ -190,6 +210,12 @@ class _Rounds:
             return
         except BaseException as exc:  # re-raised on the consumer's thread
             self._put(_Failure(exc))
+
+    def halt(self) -> None:
+        """Make no more: the consumer takes nothing further from this production."""
+        with self._cond:
+            self._halted = True
+            self._cond.notify_all()
 
     def wait_for(self, target: int, timeout: float | None = None) -> None:
         """Until ``made >= target``, this rank's data has ended, or (with a thread)
@@ -249,6 +275,9 @@ class RankStream:
         self.agreements = {"ahead": 0, "on_demand": 0}
         """Agreements issued ahead of need (asynchronously) and when the consumer needed them."""
         self.consumed: dict[int, dict[str, Any] | None] = dict.fromkeys(self.owned)
+        self.tail_from: int | None = None
+        """The global microbatch at which the last round began, while this rank is in it
+        (its lanes' consumed states are then those the round began from)."""
         self.start_global = 0
         self.handed = 0
         self.finished = False
@@ -264,9 +293,10 @@ class RankStream:
         return self.start_global + self.handed * self.world_size
 
     def reset_to(self, consumed: dict[int, dict[str, Any] | None], start_global: int,
-                 finished: bool, leftover: dict[str, int]) -> None:
+                 finished: bool, leftover: dict[str, int], tail_from: int | None = None) -> None:
         self.close()
         self.consumed = dict(consumed)
+        self.tail_from = tail_from
         self.start_global = start_global
         self.handed = 0
         self.finished = finished
@@ -294,6 +324,11 @@ class RankStream:
             if self.empty_run is not None:
                 raise DataError(self.empty_run)
             return iter(())
+        stop = threading.Event()
+        if self.tail_from is not None:
+            self.start_global, self.handed = self.consumed_global, 0
+            self._stop = stop
+            return self._last_round(stop, empty=False)
         lanes = {}
         for lane in self.owned:
             lanes[lane] = Lane(self.plan, lane)
@@ -302,7 +337,6 @@ class RankStream:
         start = self.consumed_global
         # Restart the hand-out count so consumed_global stays right across iterators.
         self.start_global, self.handed = start, 0
-        stop = threading.Event()
         self._stop = stop
         return self._consume(lanes, start, stop)
 
@@ -315,40 +349,23 @@ class RankStream:
             round_index += 1
 
     def _production(self, lanes: dict[int, Lane], start: int) -> Iterator[Any]:
-        """See :class:`_Rounds`: complete rounds, the first incomplete one, the drained rest
-        (every lane run to its end)."""
-        ended: set[int] = set()
-        schedule = self._schedule(start)
-
-        def make(lane: int) -> tuple[int, SampleBatch | None, dict[str, Any]]:
-            batch = lanes[lane].next_microbatch()
-            if batch is None:
-                ended.add(lane)
-            return lane, batch, lanes[lane].snapshot()
-
-        for pending in schedule:
-            items = [make(lane) for lane in pending]
-            if ended:
-                yield _Partial(items)
-                break
+        """See :class:`_Rounds`: complete rounds, then the first incomplete one's mark."""
+        for pending in self._schedule(start):
+            items = []
+            for lane in pending:
+                batch = lanes[lane].next_microbatch()
+                if batch is None:
+                    yield _Partial()
+                    return
+                items.append((lane, batch, lanes[lane].snapshot()))
             yield items
-        rest = _Drained()
-        for pending in schedule:
-            live = [lane for lane in pending if lane not in ended]
-            if not live:
-                break
-            rest.add(make(lane) for lane in live)
-        yield rest
 
     def _consume(self, lanes: dict[int, Lane], start: int,
                  stop: threading.Event) -> Iterator[SampleBatch]:
         threaded = self.prefetch > 0
         rounds = _Rounds(self._production(lanes, start), self.rounds_ahead if threaded else 1,
                          stop, threaded, f"zephon-rank{self.rank}")
-        # An iterator abandoned mid-way has its producer stopped before the interpreter
-        # tears down (zephon.background).
-        registration = None if rounds.thread is None else \
-            background.register_thread(stop, rounds.thread)
+        registration = _register(rounds, stop)
         # Agreeing ahead, and waiting for several rounds after an outrun, pay off only where
         # a producer runs ahead and the agreement is a real collective.
         agree_ahead = threaded and not self.agree.local
@@ -372,13 +389,11 @@ class RankStream:
                         yield batch
                     handed += 1
                     continue
-                if end is not None:
-                    self._finish(*self._rest(rounds))
-                    if start == 0 and end == 0:  # every rank agreed on this same end
-                        self.empty_run = empty_run_message(
-                            self.plan.source.names(), self.consumed, self.leftover, self.rank,
-                            self.world_size, self.lanes)
-                        raise DataError(self.empty_run)
+                if end is not None:  # every rank agreed on this same end
+                    rounds.halt()
+                    _stopped(rounds, registration, interrupted=False)
+                    self.tail_from = self.consumed_global
+                    yield from self._last_round(stop, empty=start == 0 and end == 0)
                     return
                 if pending is None:
                     gain = 1
@@ -402,35 +417,104 @@ class RankStream:
             raise
         finally:
             stop.set()
-            # An iterator dropped without being closed is finalized by whichever thread
-            # collects it, the producer itself included: that one stops on the event alone.
-            if rounds.thread is not None and rounds.thread is not threading.current_thread():
-                # The producer notices the stop within one received chunk of a download or
-                # after the microbatch it is making; joining it lets native resources it
-                # holds (open files, partial downloads, tokenizer threads) close before the
-                # interpreter exits. On Ctrl-C the wait is short: the user asked to stop.
-                rounds.thread.join(timeout=_INTERRUPT_JOIN_S if interrupted else 30)
-                if not rounds.thread.is_alive():
-                    background.unregister(registration)
+            _stopped(rounds, registration, interrupted)
 
-    @staticmethod
-    def _rest(rounds: _Rounds) -> tuple[_Drained, _Drained]:
-        """At the agreed end: the rounds this rank made and no rank hands out, then the
-        drained rest of its lanes."""
+    # -- the last round --------------------------------------------------------------------
+    def _last_round(self, stop: threading.Event, empty: bool) -> Iterator[SampleBatch]:
+        """Hand out this rank's positions of the last round, from where the consumed count
+        is (see :mod:`zephon.engine.last_round`); ``empty``: the rounds delivered nothing, so
+        a last round that delivers nothing either is an empty run."""
+        assert self.tail_from is not None
+        first = self.consumed_global - self.tail_from
+        states = self._gathered_states()
+        threaded = self.prefetch > 0
+        rounds = _Rounds(self._last_round_production(states, first),
+                         self.rounds_ahead if threaded else 1, stop, threaded,
+                         f"zephon-rank{self.rank}")
+        registration = _register(rounds, stop)
+        interrupted = False
+        try:
+            while True:
+                item = rounds.take()
+                if isinstance(item, _Drained):
+                    self._finish(item)
+                    if empty and self.handed == 0:
+                        self.empty_run = empty_run_message(
+                            self.plan.source.names(), self.consumed, item.made, self.rank,
+                            self.world_size)
+                        raise DataError(self.empty_run)
+                    return
+                if stop.is_set():
+                    return
+                self.handed += 1
+                yield item[0]
+        except _Superseded:
+            return
+        except KeyboardInterrupt:
+            interrupted = True
+            raise
+        finally:
+            stop.set()
+            _stopped(rounds, registration, interrupted)
+
+    def _gathered_states(self) -> dict[int, Any] | None:
+        """Every lane's consumed state (portable), this rank's and its peers' (None: the
+        ranks cannot exchange them)."""
+        mine = {str(lane): to_portable(self.consumed[lane]) for lane in self.owned}
+        if len(self.owned) == self.lanes:
+            parts: list[Any] | None = [mine]
+        else:
+            parts = self.agree.gather(mine)
+            if parts is None:
+                return None
+        states: dict[int, Any] = {}
+        for rank, part in enumerate(parts):
+            if not isinstance(part, dict) or not all(
+                    isinstance(k, str) and k.isdigit() and int(k) < self.lanes for k in part):
+                raise DataError(f"rank {rank} sent lane states this pipeline has no lanes for "
+                                f"at the last round of the data: {sorted(map(str, part))[:8]}")
+            for key, value in part.items():
+                states.setdefault(int(key), value)
+        missing = [lane for lane in range(self.lanes) if lane not in states]
+        if missing:
+            raise DataError(f"no rank sent the states of lanes {missing} at the last round of "
+                            f"the data; each lane must be owned by one data-parallel rank")
+        return states
+
+    def _last_round_production(self, states: dict[int, Any] | None,
+                               first: int) -> Iterator[Any]:
+        """This rank's microbatch of each complete group of the last round (one-element
+        lists), then what it leaves over (:class:`_Drained`, with its lanes' final states).
+        Without ``states`` its own lanes are run to their end and all counted left over."""
         rest = _Drained()
-        while True:
-            item = rounds.take()
-            if isinstance(item, _Drained):
-                return rest, item
-            rest.add(item.items if isinstance(item, _Partial) else item)
+        if states is None:
+            lanes = LastRound(self.plan, {lane: to_portable(self.consumed[lane])
+                                          for lane in self.owned})
+            for batch in lanes.microbatches():
+                rest.count(batch)
+                rest.made += 1
+        else:
+            lanes = LastRound(self.plan, states)
+            mine = (self.rank - first) % self.world_size
+            for group in groups(lanes.microbatches(), first, self.world_size,
+                                self.tail_from or 0):
+                if isinstance(group, list):
+                    rest.made += len(group)
+                    yield [group[mine]]
+                else:
+                    rest.made += len(group[0])
+                    if mine < len(group[0]):
+                        rest.count(group[0][mine])
+        rest.snapshots = {lane: lanes.snapshot(lane) for lane in self.owned}
+        yield rest
 
-    def _finish(self, *parts: _Drained) -> None:
-        """End of data: count what no rank will hand out (this rank's drained lanes)."""
-        for part in parts:
-            self.consumed.update(part.snapshots)
-            for key, value in part.counts.items():
-                self.leftover[key] += value
+    def _finish(self, rest: _Drained) -> None:
+        """End of data: count what no rank will hand out of this rank's positions."""
+        self.consumed.update(rest.snapshots)
+        for key, value in rest.counts.items():
+            self.leftover[key] += value
         self.finished = True
+        self.tail_from = None
         if self.leftover["microbatches"]:
             log.warning("zephon: end of data; rank %d left over %d microbatch(es) "
                         "(%d rows, %d tokens) so that every rank gets the same number of "

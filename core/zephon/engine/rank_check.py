@@ -16,9 +16,10 @@ same verdict:
 - ranks that report different ``dp_world_size`` values, or claim one ``dp_rank`` more often
   than the group has peers per data-parallel rank (one in a data-parallel group; more where
   the group also holds tensor or pipeline peers, which read the same lanes), fail at once;
-- ranks whose digests differ issue one more collective, the fingerprints themselves gathered as
-  objects, and fail naming the first difference between each differing rank and the first
-  rank (``work_source.seed: rank 0 has 1, rank 1 has 2``).
+- ranks whose digests differ issue one more collective, the fingerprints themselves gathered
+  as JSON (:func:`zephon.distributed.gather_json`), and fail naming the first difference
+  between each differing rank and the first rank (``work_source.seed: rank 0 has 1, rank 1
+  has 2``).
 
 Limits: it runs only where ``torch.distributed`` is initialized and the group is known (the
 ``process_group`` option, or the default group when its size is ``dp_world_size``) and the
@@ -37,7 +38,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from zephon.distributed import arrive, world_gloo_group
+from zephon.distributed import arrive, gather_json, world_gloo_group
 from zephon.engine import state
 from zephon.engine.state import first_difference, short, to_portable
 from zephon.errors import ConfigError
@@ -107,8 +108,7 @@ def check_ranks_agree(identity: Callable[[], dict[str, Any]], dp_rank: int,
     _check_dp_ranks(list(ranks), size // dp_world_size)
     if len(set(digests)) == 1:
         return
-    everyone: list[Any] = [None] * size
-    dist.all_gather_object(everyone, mine, group=group)
+    everyone = gather_json(json.loads(json.dumps(to_portable(mine), default=repr)), group)
     raise ConfigError(_disagreement(everyone, titles))
 
 

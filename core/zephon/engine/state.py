@@ -47,7 +47,9 @@ from zephon.state_checks import (
     need_str,
 )
 
-STATE_VERSION = 3
+STATE_VERSION = 4
+"""4 added ``tail_from`` (the last round, :mod:`zephon.engine.last_round`); an entry of
+version 3 is read as one with ``tail_from`` None, which is what it meant."""
 ENTRY_KIND = "zephon.loader-state-lane"
 """The artifact kind of a lane entry."""
 _ARRAY = "__ndarray__"
@@ -110,7 +112,8 @@ def lane_key(lane: int) -> str:
 
 # -- checking entries ------------------------------------------------------------------------
 ENTRY_FIELDS = ("version", "lane", "fingerprint", "consumed_global", "finished", "leftover",
-                "start_step", "earlier_microbatches", "dp_world_size", "lane_state")
+                "start_step", "earlier_microbatches", "dp_world_size", "tail_from",
+                "lane_state")
 LEFTOVER_FIELDS = ("microbatches", "rows", "documents", "tokens")
 _LANE_KEY = re.compile(r"lane_(0|[1-9][0-9]*)")
 
@@ -157,9 +160,13 @@ def sealed_entry(fields: dict[str, Any]) -> dict[str, Any]:
 def _check_entry(entry: Any) -> dict[str, Any]:
     entry = need_dict(entry, "")
     version = entry.get("version")
-    if type(version) is not int or version != STATE_VERSION:
+    if type(version) is int and version == 3 and "tail_from" not in entry:
+        entry = {**entry, "version": STATE_VERSION, "tail_from": None}
+    elif type(version) is not int or version != STATE_VERSION:
         raise StateFieldError("", f"has version {version!r}, expected {STATE_VERSION}")
     need_fields(entry, "", ENTRY_FIELDS)
+    if entry["tail_from"] is not None:
+        need_int(entry["tail_from"], "tail_from")
     need_int(entry["lane"], "lane")
     need_int(entry["consumed_global"], "consumed_global")
     need_int(entry["start_step"], "start_step")

@@ -192,7 +192,7 @@ class ZephonDataIterator:
             self._report.print("end of data", job=True)
             raise
         self._since_start += 1
-        self.last_global_microbatch = batch.index * self.pipeline.lanes + batch.lane
+        self.last_global_microbatch = batch.global_microbatch(self.pipeline.lanes)
         if self.trace is not None:
             self._write_trace(batch, out)
         self._maybe_log()
