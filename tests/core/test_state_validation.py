@@ -100,6 +100,19 @@ def test_positions_outside_the_plan_are_refused(corpus, tokenizer, dataset, posi
         build(corpus, tokenizer).load_state_dict(resealed(state))
 
 
+def test_a_version_3_state_resumes_as_written(corpus, tokenizer):
+    """Version 3 had no last round: its entries, without ``tail_from``, still resume."""
+    reference = build(corpus, tokenizer)
+    expected = [digest(b) for b in islice(reference, STEPS + 3)][STEPS:]
+    state = mid_run(build(corpus, tokenizer))
+    for entry in state.values():
+        del entry["tail_from"]
+        entry["version"] = 3
+    resumed = build(corpus, tokenizer)
+    resumed.load_state_dict(resealed(state))
+    assert [digest(b) for b in islice(resumed, 3)] == expected
+
+
 def test_a_json_lines_row_past_its_unit_is_an_error_when_first_read(corpus, tokenizer):
     state = mid_run(build(corpus, tokenizer))
     source = source_state(state, 1, 1)
@@ -152,6 +165,15 @@ SOURCE = ["lane_1", "lane_state", "nodes", 0, "sources", 1]
      r"loader state 'lane_0': nodes\[1\]\.ended is 0, must be true or false"),
     (lambda s: _set(s, ["lane_0", "lane_state", "nodes", 3, "stats", "dropped"], {}),
      r"loader state 'lane_0': nodes\[3\]\.stats\.dropped\.rows is missing"),
+    (lambda s: _set(s, ["lane_0", "tail_from"], "0"),
+     r"loader state 'lane_0': tail_from is '0' \(str\), must be an integer"),
+    (lambda s: _set(s, ["lane_0", "tail_from"], 0),
+     r"loader state entries disagree on where the last round of the data began"),
+    (lambda s: [_set(s, [key, "tail_from"], 1) for key in s],
+     r"loader state: tail_from is 1, but the last round begins at a whole round"),
+    (lambda s: [_set(s, [key, "tail_from"], 0) for key in s],
+     r"loader state 'lane_\d' has \d+ microbatches consumed, but \d+ global microbatches "
+     r"imply 0 \(the last round of the data began at microbatch 0\)"),
 ])
 def test_malformed_entries_are_named(corpus, tokenizer, change, message):
     state = mid_run(build(corpus, tokenizer))
