@@ -1,8 +1,9 @@
 """Agreement between data-parallel ranks on how many rounds of microbatches all can deliver.
 
-A round is the ``j``-th microbatch of every lane. The run ends at the first round in which
+A round is the ``j``-th microbatch of every lane. The rounds end at the first round in which
 some lane has no microbatch left, on every rank at once, so no rank waits in a collective for a
-peer that stopped. One agreement is a MIN all-reduce of two int64 values per rank:
+peer that stopped (the last round, :mod:`zephon.engine.last_round`, needs no agreement: every
+rank knows its length). One agreement is a MIN all-reduce of two int64 values per rank:
 
 - ``made``: the rounds this rank's producer has complete so far (counted from the round the
   iterator started at);

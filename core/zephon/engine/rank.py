@@ -131,6 +131,25 @@ def _register(rounds: _Rounds, stop: threading.Event) -> Any:
     return None if rounds.thread is None else background.register_thread(stop, rounds.thread)
 
 
+def _guarded(rounds: _Rounds, stop: threading.Event,
+             hand_out: Iterator[SampleBatch]) -> Iterator[SampleBatch]:
+    """``hand_out``'s microbatches, made by ``rounds``: a newer iterator (or a state load)
+    that takes the stream over ends it quietly, and however it ends its producer is told to
+    stop and waited for."""
+    registration = _register(rounds, stop)
+    interrupted = False
+    try:
+        yield from hand_out
+    except _Superseded:
+        return
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
+    finally:
+        stop.set()
+        _stopped(rounds, registration, interrupted)
+
+
 def _stopped(rounds: _Rounds, registration: Any, interrupted: bool) -> None:
     """Wait for a producer told to stop (or halted). An iterator dropped without being closed
     is finalized by whichever thread collects it, the producer itself included: that one
@@ -365,59 +384,52 @@ class RankStream:
         threaded = self.prefetch > 0
         rounds = _Rounds(self._production(lanes, start), self.rounds_ahead if threaded else 1,
                          stop, threaded, f"zephon-rank{self.rank}")
-        registration = _register(rounds, stop)
+        yield from _guarded(rounds, stop, self._hand_rounds(rounds, start, stop))
+
+    def _hand_rounds(self, rounds: _Rounds, start: int,
+                     stop: threading.Event) -> Iterator[SampleBatch]:
         # Agreeing ahead, and waiting for several rounds after an outrun, pay off only where
         # a producer runs ahead and the agreement is a real collective.
-        agree_ahead = threaded and not self.agree.local
+        agree_ahead = rounds.thread is not None and not self.agree.local
         horizon, end = 0, None  # agreed: rounds below horizon exist on every rank
         handed = 0  # rounds this iterator handed out
         pending = None  # the agreement in flight
         issue_at: int | None = None  # where the next one goes out ahead of need
         outruns = 0  # agreements in a row for which this rank's producer was behind
-        interrupted = False
-        try:
-            while True:
-                if handed < horizon:
-                    if handed == issue_at:  # every earlier agreement has been read
-                        self.agreements["ahead"] += 1
-                        pending = self.agree.start(*rounds.report())
-                    for lane, batch, snapshot in rounds.take():
-                        if stop.is_set():
-                            return
-                        self.consumed[lane] = snapshot
-                        self.handed += 1
-                        yield batch
-                    handed += 1
-                    continue
-                if end is not None:  # every rank agreed on this same end
-                    rounds.halt()
-                    _stopped(rounds, registration, interrupted=False)
-                    self.tail_from = self.consumed_global
-                    yield from self._last_round(stop, empty=start == 0 and end == 0)
-                    return
-                if pending is None:
-                    gain = 1
-                    if agree_ahead:
-                        made, ended = rounds.report()
-                        outruns = outruns + 1 if made <= handed and not ended else 0
-                        gain = min(MAX_GAIN, self.rounds_ahead, 1 << max(0, outruns - 1))
-                    rounds.wait_for(handed + 1)
-                    if gain > 1:
-                        rounds.wait_for(handed + gain, timeout=_GAIN_WAIT_S)
-                    self.agreements["on_demand"] += 1
+        while True:
+            if handed < horizon:
+                if handed == issue_at:  # every earlier agreement has been read
+                    self.agreements["ahead"] += 1
                     pending = self.agree.start(*rounds.report())
-                horizon, end = pending.result()
-                pending = None
-                issue_at = handed + (horizon - handed + 1) // 2 \
-                    if agree_ahead and end is None and horizon - handed >= 2 else None
-        except _Superseded:
-            return  # a newer iterator (or a state load) owns this stream now
-        except KeyboardInterrupt:
-            interrupted = True
-            raise
-        finally:
-            stop.set()
-            _stopped(rounds, registration, interrupted)
+                for lane, batch, snapshot in rounds.take():
+                    if stop.is_set():
+                        return
+                    self.consumed[lane] = snapshot
+                    self.handed += 1
+                    yield batch
+                handed += 1
+                continue
+            if end is not None:  # every rank agreed on this same end
+                rounds.halt()
+                _stopped(rounds, None, interrupted=False)
+                self.tail_from = self.consumed_global
+                yield from self._last_round(stop, empty=start == 0 and end == 0)
+                return
+            if pending is None:
+                gain = 1
+                if agree_ahead:
+                    made, ended = rounds.report()
+                    outruns = outruns + 1 if made <= handed and not ended else 0
+                    gain = min(MAX_GAIN, self.rounds_ahead, 1 << max(0, outruns - 1))
+                rounds.wait_for(handed + 1)
+                if gain > 1:
+                    rounds.wait_for(handed + gain, timeout=_GAIN_WAIT_S)
+                self.agreements["on_demand"] += 1
+                pending = self.agree.start(*rounds.report())
+            horizon, end = pending.result()
+            pending = None
+            issue_at = handed + (horizon - handed + 1) // 2 \
+                if agree_ahead and end is None and horizon - handed >= 2 else None
 
     # -- the last round --------------------------------------------------------------------
     def _last_round(self, stop: threading.Event, empty: bool) -> Iterator[SampleBatch]:
@@ -431,31 +443,24 @@ class RankStream:
         rounds = _Rounds(self._last_round_production(states, first),
                          self.rounds_ahead if threaded else 1, stop, threaded,
                          f"zephon-rank{self.rank}")
-        registration = _register(rounds, stop)
-        interrupted = False
-        try:
-            while True:
-                item = rounds.take()
-                if isinstance(item, _Drained):
-                    self._finish(item)
-                    if empty and self.handed == 0:
-                        self.empty_run = empty_run_message(
-                            self.plan.source.names(), self.consumed, item.made, self.rank,
-                            self.world_size)
-                        raise DataError(self.empty_run)
-                    return
-                if stop.is_set():
-                    return
-                self.handed += 1
-                yield item[0]
-        except _Superseded:
-            return
-        except KeyboardInterrupt:
-            interrupted = True
-            raise
-        finally:
-            stop.set()
-            _stopped(rounds, registration, interrupted)
+        yield from _guarded(rounds, stop, self._hand_last_round(rounds, stop, empty))
+
+    def _hand_last_round(self, rounds: _Rounds, stop: threading.Event,
+                         empty: bool) -> Iterator[SampleBatch]:
+        while True:
+            item = rounds.take()
+            if isinstance(item, _Drained):
+                self._finish(item)
+                if empty and self.handed == 0:
+                    self.empty_run = empty_run_message(
+                        self.plan.source.names(), self.consumed, item.made, self.rank,
+                        self.world_size)
+                    raise DataError(self.empty_run)
+                return
+            if stop.is_set():
+                return
+            self.handed += 1
+            yield item[0]
 
     def _gathered_states(self) -> dict[int, Any] | None:
         """Every lane's consumed state (portable), this rank's and its peers' (None: the

@@ -26,13 +26,13 @@ after the model is built:
   mixture share; ``"drain"``: all of them). Exact for one Megatron indexed dataset packed with
   ``wrap`` and no ``[[ops]]``: the tokens of each lane's units are counted from the ``.idx``
   (plus the BOS/EOS ``pretokenized`` adds per document; reading the index only), ``wrap``
-  pads only a lane's last row, and the run ends at the first round of microbatches a lane
-  cannot fill (:func:`_indexed_rows`): a run needing more rows is refused. Otherwise (text
+  pads only a lane's last row, and every microbatch is handed out but fewer than one per
+  data-parallel rank (:func:`_indexed_rows`): a run needing more rows is refused. Otherwise (text
   data, whose tokens ``zephon stats`` estimates from a tokenized sample; a mixture of several
   datasets; bin packing, which pads; ``[[ops]]`` that may drop or change documents) the rows
   are an estimate, ``tokens / (seq_length + 1)`` over all lanes, and the run is refused only
-  when that is below 90% (:data:`SHORT_ESTIMATE`) of what it needs; lanes that end unevenly
-  can still stop such a run earlier. Remote datasets (``hf://``) are not estimated here.
+  when that is below 90% (:data:`SHORT_ESTIMATE`) of what it needs. Remote datasets
+  (``hf://``) are not estimated here.
 - Megatron-LM's tokenizer (:func:`tokenizer_problems`), where it loads without Megatron-LM:
   ``--tokenizer-type HuggingFaceTokenizer`` with a local ``--tokenizer-model`` directory. It
   must have at least the ids of the recipe's tokenizer and end documents with the same EOS id
@@ -360,7 +360,7 @@ def data_shortfall(args: argparse.Namespace, recipe: Any, pipeline: Any,
     row = int((pack.max_length if pack is not None else None) or args.seq_length + 1)
     exact = exact and pack is not None and pack.algorithm == "wrap"
     if exact:
-        rows = _indexed_rows(pipeline, row, args.micro_batch_size)
+        rows = _indexed_rows(pipeline, row, args.micro_batch_size, dp)
         if rows >= needed:
             return None
         counted = (f"{rows:,} rows ({int(available):,} tokens counted from the index, split "
@@ -385,13 +385,14 @@ def data_shortfall(args: argparse.Namespace, recipe: Any, pipeline: Any,
             f"without a checkpoint. Add {fix} to [mixture], give more data, or {lower}")
 
 
-def _indexed_rows(pipeline: Any, row: int, mbs: int) -> int:
-    """The rows one non-repeated indexed dataset, packed with ``wrap``, hands to Megatron:
-    each lane's units (:meth:`~zephon.work.static_mixture.StaticMixtureWorkSource.unit_at`) give it
-    ``T_l`` tokens, so ``ceil(T_l / row)`` rows (only the last is padded) and ``k_l = rows //
-    mbs`` microbatches. Readers hand out rounds of one microbatch per lane (global microbatch
-    ``m`` is lane ``m % L``'s) and all stop at the first round a lane cannot fill, so the run
-    gets ``min(k_l) * L`` microbatches, whatever the data-parallel size."""
+def _indexed_rows(pipeline: Any, row: int, mbs: int, dp: int) -> int:
+    """The rows one non-repeated indexed dataset, packed with ``wrap``, hands to Megatron at
+    ``dp`` data-parallel ranks: each lane's units
+    (:meth:`~zephon.work.static_mixture.StaticMixtureWorkSource.unit_at`) give it ``T_l``
+    tokens, so ``ceil(T_l / row)`` rows (only the last is padded) and ``k_l = rows // mbs``
+    microbatches. Every one of them is handed out but the last ``(sum(k_l) - min(k_l) L) %
+    dp``: the rounds end at ``min(k_l) L`` and the last round hands the rest out ``dp`` at a
+    time (:mod:`zephon.engine.last_round`)."""
     from zephon.io.indexed import open_indexed
     from zephon.ops.pretokenized import PretokenizedSpec
 
@@ -410,7 +411,8 @@ def _indexed_rows(pipeline: Any, row: int, mbs: int) -> int:
                 + extra * (unit.stop - unit.start)
             k += 1
         ends.append((-(-tokens // row)) // mbs)
-    return min(ends) * lanes * mbs
+    last_round = sum(ends) - min(ends) * lanes
+    return (sum(ends) - last_round % dp) * mbs
 
 
 # -- resume ------------------------------------------------------------------------------------
