@@ -284,3 +284,19 @@ def test_an_import_by_string_that_leads_back_is_a_circle(tmp_path, monkeypatch):
         monkeypatch.setitem(PACKAGES, name, tmp_path / "none")
     assert import_circles() == [["zephon.back", "zephon.lazy"],
                                 ["zephon.registry", "zephon.toy"]]
+
+
+TEST_MODULE = re.compile(r"tests\.\w+\.test_\w+")
+
+
+def test_tests_import_the_kit_never_one_another():
+    """What tests share lives in ``tests/kit``; a test module imports no other test module
+    (in code or in the text of a child's code), so moving or deleting one breaks no other."""
+    found = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        own = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        text = path.read_text()
+        named = {m for m in imported_modules(path) if TEST_MODULE.fullmatch(m)}
+        named |= set(re.findall(r"(?:from|import) (tests\.\w+\.test_\w+)", text))
+        found += [f"{path.relative_to(ROOT)} imports {m}" for m in sorted(named - {own})]
+    assert found == []

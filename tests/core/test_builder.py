@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import zephon
-from tests.core.test_elastic import build, digest
+from tests.kit.elastic import build, digest
 from zephon import ConfigError, Pipeline, StateMismatchError
 from zephon.io import CacheOptions, Dataset, StoreOptions
 from zephon.ops.pack import PackSpec
@@ -67,11 +67,11 @@ def test_type_checkers_see_the_builder_methods_signatures(tmp_path):
 
 
 def test_every_operator_is_registered_and_abstract_methods_are_enforced():
-    from zephon.ops.base import _REGISTRY, DocumentOperator, RowOperator
+    from zephon.ops.base import OPERATORS, DocumentOperator, RowOperator
 
     assert {"tokenize", "tokenize_chat", "pretokenized", "map", "filter", "pack_flat",
-            "pack_sequences", "shuffle", "batch"} <= set(_REGISTRY)
-    for name, spec in _REGISTRY.items():
+            "pack_sequences", "shuffle", "batch"} <= set(OPERATORS)
+    for name, spec in ((n, OPERATORS.get(n)) for n in OPERATORS):
         assert spec.op_name == name
     for base in (DocumentOperator, RowOperator):
         incomplete = type("Incomplete", (base,), {})

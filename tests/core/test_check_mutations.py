@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import write_jsonl, write_parquet
 from zephon.recipe import DataRecipe
-from zephon.recipe_checks import check_recipe
+from zephon.recipe.checks import check_recipe
 
 RUN = {"world_size": 1, "seq_len": 32, "microbatch_size": 2}
 MUTATIONS = 200

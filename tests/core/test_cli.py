@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from zephon.io import CacheOptions
-from zephon.io.hub.cache import CachedFile, ShardCache
+from zephon.io.cache.shard_cache import CachedFile, ShardCache
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "recipes" / "torchtitan" / "data" / "pretrain_docmask.toml"
@@ -108,7 +108,7 @@ def test_cache_ls_verify_and_prune(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", f"""
 import json, sys, time
 from zephon.io import CacheOptions
-from zephon.io.hub.cache import CachedFile, ShardCache
+from zephon.io.cache.shard_cache import CachedFile, ShardCache
 item = CachedFile(**json.loads(sys.argv[1]))
 with ShardCache(CacheOptions(enabled=True, root={str(root)!r})).open(item, None):
     print("open", flush=True)

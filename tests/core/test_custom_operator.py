@@ -7,8 +7,8 @@ import pickle
 
 import pytest
 
-from tests.core.test_elastic import LANES, build, digest, merged_state, run, stream
 from tests.core.toy_ops import DropShortSpec, ShoutSpec
+from tests.kit.elastic import LANES, build, digest, merged_state, run, stream
 from zephon import Pipeline, StateMismatchError
 from zephon.errors import ConfigError
 from zephon.io import Dataset

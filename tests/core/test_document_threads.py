@@ -111,7 +111,7 @@ def test_only_datasets_with_a_gil_releasing_operator_use_the_threads(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from zephon.tokenizer import load_tokenizer
+    from zephon.text.tokenizer import load_tokenizer
 
     monkeypatch.setattr(source_module, "CHUNK_CHARS", 2000)
     texts = make_documents(120, seed=4, min_words=10, max_words=60)

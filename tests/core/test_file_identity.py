@@ -12,7 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.state_kit import resealed
+from tests.kit.edits import reorder_lines
+from tests.kit.state import resealed
 from zephon import Pipeline
 from zephon.errors import DataError, StateMismatchError
 from zephon.io import Dataset
@@ -28,18 +29,6 @@ def write_lines(path: Path, count: int, seed: int = 0) -> Path:
         rng.choice(["alpha", "beta", "gamma", "delta"]) for _ in range(rng.randint(5, 25)))})
         + "\n" for i in range(count)))
     return path
-
-
-def reorder_lines(path: Path, start: int, stop: int, seed: int = 1) -> None:
-    """Lines ``start..stop`` of ``path`` shuffled in place: the same size, and every byte
-    outside their span as it was."""
-    data = path.read_bytes()
-    lines = data.splitlines(keepends=True)
-    moved = lines[start:stop]
-    random.Random(seed).shuffle(moved)
-    path.write_bytes(b"".join(lines[:start] + moved + lines[stop:]))
-    changed = path.read_bytes()
-    assert len(changed) == len(data) and changed != data
 
 
 def test_where_a_file_is_sampled_follows_from_its_size_alone():

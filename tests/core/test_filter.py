@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import write_jsonl
-from tests.core.test_elastic import digest, merged_state, run, stream
 from tests.core.toy_ops import keep_even_length, keep_odd_length
+from tests.kit.elastic import digest, merged_state, run, stream
 from zephon import Pipeline
 from zephon.demo.assets import make_documents
 from zephon.errors import DataError

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.core.test_elastic import build, merged_state, run, stream
 from tests.hub.hubdata import fast_options
-from tests.objectstore.test_scheme_plugin import BUCKETS, MemoryBucket
+from tests.kit.buckets import BUCKETS, MemoryBucket
+from tests.kit.elastic import build, merged_state, run, stream
 from zephon.errors import DataError
 from zephon.io import Dataset, file_formats, storage
 from zephon.io.formats import UnitSpec
 from zephon.recipe import DataRecipe
-from zephon.recipe_checks import check_recipe
+from zephon.recipe.checks import check_recipe
 
 ROWS_PER_UNIT = 7
 

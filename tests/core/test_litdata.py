@@ -14,7 +14,9 @@ import pytest
 
 from tests.core import litdata_sets
 from tests.core.litdata_sets import ITEMS, item
-from tests.core.test_mds import (
+from tests.hub.hubdata import fast_options
+from tests.kit.buckets import BUCKETS, MemoryBucket
+from tests.kit.mds import (
     pipeline_over,
     refused_peak,
     rows_of,
@@ -22,12 +24,10 @@ from tests.core.test_mds import (
     token_rows,
     zstd_bomb,
 )
-from tests.hub.hubdata import fast_options
-from tests.objectstore.test_scheme_plugin import BUCKETS, MemoryBucket
 from zephon.errors import DataError
 from zephon.io import Dataset, storage
 from zephon.io.formats.litdata import LITDATA
-from zephon.recipe_checks import file_fields, peek_field
+from zephon.recipe.checks import file_fields, peek_field
 
 
 @pytest.fixture(scope="module")

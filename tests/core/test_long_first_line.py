@@ -12,7 +12,7 @@ import pytest
 import zstandard
 
 from zephon.io.formats.jsonl import FIELDS_PREFIX_BYTES, fields
-from zephon.recipe_checks import check_recipe, peek_field
+from zephon.recipe.checks import check_recipe, peek_field
 
 LINE_BYTES = 20 << 20
 

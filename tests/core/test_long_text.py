@@ -10,12 +10,12 @@ import random
 import numpy as np
 import pytest
 
-import zephon.long_text as long_text
-import zephon.tokenizer as tokenizer_module
+import zephon.text.long_text as long_text
+import zephon.text.tokenizer as tokenizer_module
 from zephon.demo.tokenizer_kinds import KINDS, added_tokens, build_tokenizer
 from zephon.errors import ConfigError, DataError
-from zephon.long_text import CutRule, NoCuts, cut_rule
-from zephon.tokenizer import TextEncoder, load_tokenizer
+from zephon.text.long_text import CutRule, NoCuts, cut_rule
+from zephon.text.tokenizer import TextEncoder, load_tokenizer
 
 ADDED = [t.content for t in added_tokens()] + ["<s>", "</s>"]
 
@@ -194,7 +194,7 @@ def test_a_rule_that_fails_its_self_check_is_not_used(kinds, monkeypatch, caplog
     monkeypatch.setattr(tokenizer_module, "_CUTS", {})
     from tokenizers import Tokenizer
 
-    with caplog.at_level(logging.WARNING, logger="zephon.tokenizer"):
+    with caplog.at_level(logging.WARNING, logger="zephon.text.tokenizer"):
         encoder = TextEncoder(Tokenizer.from_str(json.dumps(legacy)))
     assert not encoder.sliceable and "do not encode to the whole text" in encoder.cuts.reason
     assert "long texts are not cut into slices" in caplog.text

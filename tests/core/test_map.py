@@ -7,8 +7,8 @@ import pickle
 import pytest
 
 from tests.conftest import write_jsonl
-from tests.core.test_elastic import digest, merged_state, run, stream
 from tests.core.toy_ops import first_ten_tokens, not_a_dict, shout_text
+from tests.kit.elastic import digest, merged_state, run, stream
 from zephon import Pipeline, StateMismatchError
 from zephon.demo.assets import make_documents
 from zephon.errors import ConfigError, DataError
@@ -98,7 +98,7 @@ def test_a_renamed_function_refuses_the_resume(tmp_path, texts, tokenizer_dir):
 
 
 def test_map_resumes_exactly_at_another_size(two_datasets, tokenizer_dir):
-    from tests.core.test_elastic import build
+    from tests.kit.elastic import build
 
     def with_map():
         base = build(two_datasets, tokenizer_dir)

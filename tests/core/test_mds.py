@@ -9,35 +9,23 @@ import json
 import pickle
 import shutil
 import struct
-from pathlib import Path
 
 import pytest
 
 from tests.hub.hubdata import fast_options
-from tests.objectstore.test_scheme_plugin import BUCKETS, MemoryBucket
-from zephon import Pipeline
+from tests.kit.buckets import BUCKETS, MemoryBucket
+from tests.kit.mds import (
+    EXPECTED,
+    MDS,
+    pipeline_over,
+    refused_peak,
+    rows_of,
+    sorted_documents,
+    token_rows,
+    zstd_bomb,
+)
 from zephon.errors import DataError
 from zephon.io import Dataset, storage
-from zephon.io.formats import PlanHints, read_unit
-from zephon.work import MixtureSpec, StaticMixtureWorkSource
-
-MDS = Path(__file__).resolve().parents[1] / "data" / "mds"
-EXPECTED = [json.loads(line) for line in (MDS / "expected.jsonl").read_text().splitlines()]
-
-
-def rows_of(dataset: Dataset) -> list[dict]:
-    """Every row of ``dataset``, unit by unit in plan order, as a dict of its fields."""
-    table = dataset.plan(PlanHints(1 << 20, 7), 1)
-    rows = []
-    for i in range(len(table)):
-        file_index, unit = table[i]
-        data_file = dataset.files()[file_index]
-        with dataset.local_file(data_file) as local:
-            columns, keys = read_unit(local, data_file.fmt, data_file.compression, unit, None,
-                                      data_file.path, data_file.context)
-        rows += [{name: values[r] for name, values in columns.items()}
-                 for r in range(len(keys))]
-    return rows
 
 
 @pytest.mark.parametrize("variant", ["plain", "zstd"])
@@ -53,25 +41,6 @@ def test_every_column_reads_as_streaming_wrote_it(variant):
         assert got["tokens"].tolist() == want["tokens"] and str(got["tokens"].dtype) == "int32"
         assert got["raw"] == bytes.fromhex(want["raw"])
         assert got["score"] == pytest.approx(want["score"], abs=1e-6)
-
-
-def pipeline_over(path, tokenizer_dir, **options) -> Pipeline:
-    source = StaticMixtureWorkSource([Dataset.from_path("d", path)], MixtureSpec({"d": 1.0}),
-                                     seed=4, repeat=False, arrow_unit_rows=5)
-    return (Pipeline(source).tokenize(tokenizer_id=tokenizer_dir).pack_flat(33, "wrap")
-            .batch(2, drop_last=False).options(lanes=1, **options))
-
-
-def token_rows(pipeline) -> list[bytes]:
-    return [r.payload["input_ids"].tobytes() for b in pipeline for r in b.records]
-
-
-def sorted_documents(path, tokenizer_dir) -> list[bytes]:
-    """The token ids of every document of a dataset, one a row, sorted."""
-    source = StaticMixtureWorkSource([Dataset.from_path("d", path)], MixtureSpec({"d": 1.0}),
-                                     seed=4, repeat=False)
-    pipeline = Pipeline(source).tokenize(tokenizer_id=tokenizer_dir).batch(1).options(lanes=1)
-    return sorted(token_rows(pipeline))
 
 
 def test_mds_gives_the_documents_of_the_same_rows_in_json_lines(tokenizer_dir, tmp_path):
@@ -182,29 +151,6 @@ def test_each_kind_of_damaged_shard_is_named_with_its_sample(tmp_path, damage, m
     shard.write_bytes(damage(shard.read_bytes()))
     with pytest.raises(DataError, match=rf"shard\.00001\.mds: .*{message}"):
         rows_of(Dataset.from_path("m", folder))
-
-
-def zstd_bomb(size: int) -> bytes:
-    """``size`` zero bytes (whole MiB), zstd-compressed: a few hundred bytes a MiB."""
-    import zstandard
-
-    writer = zstandard.ZstdCompressor().compressobj()
-    return b"".join([*(writer.compress(bytes(1 << 20)) for _ in range(size >> 20)),
-                     writer.flush()])
-
-
-def refused_peak(read, match: str) -> int:
-    """The most memory ``read()`` held (as traced) before refusing with a DataError that
-    matches ``match``."""
-    import tracemalloc
-
-    tracemalloc.start()
-    try:
-        with pytest.raises(DataError, match=match):
-            read()
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
 
 
 def test_a_shard_decompresses_no_further_than_the_cap(tmp_path, monkeypatch):

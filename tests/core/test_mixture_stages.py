@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.stages_kit import (
+from tests.kit.stages import (
     LANES,
     MICROBATCH_TOKENS,
     RECIPE_STAGES,

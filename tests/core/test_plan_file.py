@@ -260,7 +260,7 @@ def test_a_plan_made_before_sampled_file_versions_is_refused_asking_for_a_new_on
 
 
 def test_lines_reordered_since_the_plan_are_refused_naming_the_file(planned):
-    from tests.core.test_file_identity import reorder_lines
+    from tests.kit.edits import reorder_lines
 
     wiki = planned["web"].parent / "wiki.jsonl"
     tail = wiki.read_bytes()[-4096:]

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from zephon.demo.assets import make_documents
-from zephon.pool_turns import MIN_TEXTS, POOL_TURNS, PoolTurns, takes_turn
-from zephon.tokenizer import TextEncoder, load_tokenizer
+from zephon.text.pool_turns import MIN_TEXTS, POOL_TURNS, PoolTurns, takes_turn
+from zephon.text.tokenizer import TextEncoder, load_tokenizer
 
 
 def wait_until(condition, timeout: float = 10.0) -> None:

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import write_jsonl
-from zephon.recipe_checks import check_recipe, peek_field
+from zephon.recipe.checks import check_recipe, peek_field
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA_RECIPES = sorted([*ROOT.glob("recipes/torchtitan/data/*.toml"),

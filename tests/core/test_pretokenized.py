@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import write_jsonl
-from tests.core.test_elastic import merged_state
+from tests.kit.elastic import merged_state
 from zephon import Pipeline
 from zephon.demo.assets import make_documents
 from zephon.errors import ConfigError, DataError
@@ -18,7 +18,7 @@ from zephon.io.formats import ListColumn
 from zephon.ops.base import BuildContext
 from zephon.ops.pretokenized import PretokenizedSpec
 from zephon.records import Doc
-from zephon.tokenizer import load_tokenizer
+from zephon.text.tokenizer import load_tokenizer
 from zephon.work import MixtureSpec, StaticMixtureWorkSource, TokenEstimation
 
 LANES = 4

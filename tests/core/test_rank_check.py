@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.core.test_file_identity import reorder_lines
+from tests.kit.edits import reorder_lines
 from zephon.engine.rank_check import _check_dp_ranks, _disagreement, describe, digest
 from zephon.errors import ConfigError
 

@@ -47,7 +47,7 @@ def recipe_file(two_datasets, tokenizer_dir):
 
 
 def test_builds_a_pipeline_packed_to_seq_len_plus_one(recipe_file, tokenizer_dir):
-    from zephon.tokenizer import load_tokenizer
+    from zephon.text.tokenizer import load_tokenizer
 
     recipe = DataRecipe.from_toml(recipe_file)
     pipeline = recipe.build(seq_len=64, microbatch_size=2, dp_rank=1, dp_world_size=2)
@@ -219,7 +219,7 @@ def test_datasets_with_their_own_fields_and_kinds(tmp_path, tokenizer_dir):
 
     from tests.conftest import write_jsonl
     from zephon.demo.assets import make_documents
-    from zephon.tokenizer import load_tokenizer
+    from zephon.text.tokenizer import load_tokenizer
 
     texts = make_documents(40, seed=3)
     write_jsonl(tmp_path / "wiki.jsonl", [{"content": t} for t in texts[:20]])
@@ -254,7 +254,7 @@ def test_pretokenized_datasets_in_a_text_recipe_may_take_the_tokenizers_separato
     from tests.conftest import write_jsonl
     from zephon.demo.assets import make_documents
     from zephon.errors import DataError
-    from zephon.tokenizer import load_tokenizer
+    from zephon.text.tokenizer import load_tokenizer
 
     texts = make_documents(30, seed=5)
     tokenizer = load_tokenizer(tokenizer_dir)

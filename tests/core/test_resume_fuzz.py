@@ -14,10 +14,10 @@ import random
 
 import pytest
 
-from tests.core.test_elastic import digest
+from tests.kit.elastic import digest
 from zephon import Pipeline
 from zephon.io import Dataset
-from zephon.tokenizer import load_tokenizer
+from zephon.text.tokenizer import load_tokenizer
 from zephon.work import MixtureSpec, StaticMixtureWorkSource, TokenEstimation
 
 LANES = 8

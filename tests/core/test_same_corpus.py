@@ -21,8 +21,8 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from tests.core.test_elastic import take_steps
-from tests.core.test_mds import EXPECTED, MDS
+from tests.kit.elastic import take_steps
+from tests.kit.mds import EXPECTED, MDS
 from zephon import Pipeline
 from zephon.io import Dataset
 from zephon.work import MixtureSpec, StaticMixtureWorkSource

@@ -8,7 +8,7 @@ import pytest
 
 from zephon.errors import ConfigError
 from zephon.recipe import recipe_schema
-from zephon.schema import dataclass_keys, matches, read_table
+from zephon.recipe.schema import dataclass_keys, matches, read_table
 
 
 def test_every_recipe_key_is_documented():
@@ -60,7 +60,7 @@ def test_sections_follow_their_classes():
 
 def test_keys_print_as_text_a_reader_understands():
     from zephon.recipe import recipe_schema
-    from zephon.schema import format_schema
+    from zephon.recipe.schema import format_schema
 
     batch = recipe_schema()["batch"]
     assert repr(batch) == ("{'microbatch_size': <key microbatch_size: an integer, required>, "

@@ -7,7 +7,7 @@ import pickle
 import numpy as np
 import pytest
 
-from tests.core.test_batch import Rows
+from tests.kit.rows import Rows
 from zephon.errors import ConfigError
 from zephon.ops.base import BuildContext
 from zephon.ops.shuffle import ShuffleSpec

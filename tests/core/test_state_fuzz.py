@@ -26,10 +26,10 @@ from typing import Any
 
 import pytest
 
-from tests.core.test_state_validation import build, mid_run, write_corpus
-from tests.state_kit import resealed
+from tests.kit.state import resealed
+from tests.kit.state_corpus import build, mid_run, write_corpus
 from zephon import StateMismatchError
-from zephon.tokenizer import load_tokenizer
+from zephon.text.tokenizer import load_tokenizer
 
 CHANGES = 200
 SEED = 43

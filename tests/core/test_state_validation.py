@@ -5,7 +5,6 @@ leaves the loader as it was."""
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -13,27 +12,12 @@ from typing import Any, ClassVar
 
 import pytest
 
-from tests.conftest import write_jsonl, write_parquet
-from tests.core.test_elastic import digest
-from tests.state_kit import resealed
-from zephon import Pipeline, StateMismatchError
-from zephon.demo.assets import make_documents
-from zephon.io import Dataset
+from tests.kit.elastic import digest
+from tests.kit.state import resealed
+from tests.kit.state_corpus import STEPS, build, mid_run, write_corpus
+from zephon import StateMismatchError
 from zephon.ops.base import BuildContext, Node, OperatorSpec, RowOperator
-from zephon.tokenizer import load_tokenizer
-from zephon.work import StaticMixtureWorkSource
-
-STEPS = 4
-"""Microbatches consumed before the state is taken: 2 per lane, so lanes' entries look alike."""
-
-
-def write_corpus(root: Path) -> dict[str, Path]:
-    """A Parquet dataset ``a`` (12 row groups of 8 rows) and a JSON Lines dataset ``b``
-    (byte-range units): every lane reads several units of each."""
-    texts = make_documents(192, seed=3, min_words=10, max_words=40)
-    write_parquet(root / "a" / "part.parquet", texts[:96], row_group_size=8)
-    write_jsonl(root / "b" / "part.jsonl", [{"text": t} for t in texts[96:]])
-    return {"a": root / "a", "b": root / "b"}
+from zephon.text.tokenizer import load_tokenizer
 
 
 @pytest.fixture
@@ -44,25 +28,6 @@ def corpus(tmp_path) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def tokenizer(tokenizer_dir):
     return load_tokenizer(tokenizer_dir)
-
-
-def build(corpus, tokenizer, *extra: OperatorSpec, seed: int = 5) -> Pipeline:
-    source = StaticMixtureWorkSource(
-        [Dataset.from_path("a", corpus["a"]), Dataset.from_path("b", corpus["b"])], seed=seed,
-        unit_bytes=1024)
-    pipeline = (Pipeline(source).options(lanes=2, prefetch=0).tokenize(tokenizer=tokenizer)
-                .pack_flat(16, "first_fit", max_open_bins=3))
-    for spec in extra:
-        pipeline = pipeline.apply(spec)
-    return pipeline.shuffle(3).batch(2)
-
-
-def mid_run(pipeline: Pipeline, steps: int = STEPS) -> dict[str, Any]:
-    """The state after ``steps`` microbatches, as a checkpoint holds it (through JSON)."""
-    iterator = iter(pipeline)
-    for _ in range(steps):
-        next(iterator)
-    return json.loads(json.dumps(pipeline.state_dict()))
 
 
 def lane_state(state: dict[str, Any], lane: int) -> dict[str, Any]:

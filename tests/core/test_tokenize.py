@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from tests.kit.texts import long_text
 from zephon.errors import ConfigError
 from zephon.ops.tokenize import DocumentTokenizer, TokenizeSpec
-from zephon.tokenizer import load_tokenizer
+from zephon.text.tokenizer import load_tokenizer
 
 
 def test_bos_eos_added_per_document(tokenizer_dir):
@@ -61,7 +62,7 @@ def test_batch_size_changes_nothing(tokenizer_dir, demo_assets):
 
 def test_encoded_ids_are_the_backend_ids_as_int32(tokenizer_dir, demo_assets):
     from zephon.demo.assets import make_documents
-    from zephon.tokenizer import TextEncoder, ids_array
+    from zephon.text.tokenizer import TextEncoder, ids_array
 
     texts = [*make_documents(20, seed=5), ""]
     hf = load_tokenizer(tokenizer_dir)
@@ -106,9 +107,9 @@ def test_long_texts_in_slices_give_the_whole_text_tokens(which, tokenizer_dir, t
                                                          monkeypatch):
     import random
 
-    import zephon.tokenizer as tokenizer_module
+    import zephon.text.tokenizer as tokenizer_module
     from zephon.demo.assets import build_chat_assets, make_documents
-    from zephon.tokenizer import TextEncoder
+    from zephon.text.tokenizer import TextEncoder
 
     path = tokenizer_dir if which == "demo" else build_chat_assets(tmp_path, n=20)["tokenizer"]
     encoder = TextEncoder(load_tokenizer(path))
@@ -127,18 +128,12 @@ def test_long_texts_in_slices_give_the_whole_text_tokens(which, tokenizer_dir, t
     assert np.array_equal(sliced[1], encoder.encode(["short"])[0])
 
 
-def long_text(words: int) -> str:
-    from zephon.demo.assets import make_documents
-
-    return " ".join(" ".join(make_documents(40, seed=6)).split(" ")[:words])
-
-
 @pytest.mark.parametrize("limit", [7, 64, 500])
 def test_long_texts_are_cut_into_pieces_as_they_are_taken(tokenizer_dir, monkeypatch, limit):
     """With max_document_tokens a long text's pieces are made slice by slice: the same pieces
     as cutting the whole text's tokens, made one at a time."""
     import zephon.ops.tokenize as tokenize_module
-    import zephon.tokenizer as tokenizer_module
+    import zephon.text.tokenizer as tokenizer_module
     from zephon.ops.base import LazyPieces
     from zephon.records import Doc
 
@@ -174,7 +169,7 @@ def test_long_texts_are_cut_into_pieces_as_they_are_taken(tokenizer_dir, monkeyp
 def test_a_long_document_resumes_inside_itself_exactly(tokenizer_dir, tmp_path,
                                                        monkeypatch) -> None:
     import zephon.ops.tokenize as tokenize_module
-    import zephon.tokenizer as tokenizer_module
+    import zephon.text.tokenizer as tokenizer_module
     from tests.conftest import write_jsonl
     from zephon import Pipeline
     from zephon.engine.dataset_source import DatasetSource, _LazyRow
@@ -250,7 +245,7 @@ def test_a_saved_tokenizer_is_read_once_and_its_settings_never_cut_documents(tmp
     import shutil
 
     from zephon.demo.assets import make_documents, train_tokenizer
-    from zephon.tokenizer import TextEncoder, _SavedFastTokenizer
+    from zephon.text.tokenizer import TextEncoder, _SavedFastTokenizer
 
     path = train_tokenizer(make_documents(30, seed=5), tmp_path / "t", vocab_size=400)
     spec = json.loads((tmp_path / "t" / "tokenizer.json").read_text())
@@ -313,8 +308,8 @@ def test_every_encoding_path_gives_the_same_plain_ids(tokenizer_dir, monkeypatch
 
     from tokenizers import Tokenizer
 
-    import zephon.tokenizer as tokenizer_module
-    from zephon.tokenizer import TextEncoder, resolve_encoder
+    import zephon.text.tokenizer as tokenizer_module
+    from zephon.text.tokenizer import TextEncoder, resolve_encoder
 
     words = long_text(900).split(" ")
     markers = ["<|eos|>", "<|pad|>", "<|bos|>", "x<|eos|>y", "<|pad|><|bos|>"]
@@ -342,7 +337,7 @@ def test_every_encoding_path_gives_the_same_plain_ids(tokenizer_dir, monkeypatch
 def test_a_python_tokenizer_splits_special_token_text_too():
     from transformers import ByT5Tokenizer
 
-    from zephon.tokenizer import TextEncoder
+    from zephon.text.tokenizer import TextEncoder
 
     python = ByT5Tokenizer()  # no Rust backend: encoded through transformers' own call
     assert getattr(python, "backend_tokenizer", None) is None
@@ -419,7 +414,7 @@ def test_a_lone_surrogate_is_an_error_naming_the_row_and_the_cleaning_map(tokeni
     import json
 
     import zephon.ops.tokenize as tokenize_module
-    import zephon.tokenizer as tokenizer_module
+    import zephon.text.tokenizer as tokenizer_module
     from zephon.errors import DataError
     from zephon.records import Doc
 
@@ -431,7 +426,7 @@ def test_a_lone_surrogate_is_an_error_naming_the_row_and_the_cleaning_map(tokeni
         docs = [Doc(None, f"d{i}", "web", fields={"text": t}) for i, t in enumerate(batch)]
         with pytest.raises(DataError, match=rf"web/part-0\.jsonl:{at + 1}: field 'text', "
                                             r"character 2, holds the surrogate code point "
-                                            r"U\+DC80.*zephon\.tokenizer:replace_surrogates"):
+                                            r"U\+DC80.*zephon\.text\.tokenizer:replace_surrogates"):
             op.apply(docs, [f"web/part-0.jsonl:{i + 1}" for i in range(len(batch))])
     monkeypatch.setattr(tokenize_module, "LONG_TEXT_CHARS", 1000)
     monkeypatch.setattr(tokenizer_module, "LONG_TEXT_CHARS", 1000)
@@ -459,7 +454,7 @@ def test_the_cleaning_map_replaces_lone_surrogates_in_a_pipeline(tokenizer_dir, 
     tokenized = pipeline().tokenize(tokenizer_id=tokenizer_dir).pack_sequences(64).batch(1)
     with pytest.raises(DataError, match=r"part-0\.jsonl:2: field 'text', character 2, holds"):
         list(tokenized)
-    from zephon.tokenizer import replace_surrogates
+    from zephon.text.tokenizer import replace_surrogates
 
     cleaned = (pipeline().map(replace_surrogates).tokenize(tokenizer_id=tokenizer_dir)
                .pack_sequences(64).batch(1))

@@ -302,9 +302,9 @@ def test_a_lone_surrogate_in_a_message_is_an_error_naming_the_row(tmp_path, chat
     pipeline = chat_pipeline(path, chat_tokenizers[style]).batch(1, drop_last=False)
     with pytest.raises(DataError, match=r"chat\.jsonl:2: field 'messages': message 1 \(role "
                                         r"'assistant'\) holds the surrogate code point U\+DC80"
-                                        r".*zephon\.tokenizer:replace_surrogates"):
+                                        r".*zephon\.text\.tokenizer:replace_surrogates"):
         list(pipeline)
-    from zephon.tokenizer import replace_surrogates
+    from zephon.text.tokenizer import replace_surrogates
 
     source = StaticMixtureWorkSource([Dataset.from_path("chat", path)], seed=0,
                                      shuffle_rows=False, shuffle_units=False)

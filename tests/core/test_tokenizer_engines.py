@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import zephon.fast_engine as fast_engine
-import zephon.tokenizer as tokenizer_module
+import zephon.text.fast_engine as fast_engine
+import zephon.text.tokenizer as tokenizer_module
 from zephon.errors import ConfigError
 from zephon.ops.tokenize import DocumentTokenizer, TokenizeSpec
-from zephon.tokenizer import TextEncoder, load_tokenizer
+from zephon.text.tokenizer import TextEncoder, load_tokenizer
 
-LOGGER = "zephon.tokenizer"
+LOGGER = "zephon.text.tokenizer"
 needs_fastokens = pytest.mark.skipif(importlib.util.find_spec("fastokens") is None,
                                      reason="fastokens is not installed (the fast extra)")
 LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?"
@@ -393,10 +393,10 @@ def test_every_path_gives_the_same_ids_with_the_fast_engine(tokenizer_dir, monke
     """Batch calls, long-text slices, max_document_tokens pieces made lazily, an encoder sent
     to a worker process (rebuilt there), special-token text split or kept."""
     import zephon.ops.tokenize as tokenize_module
-    from tests.core.test_tokenize import long_text
+    from tests.kit.texts import long_text
     from zephon.ops.base import LazyPieces
     from zephon.records import Doc
-    from zephon.tokenizer import POOL_TURNS
+    from zephon.text.tokenizer import POOL_TURNS
 
     text = long_text(3000) + " <|eos|> x<|bos|>y"
     for split in (True, False):
@@ -467,7 +467,7 @@ def test_a_python_tokenizer_keeps_its_own_engine_under_auto(caplog):
 def test_a_process_forked_while_fastokens_was_prepared_prepares_it_again(tokenizer_dir):
     """A forked child has the encoder but not the thread preparing fastokens: it starts its
     own instead of waiting for one that does not exist."""
-    from zephon.tokenizer import _Preparation
+    from zephon.text.tokenizer import _Preparation
 
     encoder = TextEncoder(load_tokenizer(tokenizer_dir), engine="auto")
     assert encoder.engine == "fastokens"

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.state_kit import resealed
+from tests.kit.state import resealed
 from zephon import Pipeline
 from zephon.errors import ConfigError, StateMismatchError
 from zephon.work import DatasetWork, LaneUnit, MixtureSchedule, Stage, UnitRows, WorkSource

@@ -10,7 +10,7 @@ import pytest
 from huggingface_hub import constants
 
 from tests.hub.hubdata import docs, fast_options, sharded
-from tests.hub.test_resolve import HINTS, load, read_texts
+from tests.kit.hub import HINTS, load, read_texts
 from zephon.errors import ConfigError, DataError
 
 PATH = "hf://org/gated/train"

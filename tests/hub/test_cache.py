@@ -9,8 +9,6 @@ import logging
 import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -18,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from tests.hub.hubdata import docs, fast_options, sharded
-from tests.hub.test_resolve import load, read_texts
+from tests.kit.hub import hub_worker, load, read_texts
 from zephon import Pipeline
 from zephon.errors import ConfigError, DataError
 from zephon.io import CacheOptions, Dataset
-from zephon.io.hub.cache import CachedFile, ShardCache
+from zephon.io.cache.shard_cache import CachedFile, ShardCache
 from zephon.work import MixtureSpec, StaticMixtureWorkSource
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -221,20 +219,13 @@ def test_limit_holds_under_eviction_while_a_pipeline_runs(hub, tmp_path):
     assert sorted(limited) == sorted(f"{i}:{j}" for i in range(8) for j in range(30))
 
 
-def _worker(args: dict, hub) -> subprocess.Popen:
-    env = {**os.environ, "HF_ENDPOINT": hub.url, "NO_PROXY": "127.0.0.1,localhost",
-           "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "tests.hub.worker", json.dumps(args)],
-                            cwd=ROOT, env=env)
-
-
 @pytest.mark.multiprocess
 def test_two_processes_download_each_shard_once(hub, tmp_path):
     texts = docs(120, seed=52)
     hub.create("org/shared", sharded(texts, 6, "data/train-{i:05d}-of-{n:05d}.parquet", 8))
     hub.throttle(r"/cdn/", 400_000)
     args = {"mode": "pipeline", "path": "hf://org/shared/train", "cache": str(tmp_path / "c")}
-    procs = [_worker({**args, "out": str(tmp_path / f"out{i}.json")}, hub) for i in range(2)]
+    procs = [hub_worker({**args, "out": str(tmp_path / f"out{i}.json")}, hub) for i in range(2)]
     assert [p.wait(timeout=60) for p in procs] == [0, 0]
     results = [json.loads((tmp_path / f"out{i}.json").read_text()) for i in range(2)]
     assert results[0]["ids"] == results[1]["ids"] and len(results[0]["ids"]) == 120
@@ -254,7 +245,7 @@ def test_a_killed_download_is_never_used(hub, tmp_path):
     size = len(hub.repos["org/slow"].commits[hub.repos["org/slow"].branches["main"]][shard])
     hub.throttle(r"/cdn/.*00000-of-00002", size / 4)
     cache_root = tmp_path / "c"
-    proc = _worker({"mode": "open", "path": "hf://org/slow/train", "cache": str(cache_root)},
+    proc = hub_worker({"mode": "open", "path": "hf://org/slow/train", "cache": str(cache_root)},
                    hub)
     partial = cache_root / "partial"
     deadline = time.monotonic() + 30
@@ -319,7 +310,7 @@ def test_ctrl_c_during_a_slow_download_exits_promptly_and_cleans_up(hub, tmp_pat
     hub.create("org/crawl", sharded(texts, 2, "data/train-{i:05d}-of-{n:05d}.parquet", 50))
     hub.throttle(r"/cdn/", 50_000)  # a shard takes about a minute
     cache_root = tmp_path / "c"
-    proc = _worker({"mode": "pipeline", "path": "hf://org/crawl/train", "cache": str(cache_root),
+    proc = hub_worker({"mode": "pipeline", "path": "hf://org/crawl/train", "cache": str(cache_root),
                     "prefetch": 2, "out": str(tmp_path / "out.json")}, hub)
     partial = cache_root / "partial"
     deadline = time.monotonic() + 30

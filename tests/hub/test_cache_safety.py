@@ -17,11 +17,12 @@ import pytest
 
 from tests.hub.disks import fill, read_only_view, small_disk
 from tests.hub.hubdata import docs, fast_options, jsonl_bytes, sharded
-from tests.hub.test_resolve import load
+from tests.kit.hub import load
 from zephon import cli
 from zephon.errors import ConfigError, DataError
 from zephon.io import CacheOptions
-from zephon.io.hub.cache import (
+from zephon.io.cache.locks import FileLock
+from zephon.io.cache.shard_cache import (
     CachedFile,
     ShardCache,
     cache_entries,
@@ -29,7 +30,6 @@ from zephon.io.hub.cache import (
     prune_cache,
     verify_cache,
 )
-from zephon.io.hub.locks import FileLock
 from zephon.io.store_options import default_cache_root
 
 LIMIT_NAMES = "[cache] limit_bytes in a recipe, CacheOptions.limit_bytes in Python"
@@ -249,7 +249,7 @@ def test_eviction_skips_folders_and_links_in_shards(tmp_path, caplog):
     (root / "shards" / "a-folder" / "inside").write_bytes(b"kept")
     target = victim(tmp_path)
     (root / "shards" / "a-link").symlink_to(target)
-    with caplog.at_level(logging.WARNING, logger="zephon.io.hub.cache"):
+    with caplog.at_level(logging.WARNING, logger="zephon.io.cache.shard_cache"):
         for n in range(5):
             put(cache, item(f"f{n}", bytes([n]) * 1000), bytes([n]) * 1000)
     assert cache.stats.evictions == 3

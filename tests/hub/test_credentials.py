@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from tests.hub.hubdata import docs, sharded
-from tests.hub.test_resolve import load
+from tests.kit.hub import load
 from zephon.errors import DataError
 from zephon.redact import redact
 

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from tests.hub.hubdata import docs, fast_options, seed_datasets, sharded
-from tests.hub.test_cache import _worker
+from tests.kit.hub import hub_worker
 from zephon import Pipeline
 from zephon.io import CacheOptions, Dataset, StoreOptions
-from zephon.io.hub.cache import cache_entries
+from zephon.io.cache.shard_cache import cache_entries
 from zephon.work import MixtureSpec, StaticMixtureWorkSource, TokenEstimation
 
 
@@ -143,7 +143,7 @@ def test_two_ranks_pin_one_commit_and_count_requests(hub, tmp_path, nodes):
         p for p in hub.repos[repo].commits[pinned] if p.startswith("data/"))))
     base = {"mode": "pipeline", "path": f"hf://{repo}/train", "cache": str(tmp_path / "node"),
             "world": 2, "lanes": 4, "distributed": True, "store": str(tmp_path / "store")}
-    procs = [_worker({**base, "rank": r, "out": str(tmp_path / f"rank{r}.json"),
+    procs = [hub_worker({**base, "rank": r, "out": str(tmp_path / f"rank{r}.json"),
                       "cache": str(tmp_path / f"node{r % nodes}")}, hub)
              for r in range(2)]
     assert [p.wait(timeout=120) for p in procs] == [0, 0]

@@ -4,7 +4,7 @@ rows, each shard downloaded once, and the downloads in the background."""
 from __future__ import annotations
 
 from tests.hub.hubdata import docs, sharded
-from tests.objectstore.test_object_stores import one_lane_with_fetches
+from tests.kit.object_stores import one_lane_with_fetches
 
 
 def test_a_lane_fetches_its_next_shards_ahead_and_reads_the_same(hub, io_options, tmp_path,

@@ -5,7 +5,7 @@ tokens are the local folder's."""
 from __future__ import annotations
 
 from tests.core import litdata_sets
-from tests.core.test_mds import pipeline_over, token_rows
+from tests.kit.mds import pipeline_over, token_rows
 from zephon.io import Dataset
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tests.hub.hubdata import docs, sharded
 from zephon.recipe import DataRecipe
-from zephon.recipe_checks import check_recipe
+from zephon.recipe.checks import check_recipe
 
 
 def recipe_for(tmp_path, tokenizer_dir, *paths, cache=True):

@@ -16,30 +16,11 @@ from tests.hub.hubdata import (
     seed_datasets,
     sharded,
 )
+from tests.kit.hub import HINTS, load, read_texts
 from zephon import Pipeline
 from zephon.errors import ConfigError, DataError, StateMismatchError
 from zephon.io import Dataset
-from zephon.io.formats import PlanHints, read_unit
 from zephon.work import MixtureSpec, StaticMixtureWorkSource
-
-HINTS = PlanHints(unit_bytes=2048, arrow_unit_rows=64)
-
-
-def read_texts(dataset, min_units: int = 1) -> list[str]:
-    """Every text of the dataset, read unit by unit through the shard cache."""
-    files = dataset.files()
-    texts = []
-    for index, unit in dataset.plan(HINTS, min_units):
-        data_file = files[index]
-        with dataset.local_file(data_file) as local:
-            columns, _ = read_unit(local, data_file.fmt, data_file.compression, unit, ["text"],
-                                   dataset.display_name(data_file))
-        texts.extend(columns["text"])
-    return texts
-
-
-def load(path: str, options, **kwargs):
-    return Dataset.from_path("d", path, **kwargs).bound(options)
 
 
 @pytest.mark.parametrize("path, revision, source, config, texts", [

@@ -11,8 +11,8 @@ import pytest
 from huggingface_hub import constants
 
 from zephon import ConfigError
-from zephon import tokenizer as tokenizer_module
-from zephon.tokenizer import TextEncoder, load_tokenizer
+from zephon.text import tokenizer as tokenizer_module
+from zephon.text.tokenizer import TextEncoder, load_tokenizer
 
 TEXT = "The loader reads, mixes and packs documents while training runs."
 

@@ -11,7 +11,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.lightning.test_lightning_datamodule import RECIPE, TinyModel
+from tests.kit.lightning import RECIPE, TinyModel
 from zephon_lightning import ZephonDataModule
 
 

@@ -178,7 +178,7 @@ def test_the_early_wording_is_the_restores(tmp_path: Path) -> None:
 
 # -- 4. Megatron's tokenizer and the token ids --------------------------------------------------
 def tokenizer_copy(tmp_path: Path, name: str, **changes) -> Path:
-    from zephon.tokenizer import load_tokenizer
+    from zephon.text.tokenizer import load_tokenizer
 
     original = load_tokenizer(DataRecipe.from_toml(str(PACKED)).tokenizer)
     original.save_pretrained(tmp_path / "base")

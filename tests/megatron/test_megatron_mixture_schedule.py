@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from megatron_helpers import megatron_argv, parse
 
-from tests.stages_kit import ROW_TOKENS, ROWS, core_inputs, write_stage_run
+from tests.kit.stages import ROW_TOKENS, ROWS, core_inputs, write_stage_run
 from zephon.recipe import DataRecipe
 from zephon_megatron.arguments import settings_from_args
 from zephon_megatron.provider import Topology, build_iterator

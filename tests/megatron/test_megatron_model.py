@@ -148,6 +148,6 @@ def _tokenizer_dir() -> str:
 
 
 def settings_eos(_iterator) -> int:
-    from zephon.tokenizer import load_tokenizer
+    from zephon.text.tokenizer import load_tokenizer
 
     return int(load_tokenizer(_tokenizer_dir()).eos_token_id)

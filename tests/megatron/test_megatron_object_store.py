@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from megatron_helpers import PACKED, megatron_argv, parse
 
+from tests.kit.object_stores import upload
 from tests.objectstore.servers import started_store
-from tests.objectstore.test_object_stores import upload
 from zephon.demo.assets import build_demo_assets
 from zephon.recipe import DataRecipe
 from zephon_megatron.arguments import settings_from_args

@@ -411,7 +411,7 @@ def test_a_bad_ramp_is_named(ramp: list[str], message: str) -> None:
 
 def test_a_megatron_tokenizer_with_another_eos_is_an_error(monkeypatch) -> None:
     """--tokenizer-model whose EOS is not the recipe tokenizer's: different tokenizers."""
-    from zephon.tokenizer import resolve_encoder
+    from zephon.text.tokenizer import resolve_encoder
     from zephon_megatron import provider
 
     recipe_eos = resolve_encoder(DataRecipe.from_toml(PACKED).tokenizer, None).special.eos

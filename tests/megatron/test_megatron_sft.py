@@ -6,7 +6,7 @@ import torch
 from megatron_helpers import RECIPES, megatron_argv, parse
 
 from zephon.recipe import DataRecipe
-from zephon.tokenizer import load_tokenizer
+from zephon.text.tokenizer import load_tokenizer
 from zephon_megatron.arguments import settings_from_args
 from zephon_megatron.provider import Topology, build_iterator
 

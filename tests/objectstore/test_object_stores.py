@@ -17,21 +17,14 @@ from typing import Any
 
 import pytest
 
-from tests.core.test_elastic import build, merged_state, run, stream
 from tests.hub.hubdata import fast_options
+from tests.kit.elastic import build, merged_state, run, stream
+from tests.kit.object_stores import one_lane_with_fetches, upload
 from tests.objectstore.servers import KEY_ID, SECRET, Fault, refused_endpoint
 from zephon import StateMismatchError
 from zephon.errors import ConfigError, DataError
 from zephon.io import Dataset
 from zephon.io.formats import PlanHints
-
-
-def upload(server, bucket: str, root: Path, prefix: str = "") -> dict[str, bytes]:
-    """Every file under ``root`` as an object ``prefix + relative path``."""
-    objects = {prefix + str(p.relative_to(root)): p.read_bytes()
-               for p in sorted(root.rglob("*")) if p.is_file()}
-    server.bucket(bucket, objects)
-    return objects
 
 
 def stored_corpus(scheme: str, server, two_datasets, test_name: str) -> dict:
@@ -561,42 +554,6 @@ def test_four_ranks_on_four_nodes_list_and_read_footers_once_for_the_job(s3, pro
     assert one_downloads == len(objects) and four_downloads <= 1.3 * len(objects)
 
 
-def one_lane_with_fetches(monkeypatch, remote: str, local: Path, options) -> Any:
-    """Read ``remote`` and the same files under ``local`` through one lane each: they must
-    give the same rows, and every ``fetch_ahead`` call of the remote dataset asks for at most
-    the files of a lane's next ``FETCH_AHEAD`` units, and all of them in the end. Returns the
-    remote dataset, its fetches waited for."""
-    from zephon import Pipeline
-    from zephon.engine.dataset_source import DatasetSource
-    from zephon.io.fetch_ahead import FetchAhead
-    from zephon.work import MixtureSpec, StaticMixtureWorkSource
-
-    asked: list[list[str]] = []
-    original = FetchAhead.fetch_ahead
-
-    def recording(self, data_files):
-        asked.append([f.path for f in data_files])
-        original(self, data_files)
-
-    def read(path, **options):
-        source = StaticMixtureWorkSource([Dataset.from_path("d", path)],
-                                         MixtureSpec({"d": 1.0}), seed=2, repeat=False)
-        pipeline = Pipeline(source).batch(4, drop_last=False).options(lanes=1, **options)
-        return [r.payload["text"] for b in pipeline for r in b.records], pipeline
-
-    with monkeypatch.context() as patched:
-        patched.setattr(FetchAhead, "fetch_ahead", recording)
-        rows, pipeline = read(remote, io_options=options)
-    assert rows == read(str(local))[0]
-    files = len(list(local.iterdir()))
-    assert asked and all(0 < len(paths) <= DatasetSource.FETCH_AHEAD for paths in asked)
-    assert len({p for paths in asked for p in paths}) >= files - 1
-    dataset = pipeline.loader().source.datasets[0]
-    dataset.wait_fetches()
-    assert dataset.cache.stats.downloads == files  # each file once, either way
-    return dataset
-
-
 def test_a_lane_fetches_its_next_units_files_ahead_and_reads_the_same(s3, tmp_path,
                                                                      monkeypatch):
     from tests.hub.hubdata import docs, sharded
@@ -679,7 +636,7 @@ def test_litdata_from_each_store_gives_the_local_tokens(store, tokenizer_dir, tm
     the index is read once while listing, the chunks through the cache, and the tokens are
     the local folder's."""
     from tests.core import litdata_sets
-    from tests.core.test_mds import pipeline_over, token_rows
+    from tests.kit.mds import pipeline_over, token_rows
 
     local = litdata_sets.build(tmp_path_factory.getbasetemp() / "litdata-sets", "batch")
     scheme, server = store

@@ -5,9 +5,9 @@ lists and verifies the objects in the cache."""
 from __future__ import annotations
 
 from tests.hub.hubdata import docs, jsonl_bytes, sharded
-from tests.objectstore.test_object_stores import upload
+from tests.kit.object_stores import upload
 from zephon.recipe import DataRecipe
-from zephon.recipe_checks import check_recipe
+from zephon.recipe.checks import check_recipe
 
 
 def recipe_for(tmp_path, tokenizer_dir, *paths, cache=True, field=None):

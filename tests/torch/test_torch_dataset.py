@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 from zephon.distributed import launcher_store
 from zephon.errors import ConfigError
 from zephon.integration import merge_states
-from zephon.tokenizer import load_tokenizer
+from zephon.text.tokenizer import load_tokenizer
 from zephon_torch import ZephonIterableDataset
 
 WORKER = Path(__file__).with_name("torch_worker.py")

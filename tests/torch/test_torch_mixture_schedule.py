@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.stages_kit import ROW_TOKENS, core_inputs, write_stage_run
+from tests.kit.stages import ROW_TOKENS, core_inputs, write_stage_run
 from zephon_torch import ZephonIterableDataset
 
 SEQ_LEN = ROW_TOKENS - 1

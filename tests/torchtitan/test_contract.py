@@ -24,7 +24,7 @@ DOC_B = "Anel vendra quibel torsa. Mishi rune tashi polo anel. Thi ulpra sendo."
 def model(demo_assets):
     from torchtitan.models.llama3 import model_registry
 
-    from zephon.tokenizer import load_tokenizer
+    from zephon.text.tokenizer import load_tokenizer
 
     config = model_registry("debugmodel").model
     fit_model_vocab(config, len(load_tokenizer(demo_assets["tokenizer"])))

@@ -61,7 +61,7 @@ def test_layouts_for_both_torchtitan_apis(demo_recipe, tmp_path, recipes):
 
 
 def test_eos_mask_loss_and_position_mode(demo_recipe, demo_assets):
-    from zephon.tokenizer import load_tokenizer
+    from zephon.text.tokenizer import load_tokenizer
 
     eos = load_tokenizer(demo_assets["tokenizer"]).eos_token_id
     for inputs, labels in take(build(demo_recipe, seq_len=256), 4):
@@ -80,7 +80,7 @@ def test_eos_mask_loss_and_position_mode(demo_recipe, demo_assets):
 def test_labels_are_the_next_input_shifted_once(tmp_path, recipes, demo_assets):
     """Each label is the token after its input, in the row it came from (not shifted twice,
     not across rows); only EOS positions (eos_mask_loss) are masked in wrap-packed rows."""
-    from zephon.tokenizer import load_tokenizer
+    from zephon.text.tokenizer import load_tokenizer
 
     eos = load_tokenizer(demo_assets["tokenizer"]).eos_token_id
     recipe = recipes.write(tmp_path / "rows.toml", datasets=recipes.demo(), lanes=2,
@@ -280,7 +280,7 @@ def _without_to_training(path: Path, keep: str = "") -> Path:
 
 def test_the_presets_choices_are_defaults_a_recipe_may_leave_out(tmp_path, recipes,
                                                                   demo_assets):
-    from zephon.tokenizer import load_tokenizer
+    from zephon.text.tokenizer import load_tokenizer
 
     eos = load_tokenizer(demo_assets["tokenizer"]).eos_token_id
     bare = _without_to_training(recipes.write(tmp_path / "bare.toml", datasets=recipes.demo()))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.stages_kit import LANES, ROW_TOKENS, ROWS, core_inputs, write_stage_run
+from tests.kit.stages import LANES, ROW_TOKENS, ROWS, core_inputs, write_stage_run
 from zephon_torchtitan.dataloader import ZephonDataLoader
 
 SEQ_LEN = ROW_TOKENS - 1

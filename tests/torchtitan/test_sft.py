@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from zephon.recipe import DataRecipe
-from zephon.tokenizer import load_tokenizer
+from zephon.text.tokenizer import load_tokenizer
 from zephon_torchtitan.dataloader import ZephonDataLoader
 
 SFT = Path(__file__).resolve().parents[2] / "recipes" / "torchtitan" / "data" / "sft_chat.toml"
