@@ -36,7 +36,6 @@ import contextlib
 import copy
 import dataclasses
 import hashlib
-import importlib
 import json
 import os
 import stat
@@ -57,6 +56,7 @@ from zephon.io.formats import (
 )
 from zephon.io.indexed import prefix_of
 from zephon.io.store_options import StoreOptions
+from zephon.named_objects import import_named
 from zephon.redact import get_logger
 
 log = get_logger(__name__)
@@ -110,8 +110,7 @@ OBJECT_STORE = "zephon.io.storage.dataset:ObjectStoreDataset"
 
 
 def _scheme_class(scheme: str) -> type[Dataset]:
-    module, _, name = SCHEMES.get(scheme, scheme).partition(":")
-    return getattr(importlib.import_module(module), name)
+    return import_named(SCHEMES.get(scheme, scheme), f"the dataset class of {scheme}://")
 
 
 class Dataset:

@@ -28,11 +28,11 @@ the shard cache, with no index beside it, is still understood.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 
 from zephon.errors import ConfigError, DataError
 from zephon.io.format_plugin import FieldKinds, FileFormat
+from zephon.named_objects import import_named
 
 __all__ = ["BUILT_IN", "FieldKinds", "FileFormat", "known_formats", "plugin", "register_format",
            "unregister_format"]
@@ -56,8 +56,7 @@ listing first meets such a file)."""
 def _load_bundled(name: str) -> FileFormat | None:
     if name not in _BUNDLED or name in _PLUGINS:
         return _PLUGINS.get(name)
-    module, _, attribute = _BUNDLED[name][1].partition(":")
-    fmt = getattr(importlib.import_module(module), attribute)
+    fmt = import_named(_BUNDLED[name][1], f"the {name} format")
     _PLUGINS.setdefault(name, fmt)
     _forget_suffixes()
     return _PLUGINS[name]

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from zephon.errors import ConfigError
+from zephon.named_objects import Registry
 from zephon.records import Doc, Record
 from zephon.state_checks import (
     StateFieldError,
@@ -91,12 +92,14 @@ class BuildContext:
     lanes: int
     """Lanes of the run."""
     encoder: Any = None
-    """The tokenizing operator's text encoder (``zephon.tokenizer.TextEncoder``), once built."""
+    """The tokenizing operator's text encoder (``zephon.text.tokenizer.TextEncoder``), once
+    built."""
     special: Any = None
-    """The special token ids (``zephon.tokenizer.SpecialTokens``) of the tokens, once known."""
+    """The special token ids (``zephon.text.tokenizer.SpecialTokens``) of the tokens, once known."""
 
 
-_REGISTRY: dict[str, type[OperatorSpec]] = {}
+OPERATORS: Registry[type[OperatorSpec]] = Registry("operator")
+"""Every operator spec class by ``op_name``, registered as the class is defined."""
 
 
 class OperatorSpec(ABC):
@@ -108,12 +111,12 @@ class OperatorSpec(ABC):
         name = cls.__dict__.get("op_name")
         if not isinstance(name, str):
             return
-        known = _REGISTRY.get(name)
+        known = OPERATORS.get(name) if name in OPERATORS else None
         if known is not None and (known.__module__, known.__qualname__) != (
                 cls.__module__, cls.__qualname__):
             raise ConfigError(f"operator name {name!r} of {cls.__module__}.{cls.__qualname__} "
                               f"is taken by {known.__module__}.{known.__qualname__}")
-        _REGISTRY[name] = cls
+        OPERATORS.register(name, cls)
 
     op_name: ClassVar[str]
     """The builder method and recipe name, e.g. ``"pack_flat"``."""

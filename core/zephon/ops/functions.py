@@ -9,7 +9,6 @@ pipeline fingerprint records: renaming a function refuses a resume, editing its 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from zephon.errors import ConfigError, DataError, ZephonError
+from zephon.named_objects import import_named, split_name
 from zephon.ops.base import DocumentOperator, DocumentSpec
 from zephon.records import Doc
 
@@ -75,21 +75,8 @@ def resolve_function(ref: Callable[..., Any] | str, op: str) -> tuple[Callable[.
     if not isinstance(ref, str) or not ref.strip():
         raise ConfigError(f"{op}: fn must be a function or 'package.module:function', "
                           f"got {ref!r}")
-    module_name, sep, attr = ref.partition(":")
-    if not sep:
-        module_name, _, attr = ref.rpartition(".")
-    if not module_name or not attr:
-        raise ConfigError(f"{op}: fn={ref!r} is not 'package.module:function'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"{op}: cannot import module {module_name!r} for fn={ref!r}: "
-                          f"{exc}") from None
-    target: Any = module
-    for part in attr.split("."):
-        if not hasattr(target, part):
-            raise ConfigError(f"{op}: module {module_name!r} has no {attr!r} (fn={ref!r})")
-        target = getattr(target, part)
+    module_name, attr = split_name(ref, f"{op}: fn")
+    target = import_named(ref, f"{op}: fn")
     if not callable(target):
         raise ConfigError(f"{op}: fn={ref!r} is not callable")
     return target, f"{module_name}:{attr}"

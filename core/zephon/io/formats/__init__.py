@@ -34,6 +34,7 @@ from zephon.io.file_formats import (
     known_formats,
     plugin,
 )
+from zephon.io.format_plugin import FileFormat
 from zephon.io.formats import arrow, jsonl, megatron, parquet
 from zephon.io.formats.arrow_columns import ListColumn, read_memory_pool
 from zephon.io.formats.jsonl import byte_units, line_number
@@ -89,16 +90,8 @@ def plan_file(path: str, fmt: str, compression: str | None, hints: PlanHints,
     """Split one file into units; ``min_units`` asks for at least that many when possible.
     ``rows`` limits a Megatron indexed dataset to a range of its documents; ``context`` is
     the file's :attr:`~zephon.io.dataset.DataFile.context`."""
-    registered = plugin(fmt)
-    if registered is not None:
-        extra = context_keyword(registered, context)
-        return _named_errors(lambda: registered.plan(path, hints, min_units, **extra), fmt,
-                             path)
-    module = _MODULES.get(fmt)
-    if module is None:
-        raise DataError(f"unknown format {fmt!r} for {path}; known formats: "
-                        f"{', '.join(known_formats())}")
-    return _named_errors(lambda: module.plan(path, compression, hints, min_units, rows), fmt,
+    reader = _reader(fmt, path, context)
+    return _named_errors(lambda: reader.plan(path, compression, hints, min_units, rows), fmt,
                          path)
 
 
@@ -130,15 +123,7 @@ def file_fields(path: str, fmt: str, compression: str | None,
     ``"list<int>"``, ``"list"``, ``"null"``, another type's name), from its schema, first
     line or index; None when nothing tells (an empty JSON Lines file, a plug-in without
     ``fields``)."""
-    registered = plugin(fmt)
-    if registered is not None:
-        if registered.fields is None:
-            return None
-        return dict(registered.fields(path, **context_keyword(registered, context)))
-    module = _MODULES.get(fmt)
-    if module is None:
-        raise DataError(f"unknown format {fmt!r} for {path}")
-    return module.fields(path, compression)
+    return _reader(fmt, path, context).fields(path, compression)
 
 
 def read_unit(path: str, fmt: str, compression: str | None, unit: UnitSpec,
@@ -151,16 +136,44 @@ def read_unit(path: str, fmt: str, compression: str | None, unit: UnitSpec,
     (uncompressed JSONL). ``display`` names the file in error messages; ``context`` is the
     file's :attr:`~zephon.io.dataset.DataFile.context`.
     """
+    reader = _reader(fmt, display, context)
+    return _named_errors(lambda: reader.read(path, compression, unit, columns, display), fmt,
+                         display)
+
+
+class _PluginReader:
+    """A plug-in :class:`~zephon.io.format_plugin.FileFormat` behind the built-in format
+    modules' calling convention, so every dispatcher above calls one kind of reader: the
+    compression and a document range do not apply to plug-ins (they read their own files
+    whole), the file's ``context`` does where the plug-in takes one."""
+
+    def __init__(self, fmt: FileFormat, context: str | None):
+        self.fmt = fmt
+        self.extra = context_keyword(fmt, context)
+
+    def plan(self, path: str, compression: str | None, hints: PlanHints, min_units: int,
+             rows: tuple[int, int] | None = None) -> list[UnitSpec]:
+        return self.fmt.plan(path, hints, min_units, **self.extra)
+
+    def read(self, path: str, compression: str | None, unit: UnitSpec,
+             columns: list[str] | None, display: str) -> tuple[dict[str, Any], list[int]]:
+        return self.fmt.read(path, unit, columns, display, **self.extra)
+
+    def fields(self, path: str, compression: str | None) -> dict[str, str] | None:
+        return None if self.fmt.fields is None else dict(self.fmt.fields(path, **self.extra))
+
+
+def _reader(fmt: str, where: str, context: str | None = None) -> Any:
+    """The reader of format ``fmt`` (a built-in format's module, or a plug-in behind the same
+    calling convention); an unknown format is a DataError naming ``where``."""
     registered = plugin(fmt)
     if registered is not None:
-        extra = context_keyword(registered, context)
-        return _named_errors(lambda: registered.read(path, unit, columns, display, **extra),
-                             fmt, display)
+        return _PluginReader(registered, context)
     module = _MODULES.get(fmt)
     if module is None:
-        raise DataError(f"unknown format {fmt!r} for {display}")
-    return _named_errors(lambda: module.read(path, compression, unit, columns, display), fmt,
-                         display)
+        raise DataError(f"unknown format {fmt!r} for {where}; known formats: "
+                        f"{', '.join(known_formats())}")
+    return module
 
 
 def _named_errors(call: Any, fmt: str, display: str) -> Any:

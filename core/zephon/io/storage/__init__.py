@@ -29,13 +29,13 @@ a path names it.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Protocol
 
 from zephon.errors import ConfigError
 from zephon.io.storage.object_info import ObjectInfo
+from zephon.named_objects import MissingModule, import_named
 
 HUB_SCHEME = "hf"
 """``hf://`` is remote too, but read by :mod:`zephon.io.hub` (a Hub repository, not a
@@ -87,13 +87,12 @@ class Scheme:
     def open(self, bucket: str, io_options: Any, **options: Any) -> ObjectStore:
         factory = self.factory
         if isinstance(factory, str):
-            module, _, name = factory.partition(":")
             try:
-                factory = getattr(importlib.import_module(module), name)
-            except ModuleNotFoundError as exc:
+                factory = import_named(factory, "the bucket opener")
+            except MissingModule as exc:
                 hint = (f": install it with pip install 'zephon[{self.extra}]'"
                         if self.extra else "")
-                raise ConfigError(f"reading this object store needs {exc.name}, which is not "
+                raise ConfigError(f"reading this object store needs {exc.module}, which is not "
                                   f"installed{hint}") from None
         return factory(bucket, io_options, **options)
 
