@@ -42,7 +42,7 @@ def child(path: str, tokenizer: str, whole: bool) -> dict[str, float]:
 
     from zephon import Pipeline
     from zephon.io import Dataset
-    from zephon.tokenizer import resolve_encoder
+    from zephon.text.tokenizer import resolve_encoder
     from zephon.work import StaticMixtureWorkSource
 
     encoder = resolve_encoder(tokenizer, None, engine="hf")

@@ -6,7 +6,7 @@ on synthetic words, which takes about half a minute. Then, in a fresh process pe
 ``--repeats`` times, alternating, it measures:
 
 - ``read``: reading the saved tokenizer directory;
-- ``encoder``: building the encoder over it (digest, settings; see :mod:`zephon.tokenizer`);
+- ``encoder``: building the encoder over it (digest, settings; see :mod:`zephon.text.tokenizer`);
 - ``pickled`` and ``unpickle``: the tokenize operator as it travels to each worker process of
   ``options(workers=N)``, and the time a worker takes to rebuild it;
 - ``first`` and ``10th``: seconds from constructing the Pipeline to its first and tenth
@@ -67,7 +67,7 @@ def child(data: str, tokenizer: str) -> dict[str, float]:
     from zephon.io import Dataset
     from zephon.ops.base import BuildContext
     from zephon.ops.tokenize import TokenizeSpec
-    from zephon.tokenizer import TextEncoder, _SavedFastTokenizer
+    from zephon.text.tokenizer import TextEncoder, _SavedFastTokenizer
     from zephon.work import MixtureSpec, StaticMixtureWorkSource
 
     start = time.perf_counter()

@@ -5,7 +5,7 @@ Builds (once, cached under ``--root``) a corpus of ``--docs`` pseudo-English doc
 subprocesses, alternating ``--repeats`` times:
 
 - ``bare``: the HF fast tokenizer (Rust backend) batch-encoding the same texts, 256 per call,
-  ids converted to int32 arrays the way the pipeline converts them (``zephon.tokenizer.
+  ids converted to int32 arrays the way the pipeline converts them (``zephon.text.tokenizer.
   ids_array``, about 10 ns a token cheaper than ``np.array(ids, dtype=np.int32)``): the floor
   any loader that tokenizes on the fly pays. The texts are read from Parquet beforehand, out
   of its time, which the pipeline's includes; the pipeline is also compared with the bare
@@ -112,7 +112,7 @@ def read_texts(paths: dict[str, str]) -> list[str]:
 
 def bare_encode(paths: dict[str, str]) -> Any:
     """The Rust tokenizer's batch call, as the pipeline makes it (no special tokens)."""
-    from zephon.tokenizer import load_tokenizer
+    from zephon.text.tokenizer import load_tokenizer
 
     backend = load_tokenizer(paths["tokenizer"]).backend_tokenizer
     encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
@@ -121,7 +121,7 @@ def bare_encode(paths: dict[str, str]) -> Any:
 
 def encode_tokens(encode: Any, texts: list[str]) -> int:
     """Encodes ``texts`` and converts each text's ids to an array, as the pipeline does."""
-    from zephon.tokenizer import ids_array
+    from zephon.text.tokenizer import ids_array
 
     return sum(ids_array(encoding.ids).size for encoding in encode(texts))
 

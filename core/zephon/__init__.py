@@ -22,8 +22,8 @@ PUBLIC_MODULES = (
     "zephon",
     "zephon.integration",  # what every framework adapter needs: geometry, lanes, a session
     "zephon.recipe",  # DataRecipe, TrainingPreset
-    "zephon.recipe_checks",  # check_recipe
-    "zephon.presets",  # what each adapter fixes in [to_training]
+    "zephon.recipe.checks",  # check_recipe
+    "zephon.recipe.presets",  # what each adapter fixes in [to_training]
     "zephon.errors",
     "zephon.io",  # Dataset, CacheOptions, StoreOptions
     "zephon.io.indexed",  # Megatron's indexed datasets
@@ -31,7 +31,7 @@ PUBLIC_MODULES = (
     "zephon.ops",  # operator specs, for custom operators
     "zephon.ops.pretokenized",
     "zephon.loader_options",  # LoaderOptions, DEFAULT_LANES_PER_READER
-    "zephon.tokenizer",  # load_tokenizer, resolve_encoder
+    "zephon.text.tokenizer",  # load_tokenizer, resolve_encoder
     "zephon.distributed",  # the process-wide gloo group, launcher stores
     "zephon.meter",  # LoaderMeter, the zephon/ metrics
     "zephon.trace",  # trace lines: what was in step N

@@ -2,7 +2,7 @@
 
 - ``zephon schema [SECTION]``: every recipe key with its type, default and meaning.
 - ``zephon check RECIPE [--world-size W --seq-len S --vocab-size V --microbatch-size M]``:
-  the preflight (:mod:`zephon.recipe_checks`): every problem, exit 1 when there is one.
+  the preflight (:mod:`zephon.recipe.checks`): every problem, exit 1 when there is one.
 - ``zephon preview RECIPE [--rows N] [--out batch.png|batch.html] [--seq-len S]``: the first
   microbatch as a picture (:mod:`zephon.preview`), in the terminal without ``--out``.
 - ``zephon stats RECIPE [--tokens 1T]``: files, documents and tokens per dataset, targets,
@@ -67,6 +67,15 @@ def _positive(text: str) -> int:
 PRESET_NAMES = ("torchtitan", "megatron", "torch")
 
 
+def _recipe_command(commands: Any, name: str, what: str, description: str | None = None,
+                    recipe: str = "data recipe TOML") -> argparse.ArgumentParser:
+    """A subcommand that reads a recipe: its ``recipe`` argument and ``--preset``."""
+    parser = commands.add_parser(name, help=what, description=description)
+    parser.add_argument("recipe", help=recipe)
+    _preset_argument(parser)
+    return parser
+
+
 def _preset_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", choices=PRESET_NAMES, default=None,
                         help="read the recipe as that framework's adapter does: the "
@@ -84,7 +93,7 @@ def _read_recipe(args: argparse.Namespace) -> Any:
 def _preset(args: argparse.Namespace) -> Any:
     if getattr(args, "preset", None) is None:
         return None
-    from zephon.presets import PRESETS
+    from zephon.recipe.presets import PRESETS
 
     return PRESETS[args.preset]
 
@@ -92,19 +101,15 @@ def _preset(args: argparse.Namespace) -> Any:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zephon", description="Zephon data loader tools.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    check = commands.add_parser(
-        "check", help="find every problem of a data recipe before training",
-        description="Check a data recipe and its data (files, fields, tokenizer, lanes, "
-                    "lengths, Hub paths) without tokenizing; prints every problem found.")
-    check.add_argument("recipe", help="data recipe TOML")
-    _preset_argument(check)
+    check = _recipe_command(
+        commands, "check", "find every problem of a data recipe before training",
+        "Check a data recipe and its data (files, fields, tokenizer, lanes, lengths, Hub "
+        "paths) without tokenizing; prints every problem found.")
     check.add_argument("--world-size", type=_positive, help="data-parallel size of the run")
     check.add_argument("--seq-len", type=_positive, help="the model's context length")
     check.add_argument("--vocab-size", type=_positive, help="the model's vocabulary size")
     check.add_argument("--microbatch-size", type=_positive, help="rows per microbatch")
-    preview = commands.add_parser("preview", help="the first microbatch as a picture")
-    preview.add_argument("recipe", help="data recipe TOML")
-    _preset_argument(preview)
+    preview = _recipe_command(commands, "preview", "the first microbatch as a picture")
     preview.add_argument("--rows", type=_positive, default=4, help="rows to show")
     preview.add_argument("--seq-len", type=_positive, default=None,
                          help="context length (default: the recipe's [pack] max_length - 1, "
@@ -120,33 +125,26 @@ def build_parser() -> argparse.ArgumentParser:
     preview.add_argument("--targets-only", action="store_true",
                          help="--shares: the schedule's targets alone, without running the "
                               "pipeline")
-    stats = commands.add_parser("stats", help="dataset sizes, targets and epochs")
-    stats.add_argument("recipe", help="data recipe TOML")
-    _preset_argument(stats)
+    stats = _recipe_command(commands, "stats", "dataset sizes, targets and epochs")
     stats.add_argument("--tokens", type=size, default=None,
                        help="token budget of the run (1T, 500B, 20M) for the epochs column")
-    trace = commands.add_parser(
-        "trace", help="the documents of every microbatch of given training steps",
-        description="What the trainer received at steps N to M: each microbatch's rows and "
-                    "their documents (dataset, file, row, tokens, a text excerpt).")
-    trace.add_argument("recipe", help="data recipe TOML of the run")
-    _preset_argument(trace)
+    trace = _recipe_command(
+        commands, "trace", "the documents of every microbatch of given training steps",
+        "What the trainer received at steps N to M: each microbatch's rows and their "
+        "documents (dataset, file, row, tokens, a text excerpt).", "data recipe TOML of the run")
     trace.add_argument("--steps", required=True, type=_steps,
                        help="a step (12) or an inclusive range (11:12), counted from 1")
-    trace.add_argument("--world-size", type=_positive, default=None,
-                       help="data-parallel size of the run, which says which rank got each "
-                            "(default: the state's, else 1)")
-    trace.add_argument("--global-batch-size", type=_positive, default=None,
-                       help="rows per optimizer step over all ranks (default: what the "
-                            "state's microbatches over its checkpoint's step give)")
-    trace.add_argument("--microbatch-size", type=_positive, default=None,
-                       help="rows per microbatch (default: the recipe's [batch], else the "
-                            "state's)")
-    trace.add_argument("--seq-len", type=_positive, default=None,
-                       help="the run's context length (default: [pack] max_length - 1, else "
-                            "the state's)")
-    trace.add_argument("--lanes", type=_positive, default=None,
-                       help="the run's lanes (default: the recipe's, or the state's)")
+    for flag, what in (
+            ("--world-size", "data-parallel size of the run, which says which rank got each "
+                             "(default: the state's, else 1)"),
+            ("--global-batch-size", "rows per optimizer step over all ranks (default: what the "
+                                    "state's microbatches over its checkpoint's step give)"),
+            ("--microbatch-size", "rows per microbatch (default: the recipe's [batch], else the "
+                                  "state's)"),
+            ("--seq-len", "the run's context length (default: [pack] max_length - 1, else the "
+                          "state's)"),
+            ("--lanes", "the run's lanes (default: the recipe's, or the state's)")):
+        trace.add_argument(flag, type=_positive, default=None, help=what)
     trace.add_argument("--from-state", default=None,
                        help="a checkpoint (TorchTitan step folder, Megatron-LM checkpoint "
                             "directory or iter_ folder, or a saved state_dict) to start from")
@@ -191,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from zephon.recipe import DataRecipe, RecipeProblems
-    from zephon.recipe_checks import check_recipe, describe
+    from zephon.recipe.checks import check_recipe, describe
 
     try:
         recipe: Any = DataRecipe.from_toml(args.recipe, preset=_preset(args))
@@ -393,7 +391,7 @@ def _print_traces(traces: Iterator[Any], args: argparse.Namespace) -> None:
 def _text_decoder(tokenizer: str | None):
     if tokenizer is None:
         return None
-    from zephon.tokenizer import load_tokenizer
+    from zephon.text.tokenizer import load_tokenizer
 
     loaded = load_tokenizer(tokenizer)
     return lambda ids: loaded.decode(ids, skip_special_tokens=True)
@@ -427,7 +425,7 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def _cache(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Names come from cache records (and so from remote listings): printed escaped, one
     line each. ``verify`` exits 1 when any shard is bad."""
-    from zephon.io.hub.cache import cache_entries, prune_cache, verify_cache
+    from zephon.io.cache.shard_cache import cache_entries, prune_cache, verify_cache
     from zephon.io.printable import printable
     from zephon.io.store_options import default_cache_root
 
@@ -460,11 +458,11 @@ def _cache(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _schema(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from zephon.recipe import recipe_schema
-    from zephon.schema import format_schema
+    from zephon.recipe.schema import format_schema
 
     schema = recipe_schema()
     if args.preset is not None:
-        from zephon.presets import preset_schema
+        from zephon.recipe.presets import preset_schema
 
         schema = preset_schema(schema, _preset(args))
     if args.section is not None:

@@ -38,7 +38,7 @@ from zephon.loader_options import DEFAULT_LANES_PER_READER, lanes_problem
 from zephon.meter import LoaderMeter
 from zephon.pipeline import Pipeline
 from zephon.recipe import FrameworkValues, ResolvedRecipe
-from zephon.recipe_checks import check_recipe
+from zephon.recipe.checks import check_recipe
 from zephon.sample_batch import SampleBatch
 
 __all__ = ["FrameworkValues", "LaneChoice", "LoaderSession", "ResolvedRecipe", "RunGeometry",

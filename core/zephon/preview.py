@@ -57,7 +57,7 @@ class RowView:
 def first_batch(recipe_path: str | os.PathLike[str], rows: int = 4,
                 seq_len: int | None = None, preset: Any = None) -> list[RowView]:
     """The first ``rows`` rows of the recipe's first microbatch, laid out; with ``preset``
-    (:mod:`zephon.presets`), as that framework's adapter completes the recipe's
+    (:mod:`zephon.recipe.presets`), as that framework's adapter completes the recipe's
     ``[to_training]``."""
     import dataclasses
 
@@ -100,7 +100,7 @@ def first_batch(recipe_path: str | os.PathLike[str], rows: int = 4,
 def _decoder(tokenizer: str | None) -> Any:
     if tokenizer is None:
         return lambda ids: [str(int(i)) for i in ids]
-    from zephon.tokenizer import load_tokenizer
+    from zephon.text.tokenizer import load_tokenizer
 
     loaded = load_tokenizer(tokenizer)
     backend = getattr(loaded, "backend_tokenizer", None)

@@ -15,7 +15,7 @@ import time
 from zephon import Pipeline, SampleBatch
 from zephon.demo.assets import build_demo_assets
 from zephon.io import Dataset
-from zephon.tokenizer import load_tokenizer
+from zephon.text.tokenizer import load_tokenizer
 from zephon.work import MixtureSpec, StaticMixtureWorkSource, TokenEstimation
 
 

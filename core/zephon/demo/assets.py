@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,14 +120,20 @@ def build_chat_assets(root: str | os.PathLike[str] | None = None, n: int = 400,
                       seed: int = 0) -> dict[str, str]:
     """A JSONL chat corpus and a tokenizer with a chat template, built once under ``root``."""
     root = Path(root) if root is not None else default_root()
-    target = root / f"chat-v{ASSET_VERSION}.2-{n}-{seed}"
+    return _built_once(root / f"chat-v{ASSET_VERSION}.2-{n}-{seed}",
+                       lambda target: _build_chat_assets(target, n, seed))
+
+
+def _built_once(target: Path, build: Callable[[Path], dict[str, str]]) -> dict[str, str]:
+    """The paths ``build(target)`` made, built by one process only (the others wait for it)
+    and read back from ``target/done.json`` ever after."""
     done = target / "done.json"
     if done.exists():
         return json.loads(done.read_text())
     with _building(target):
         if done.exists():  # another process built it while this one waited
             return json.loads(done.read_text())
-        return _build_chat_assets(target, n, seed)
+        return build(target)
 
 
 def _build_chat_assets(target: Path, n: int, seed: int) -> dict[str, str]:
@@ -160,14 +167,8 @@ def build_demo_assets(root: str | os.PathLike[str] | None = None, n_docs: int = 
                       n_files: int = 4, seed: int = 0) -> dict[str, str]:
     """Corpus (Parquet files) and tokenizer under ``root``; built once, then reused."""
     root = Path(root) if root is not None else default_root()
-    target = root / f"v{ASSET_VERSION}-{n_docs}-{n_files}-{seed}"
-    done = target / "done.json"
-    if done.exists():
-        return json.loads(done.read_text())
-    with _building(target):
-        if done.exists():  # another process built it while this one waited
-            return json.loads(done.read_text())
-        return _build_demo_assets(target, n_docs, n_files, seed)
+    return _built_once(root / f"v{ASSET_VERSION}-{n_docs}-{n_files}-{seed}",
+                       lambda target: _build_demo_assets(target, n_docs, n_files, seed))
 
 
 def _building(target: Path) -> Any:

@@ -65,7 +65,7 @@ def added_tokens() -> list[Any]:
 def _byte_level(llama3: bool) -> Any:
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from zephon.long_text import KNOWN_SPLIT_REGEXES
+    from zephon.text.long_text import KNOWN_SPLIT_REGEXES
 
     tokenizer = Tokenizer(models.BPE())
     if llama3:

@@ -21,7 +21,7 @@ Python work; with the next batch already encoding, they do not. With one thread 
 still idles while that thread turns a batch's ids into arrays and frees the tokenizer's
 encodings (the GIL held) and in the tail of each call, when one of its pool's threads has run
 out of texts. A second thread has its batch ready meanwhile: its call takes the pool the
-moment the first one's returns (:mod:`zephon.pool_turns`; two calls let into the pool at once
+moment the first one's returns (:mod:`zephon.text.pool_turns`; two calls let into the pool at once
 return together and leave it idle while both convert). Side by side
 (``benchmarks/throughput.py``), two threads taking turns come closest to the bare tokenizer,
 ahead of two calling at once and of one thread, and keep the cores busier than the bare loop,

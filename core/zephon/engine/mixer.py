@@ -31,22 +31,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from zephon import state_checks as checks
 from zephon.engine.dataset_source import DatasetSource
 from zephon.errors import ConfigError
 from zephon.ops.base import Node
 from zephon.records import Doc
-from zephon.state_checks import (
-    StateFieldError,
-    item,
-    join,
-    need_bool,
-    need_counts,
-    need_dict,
-    need_fields,
-    need_int,
-    need_list,
-    within,
-)
 from zephon.work.schedule import MixtureSchedule
 
 
@@ -100,12 +89,14 @@ class DeficitMixer:
         return {"delivered": list(self.delivered), "active": list(self.active)}
 
     def restore(self, state: dict[str, Any]) -> None:
-        state = need_fields(state, "", ("delivered", "active"))
+        state = checks.need_fields(state, "", ("delivered", "active"))
         n = len(self.delivered)
-        delivered = need_list(state["delivered"], "delivered", n)
-        active = need_list(state["active"], "active", n)
-        self.delivered = [need_int(x, item("delivered", i)) for i, x in enumerate(delivered)]
-        self.active = [need_bool(x, item("active", i)) for i, x in enumerate(active)]
+        delivered = checks.need_list(state["delivered"], "delivered", n)
+        active = checks.need_list(state["active"], "active", n)
+        self.delivered = [checks.need_int(x, checks.item("delivered", i))
+                          for i, x in enumerate(delivered)]
+        self.active = [checks.need_bool(x, checks.item("active", i))
+                       for i, x in enumerate(active)]
         self._update_sole()
 
     def goals(self, total: float) -> list[float]:
@@ -255,22 +246,22 @@ class MixNode(Node):
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from ``state``, refused unless it is one the mixer could have written:
         see :meth:`_check_counts` and :meth:`_check_active`."""
-        state = need_fields(state, "", ("mixer", "schedule", "sources", "ended", "stats"))
-        saved = need_list(state["sources"], "sources", len(self.sources))
+        state = checks.need_fields(state, "", ("mixer", "schedule", "sources", "ended", "stats"))
+        saved = checks.need_list(state["sources"], "sources", len(self.sources))
         for i, (source, part) in enumerate(zip(self.sources, saved, strict=True)):
-            with within(item("sources", i)):
+            with checks.within(checks.item("sources", i)):
                 source.restore(part)
-        with within("mixer"):
+        with checks.within("mixer"):
             self.mixer.restore(state["mixer"])
         self._check_past(state["schedule"])
-        ended = need_bool(state["ended"], "ended")
+        ended = checks.need_bool(state["ended"], "ended")
         names = [s.name for s in self.sources]
-        stats = need_fields(state["stats"], "stats", ("documents", "tokens", "skipped"),
+        stats = checks.need_fields(state["stats"], "stats", ("documents", "tokens", "skipped"),
                             ("stages",))
-        documents = need_counts(stats["documents"], "stats.documents", names)
-        tokens = need_counts(stats["tokens"], "stats.tokens", names)
+        documents = checks.need_counts(stats["documents"], "stats.documents", names)
+        tokens = checks.need_counts(stats["tokens"], "stats.tokens", names)
         by_stage = self._stage_counts(stats.get("stages"), tokens)
-        self._check_counts(documents, tokens, need_fields(stats["skipped"], "stats.skipped",
+        self._check_counts(documents, tokens, checks.need_fields(stats["skipped"], "stats.skipped",
                                                           names))
         self._check_active(ended)
         self._ended = ended
@@ -287,16 +278,17 @@ class MixNode(Node):
             return None
         if saved is None:
             return {"0": dict(tokens)}
-        counts = {stage: need_counts(part, join("stats.stages", stage), list(tokens))
-                  for stage, part in need_dict(saved, "stats.stages").items()}
+        counts = {stage: checks.need_counts(part, checks.join("stats.stages", stage),
+                                            list(tokens))
+                  for stage, part in checks.need_dict(saved, "stats.stages").items()}
         for stage in counts:
             if stage not in {str(i) for i in range(len(self.schedule.stages))}:
-                raise StateFieldError(join("stats.stages", stage), "is not a stage of this "
-                                                                   "mixture")
+                raise checks.StateFieldError(checks.join("stats.stages", stage),
+                                             "is not a stage of this mixture")
         for name, total in tokens.items():
             if sum(part[name] for part in counts.values()) != total:
-                raise StateFieldError("stats.stages", f"counts {name!r} otherwise than "
-                                                      f"stats.tokens ({total})")
+                raise checks.StateFieldError("stats.stages", f"counts {name!r} otherwise than "
+                                                             f"stats.tokens ({total})")
         return counts
 
     def _check_past(self, saved: Any) -> None:
@@ -306,12 +298,12 @@ class MixNode(Node):
         try:
             before = MixtureSchedule.from_plain(saved, "schedule")
         except ConfigError as exc:
-            raise StateFieldError("schedule", f"is not a mixture schedule: {exc}") from None
+            raise checks.StateFieldError("schedule", f"is not a mixture schedule: {exc}") from None
         position = self.lanes * sum(self.mixer.delivered)
         found = self.schedule.differs_before(before, position)
         if found is not None:
             unit = "token" if self.by_tokens else "document"
-            raise StateFieldError(
+            raise checks.StateFieldError(
                 "schedule", f"is the mixture the run trained with, and stage "
                 f"{found.stage + 1} of this one differs from it from job {unit} "
                 f"{math.ceil(found.begins):,} (at {math.ceil(found.at):,}: shares "
@@ -327,13 +319,13 @@ class MixNode(Node):
         for i, source in enumerate(self.sources):
             name = source.name
             if self.mixer.delivered[i] != amounts[name]:
-                raise StateFieldError(
-                    item("mixer.delivered", i), f"is {self.mixer.delivered[i]}, but "
+                raise checks.StateFieldError(
+                    checks.item("mixer.delivered", i), f"is {self.mixer.delivered[i]}, but "
                     f"stats.{unit}.{name} is {amounts[name]}: both count what {name!r} "
                     "delivered")
-            path = join("stats.skipped", name)
-            if need_dict(skipped[name], path) != source.skipped:
-                raise StateFieldError(path, f"is {skipped[name]}, but sources[{i}].skipped "
+            path = checks.join("stats.skipped", name)
+            if checks.need_dict(skipped[name], path) != source.skipped:
+                raise checks.StateFieldError(path, f"is {skipped[name]}, but sources[{i}].skipped "
                                             f"is {source.skipped}: both count the same drops")
 
     def _check_active(self, ended: bool) -> None:
@@ -341,11 +333,11 @@ class MixNode(Node):
         ``drain`` the lane ends exactly when the last one has left."""
         active = self.mixer.active
         if self.stop_when_one_ends and not all(active):
-            raise StateFieldError(item("mixer.active", active.index(False)),
+            raise checks.StateFieldError(checks.item("mixer.active", active.index(False)),
                                   "is false, but with on_exhausted='stop' no dataset leaves "
                                   "the mixture")
         if not self.stop_when_one_ends and ended == any(active):
-            raise StateFieldError("ended", f"is {'true' if ended else 'false'}, but "
+            raise checks.StateFieldError("ended", f"is {'true' if ended else 'false'}, but "
                                   + ("datasets are still in the mixture (mixer.active)" if ended
                                      else "no dataset is left in the mixture (mixer.active)"))
 

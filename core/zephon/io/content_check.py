@@ -95,7 +95,7 @@ class ContentCheck:
     def of_file(cls, path: str | os.PathLike[str], version: str, size: int,
                 parts: Sequence[int] | None = None) -> bool:
         """Whether the file at ``path`` (never opened through a link) matches."""
-        from zephon.io.hub.cachefs import open_read
+        from zephon.io.cache.private_files import open_read
 
         check = cls(version, size, parts)
         with os.fdopen(open_read(path), "rb") as fh:  # type: ignore[arg-type]

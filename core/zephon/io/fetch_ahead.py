@@ -113,7 +113,7 @@ class FetchAhead:
         self.fetches.queue.join()
 
     def _fetch_loop(self, fetches: Fetches) -> None:
-        from zephon.io.hub.cache import NoRoomNow
+        from zephon.io.cache.shard_cache import NoRoomNow
 
         with cancel.cancel_when(fetches.stop):
             while not fetches.stop.is_set():

@@ -37,7 +37,7 @@ class CacheOptions:
     Whole shards are downloaded into ``root`` before they are read. The cache evicts least
     recently used shards to stay within ``limit_bytes`` and never evicts a shard that a reader
     holds open. Put it on fast local disk; all ranks of a node share it safely (they run as one
-    user: the cache is private to its user, see :mod:`zephon.io.hub.cachefs`).
+    user: the cache is private to its user, see :mod:`zephon.io.cache.private_files`).
     """
 
     enabled: bool = False

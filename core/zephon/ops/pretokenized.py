@@ -33,7 +33,7 @@ from zephon.ops.base import (
 )
 from zephon.ops.tokenize import split_pieces
 from zephon.records import Doc
-from zephon.tokenizer import SpecialTokens
+from zephon.text.tokenizer import SpecialTokens
 
 ID_LIMIT = 2**31
 """Token ids leave this operator as int32: every id must lie below this."""

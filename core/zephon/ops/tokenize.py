@@ -1,7 +1,7 @@
 """``tokenize``: text field -> int32 token ids, with BOS/EOS added per document.
 
 Documents are encoded in batches of ``batch_size`` through the Rust backend (see
-:mod:`zephon.tokenizer`); the batch size changes speed, never the tokens. A document longer
+:mod:`zephon.text.tokenizer`); the batch size changes speed, never the tokens. A document longer
 than ``max_document_tokens`` (counting BOS/EOS) is split into consecutive pieces of at most that
 many tokens, each packed as its own document; only the first piece carries BOS and only the
 last carries EOS. Empty or null texts produce no document and are counted.
@@ -14,7 +14,7 @@ Special-token text inside a document (``"<|eos|>"`` in a web page about tokenize
 as the plain text it is, never as the control token it spells (``split_special_tokens=True``,
 the default; tiktoken refuses such text by default, transformers encodes it as the control
 token). Data that embeds its markers on purpose sets ``split_special_tokens=False``. Either way
-the tokenizer's own switch does the work (see :mod:`zephon.tokenizer`): non-special added
+the tokenizer's own switch does the work (see :mod:`zephon.text.tokenizer`): non-special added
 tokens still match, and both settings tokenize at the same speed (measured:
 docs/measurements.md).
 
@@ -23,18 +23,18 @@ the tokens, and is not part of the checkpoint fingerprint: a run saved with one 
 exactly with the other. ``auto`` encodes with fastokens once it has loaded the tokenizer and
 passed a self-check against ``tokenizers`` (until then, and where it is not installed or
 refuses the tokenizer, with ``tokenizers``, saying why in one log line); see
-:mod:`zephon.tokenizer` and :mod:`zephon.fast_engine`.
+:mod:`zephon.text.tokenizer` and :mod:`zephon.text.fast_engine`.
 
 A text holding a surrogate code point (from a JSON escape such as ``\\udc80``) is a DataError
-naming the row and the map that cleans it (:func:`zephon.tokenizer.replace_surrogates`); it is
+naming the row and the map that cleans it (:func:`zephon.text.tokenizer.replace_surrogates`); it is
 found only after the tokenizer refuses a batch, so clean text pays nothing for the check.
 
 A text longer than ``LONG_TEXT_CHARS`` (256 Ki characters) is tokenized in slices, cut where
-the tokenizer's definition shows the slices' ids equal the whole text's (:mod:`zephon.long_text`:
-byte-level and Metaspace BPE, SentencePiece BPE, WordLevel, WordPiece and Unigram all qualify).
-One that cannot be cut, or a stretch of one without a place to cut, is refused above
-``max_unsliced_chars`` (2 Mi characters) with an error naming the row and the tokenizer's kind,
-rather than encoded whole at 90-175 bytes a character.
+the tokenizer's definition shows the slices' ids equal the whole text's
+(:mod:`zephon.text.long_text`: byte-level and Metaspace BPE, SentencePiece BPE, WordLevel,
+WordPiece and Unigram all qualify). One that cannot be cut, or a stretch of one without a place
+to cut, is refused above ``max_unsliced_chars`` (2 Mi characters) with an error naming the row
+and the tokenizer's kind, rather than encoded whole at 90-175 bytes a character.
 
 With ``max_document_tokens``, a long text is tokenized in slices as its pieces are taken
 (:class:`~zephon.ops.base.LazyPieces`), so a 50 MB document holds one slice's tokens and one
@@ -65,7 +65,7 @@ from zephon.ops.base import (
 )
 from zephon.records import Doc
 from zephon.redact import get_logger
-from zephon.tokenizer import (
+from zephon.text.tokenizer import (
     ENGINES,
     LONG_TEXT_CHARS,
     MAX_UNSLICED_CHARS,
@@ -80,20 +80,39 @@ log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
-class TokenizeSpec(DocumentSpec):
-    """The ``tokenize`` operator's options."""
+class TokenizerChoice(DocumentSpec):
+    """The tokenizer of an operator that makes token ids (``tokenize``, ``tokenize_chat``)."""
 
-    op_name: ClassVar[str] = "tokenize"
-    title: ClassVar[str] = "tokenizer or tokenize"
     makes_tokens: ClassVar[bool] = True
 
     tokenizer_id: str | None = None
     """A local tokenizer directory or a Hub id (loaded through transformers)."""
-    field: str = "text"
-    """Column holding the document text."""
     tokenizer: Any = dataclasses.field(default=None, metadata={"recipe": False,
                                                               "fingerprint": False})
     """A tokenizer object instead of ``tokenizer_id`` (Python only)."""
+
+    def operator(self) -> TokenizingOperator:
+        """The operator these options make (its tokenizer loaded)."""
+        raise NotImplementedError
+
+    def build(self, context: BuildContext) -> TokenizingOperator:
+        """The operator, its encoder and special tokens shared with the later operators
+        (``context``)."""
+        operator = self.operator()
+        context.encoder = operator.encoder
+        context.special = operator.encoder.special
+        return operator
+
+
+@dataclass(frozen=True)
+class TokenizeSpec(TokenizerChoice):
+    """The ``tokenize`` operator's options."""
+
+    op_name: ClassVar[str] = "tokenize"
+    title: ClassVar[str] = "tokenizer or tokenize"
+
+    field: str = "text"
+    """Column holding the document text."""
     add_bos: bool | None = None
     """Prefix each document with BOS. None: when the tokenizer defines a BOS token that differs
     from its EOS token (a BOS that is the EOS would double the separator after EOS)."""
@@ -109,14 +128,14 @@ class TokenizeSpec(DocumentSpec):
     max_unsliced_chars: int | None = dataclasses.field(default=MAX_UNSLICED_CHARS,
                                                        metadata={"fingerprint": False})
     """A text longer than this that the tokenizer cannot cut into slices (see
-    :mod:`zephon.long_text`: a tokenizer whose definition gives no safe cut, or a stretch with
+    :mod:`zephon.text.long_text`: a tokenizer whose definition gives no safe cut, or a stretch with
     no space between letters or digits) is an error naming its row, instead of being encoded
     whole at 90-175 bytes a character. None: no limit. Never changes the tokens."""
     engine: str = dataclasses.field(default="auto", metadata={"fingerprint": False})
     """``"auto"``: fastokens where it is installed, loads the tokenizer and passes a
     self-check against ``tokenizers``, else ``tokenizers`` (one log line says why);
     ``"fastokens"``: that engine or a ConfigError saying why not; ``"hf"``: ``tokenizers``.
-    Affects speed only, never the tokens (see :mod:`zephon.tokenizer`)."""
+    Affects speed only, never the tokens (see :mod:`zephon.text.tokenizer`)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -140,14 +159,32 @@ class TokenizeSpec(DocumentSpec):
             raise ConfigError(f"tokenize: engine must be one of "
                               f"{', '.join(repr(e) for e in ENGINES)}, got {self.engine!r}")
 
-    def build(self, context: BuildContext) -> DocumentTokenizer:
-        tokenizer = DocumentTokenizer(self)
-        context.encoder = tokenizer.encoder
-        context.special = tokenizer.encoder.special
-        return tokenizer
+    def operator(self) -> DocumentTokenizer:
+        return DocumentTokenizer(self)
 
 
-class DocumentTokenizer(DocumentOperator):
+class TokenizingOperator(DocumentOperator):
+    """What the operators that make token ids share: the vocabulary bound of their encoder and
+    the head of their fingerprint (operator, datasets, tokenizer digest, text field), to which
+    :meth:`fingerprint_options` adds their own."""
+
+    encoder: TextEncoder
+    spec: TokenizerChoice
+
+    @property
+    def id_limit(self) -> int:
+        return self.encoder.id_limit
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"op": self.spec.op_name, "datasets": self.spec.datasets,
+                "tokenizer": self.encoder.digest, "field": getattr(self.spec, "field", None),
+                **self.fingerprint_options()}
+
+    def fingerprint_options(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class DocumentTokenizer(TokenizingOperator):
     """Runtime side of :class:`TokenizeSpec`."""
 
     @property
@@ -175,16 +212,8 @@ class DocumentTokenizer(DocumentOperator):
         self.eos = _special(spec.add_eos, special.eos, "add_eos", "EOS")
         self._warned_long = False
 
-    @property
-    def id_limit(self) -> int:
-        return self.encoder.id_limit
-
-    def fingerprint(self) -> dict[str, Any]:
+    def fingerprint_options(self) -> dict[str, Any]:
         return {
-            "op": self.spec.op_name,
-            "datasets": self.spec.datasets,
-            "tokenizer": self.encoder.digest,
-            "field": self.spec.field,
             "bos": self.bos,
             "eos": self.eos,
             "max_document_tokens": self.spec.max_document_tokens,

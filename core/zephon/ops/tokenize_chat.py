@@ -27,14 +27,14 @@ must be. The same holds for special-token text inside a message's content: the t
 output does not say which characters came from the messages (``tokenize``'s
 ``split_special_tokens`` has no counterpart here).
 
-Engine: conversations are encoded by ``tokenizers`` alone (``zephon.tokenizer``'s
+Engine: conversations are encoded by ``tokenizers`` alone (``zephon.text.tokenizer``'s
 ``engine="hf"``), never by the fast engine: both ways of finding the trained spans map
 character spans to tokens, by offsets (prefix rendering) or transformers' ``char_to_token``
 (generation markers), and fastokens gives no offsets.
 
 A message holding a surrogate code point (from a JSON escape such as ``\\udc80``) is a
 DataError naming the row and the message, found only after the tokenizer refuses the text; the
-map ``zephon.tokenizer.replace_surrogates`` cleans such data.
+map ``zephon.text.tokenizer.replace_surrogates`` cleans such data.
 """
 
 from __future__ import annotations
@@ -51,16 +51,13 @@ import numpy as np
 
 from zephon.errors import ConfigError, DataError
 from zephon.ops.base import (
-    BuildContext,
-    DocumentOperator,
-    DocumentSpec,
     Dropped,
     Outcome,
 )
-from zephon.ops.tokenize import split_pieces
+from zephon.ops.tokenize import TokenizerChoice, TokenizingOperator, split_pieces
 from zephon.records import Doc
 from zephon.redact import get_logger
-from zephon.tokenizer import (
+from zephon.text.tokenizer import (
     TextEncoder,
     UnencodableText,
     find_surrogate,
@@ -75,20 +72,15 @@ _MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
 @dataclass(frozen=True)
-class TokenizeChatSpec(DocumentSpec):
-    """Options of ``tokenize_chat``."""
+class TokenizeChatSpec(TokenizerChoice):
+    """Options of ``tokenize_chat``; its tokenizer must have a chat template (or be given
+    ``chat_template``)."""
 
     op_name: ClassVar[str] = "tokenize_chat"
     title: ClassVar[str] = "tokenizer or tokenize_chat"
-    makes_tokens: ClassVar[bool] = True
 
-    tokenizer_id: str | None = None
-    """A local tokenizer directory or Hub id (transformers, with a chat template)."""
     field: str = "messages"
     """Column holding the conversation (a list of role/content messages)."""
-    tokenizer: Any = dataclasses.field(default=None, metadata={"recipe": False,
-                                                              "fingerprint": False})
-    """A transformers tokenizer object instead of ``tokenizer_id`` (Python only)."""
     chat_template: str | None = None
     """A Jinja chat template overriding the tokenizer's."""
     tools_field: str | None = None
@@ -124,11 +116,8 @@ class TokenizeChatSpec(DocumentSpec):
         if self.batch_size <= 0:
             raise ConfigError("tokenize_chat: batch_size must be positive")
 
-    def build(self, context: BuildContext) -> ChatTokenizer:
-        tokenizer = ChatTokenizer(self)
-        context.encoder = tokenizer.encoder
-        context.special = tokenizer.encoder.special
-        return tokenizer
+    def operator(self) -> ChatTokenizer:
+        return ChatTokenizer(self)
 
 
 class _Untrainable(Exception):
@@ -145,7 +134,7 @@ class _Surrogate(Exception):
         self.place, self.code = place, code
 
 
-class ChatTokenizer(DocumentOperator):
+class ChatTokenizer(TokenizingOperator):
     """Runtime side of :class:`TokenizeChatSpec`."""
 
     def __init__(self, spec: TokenizeChatSpec):
@@ -173,17 +162,9 @@ class ChatTokenizer(DocumentOperator):
                  "need character offsets, which fastokens does not give", self.encoder.engine)
         self.columns = [spec.field] + ([spec.tools_field] if spec.tools_field else [])
 
-    @property
-    def id_limit(self) -> int:
-        return self.encoder.id_limit
-
-    def fingerprint(self) -> dict[str, Any]:
+    def fingerprint_options(self) -> dict[str, Any]:
         return {
-            "op": self.spec.op_name,
-            "datasets": self.spec.datasets,
-            "tokenizer": self.encoder.digest,
             "chat_template": hashlib.sha256(self.template.encode()).hexdigest()[:16],
-            "field": self.spec.field,
             "tools_field": self.spec.tools_field,
             "train_on": self.spec.train_on,
             "roles": list(self.spec.roles),

@@ -37,7 +37,9 @@ from zephon.io.storage import is_remote
 from zephon.loader_options import lanes_problem
 from zephon.ops.base import applies_to
 from zephon.ops.pack import MAX_ROW_TOKENS
-from zephon.recipe import DataRecipe, FrameworkValues, RecipeProblems, ResolvedRecipe
+from zephon.recipe.data_recipe import DataRecipe
+from zephon.recipe.parse import RecipeProblems
+from zephon.recipe.resolve import FrameworkValues, ResolvedRecipe
 from zephon.redact import get_logger
 
 log = get_logger(__name__)
@@ -109,10 +111,9 @@ def _check_plan(recipe: DataRecipe) -> list[str]:
     from zephon.io.dataset import Dataset
     from zephon.work.plan_file import plan_changes
 
-    try:
-        plan = recipe.saved_plan()
-    except ZephonError:
-        return []  # reported when the recipe was read
+    plan = _read_before(recipe.saved_plan)
+    if plan is None:
+        return []
     problems = []
     for entry in recipe.datasets:
         if is_remote(entry.path):
@@ -126,6 +127,14 @@ def _check_plan(recipe: DataRecipe) -> list[str]:
         problems += [f"{recipe.source}: dataset {entry.name!r}: plan {recipe.plan}: {change}"
                      for change in plan_changes(plan, fresh, listed)]
     return problems
+
+
+def _read_before(read: Any) -> Any:
+    """``read()``, or None where it fails: the recipe's reading reported that already."""
+    try:
+        return read()
+    except ZephonError:
+        return None
 
 
 def _size_problems(src: str, row_tokens: int | None, rows: int | None) -> list[str]:
@@ -145,10 +154,9 @@ def _size_problems(src: str, row_tokens: int | None, rows: int | None) -> list[s
 
 def _check_fields(recipe: DataRecipe) -> list[str]:
     before = recipe.ops
-    try:
-        tokenizers = recipe.tokenize_specs()
-    except ZephonError:
-        return []  # reported when the recipe was read
+    tokenizers = _read_before(recipe.tokenize_specs)
+    if tokenizers is None:
+        return []
     problems = []
     for entry in recipe.datasets:
         if is_remote(entry.path) or any(applies_to(s, entry.name) for s in before):
@@ -227,7 +235,7 @@ def _check_tokenizer(recipe: DataRecipe, vocab_size: int | None) -> list[str]:
             return [f"{recipe.source}: [tokenize] vocab_size = {limit} is larger than the "
                     f"model's vocabulary ({vocab_size})"]
         return []
-    from zephon.tokenizer import load_tokenizer
+    from zephon.text.tokenizer import load_tokenizer
 
     try:
         size = len(load_tokenizer(name))

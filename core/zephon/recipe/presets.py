@@ -15,7 +15,28 @@ accepts and refuses the same ones.
 
 from __future__ import annotations
 
-from zephon.recipe import TrainingPreset
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TrainingPreset:
+    """The ``[to_training]`` values a framework adapter fixes. A recipe may leave them out
+    (they count as given where options are checked together: ``eos_mask_loss`` needs
+    ``return_labels``), and a recipe value that contradicts one is an error naming it."""
+
+    framework: str
+    """The framework's name, for messages."""
+    fixed: dict[str, Any]
+    """``{to_training key: the value the adapter passes}``."""
+    defaults: dict[str, Any] = field(default_factory=dict)
+    """``{to_training key: the adapter's choice where the recipe leaves the key out}``."""
+
+    def applied(self, to_training: dict[str, Any]) -> dict[str, Any]:
+        """A recipe's ``[to_training]`` as the adapter completes it: its defaults, then the
+        recipe's keys, then the fixed values."""
+        return {**self.defaults, **to_training, **self.fixed}
+
 
 TORCHTITAN = TrainingPreset(
     "TorchTitan",

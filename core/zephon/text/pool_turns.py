@@ -17,10 +17,10 @@ Only calls of at least :data:`MIN_TEXTS` texts take turns. The pool ends a call 
 thread finishing the last texts while the other has nothing left to take; with few, long
 texts that tail is a large share of the call, and a second call in flight fills it better
 than turns would. The encoder gives each call its texts longest first, so that the tail is
-made of the shortest texts (:meth:`zephon.tokenizer.TextEncoder.encode`).
+made of the shortest texts (:meth:`zephon.text.tokenizer.TextEncoder.encode`).
 
 Turns and the longest-first order each close part of the gap to the bare tokenizer, and
-together most of it; the fast engine (fastokens, :mod:`zephon.fast_engine`) does not take
+together most of it; the fast engine (fastokens, :mod:`zephon.text.fast_engine`) does not take
 turns: its own threads serve concurrent calls, each caller working on its own call's texts,
 so no call waits for another's. ``python -m benchmarks.throughput`` prints the figures; the
 README (Behaviour worth knowing) and docs/measurements.md keep the measured ones.

@@ -10,7 +10,7 @@ touches the process environment or torch's thread settings: the trainer owns tho
 
 Encoding goes through the Rust ``tokenizers`` backend in batches (it releases the GIL and
 parallelizes across documents; batch calls from several threads take turns in its pool,
-:mod:`zephon.pool_turns`), with truncation and padding switched off so a saved tokenizer
+:mod:`zephon.text.pool_turns`), with truncation and padding switched off so a saved tokenizer
 setting cannot silently cut documents: on the backend itself when it was read for the encoder
 alone (a directory with ``tokenizer.json``), on a private copy when others may hold it.
 With a large vocabulary reading ``tokenizer.json`` is most of the start-up, and building the
@@ -18,7 +18,7 @@ encoder in place costs far less than building it on a copy (``benchmarks/startup
 measured: docs/measurements.md).
 
 Engines (``engine``): ``"hf"`` encodes with the ``tokenizers`` backend; ``"fastokens"`` with
-fastokens (:mod:`zephon.fast_engine`, the ``fast`` extra), loaded from the same JSON and
+fastokens (:mod:`zephon.text.fast_engine`, the ``fast`` extra), loaded from the same JSON and
 self-checked against the backend as the encoder is built, or a ConfigError saying why it
 cannot be used; ``"auto"`` with fastokens once it is loaded and has passed the self-check,
 else with ``tokenizers``, logging one line either way. The engine never changes the ids.
@@ -29,7 +29,7 @@ says why waiting pays); an encoder sent to a worker process prepares it again th
 be pickled), without the check the sending process finished. Offsets
 (:meth:`TextEncoder.encode_with_offsets`) always come from ``tokenizers``: fastokens has none.
 
-fastokens calls do not take turns (:mod:`zephon.pool_turns`): fastokens spreads each call over
+fastokens calls do not take turns (:mod:`zephon.text.pool_turns`): fastokens spreads each call over
 threads of its own (one per core unless ``FASTOKENS_BPE_THREADS`` says otherwise) with the
 caller taking part, and concurrent calls share them without one waiting for another's texts
 (``python -m benchmarks.throughput`` measures both ways).
@@ -40,11 +40,11 @@ token or, with ``split_special_tokens``, as plain text, by the backend's own swi
 processes) gives the same ids for the same text.
 
 A text over :data:`LONG_TEXT_CHARS` is encoded in slices of about :data:`SLICE_CHARS`, cut
-where :mod:`zephon.long_text` derives from the tokenizer's definition that the slices' ids equal
-the whole text's, and only after a self-check on probe texts agrees (a few ms, once per process
-and tokenizer): the Rust tokenizer holds 90-175 bytes a character while it encodes, so a 50 MB
-text encoded whole would hold several GiB. A text that cannot be cut (no rule, or a stretch
-without a safe cut) over ``max_unsliced_chars`` is refused (:class:`TextTooLong`).
+where :mod:`zephon.text.long_text` derives from the tokenizer's definition that the slices' ids
+equal the whole text's, and only after a self-check on probe texts agrees (a few ms, once per
+process and tokenizer): the Rust tokenizer holds 90-175 bytes a character while it encodes, so
+a 50 MB text encoded whole would hold several GiB. A text that cannot be cut (no rule, or a
+stretch without a safe cut) over ``max_unsliced_chars`` is refused (:class:`TextTooLong`).
 
 A text holding a surrogate code point (U+D800-U+DFFF: a lone half of a UTF-16 pair, which a
 JSON escape such as ``\\udc80`` makes) cannot be encoded by any tokenizer. The backend refuses
@@ -72,11 +72,11 @@ from typing import Any
 
 import numpy as np
 
-import zephon.fast_engine as fast_engine
-import zephon.long_text as long_text
+import zephon.text.fast_engine as fast_engine
+import zephon.text.long_text as long_text
 from zephon.errors import ConfigError, DataError
-from zephon.pool_turns import POOL_TURNS, takes_turn
 from zephon.redact import get_logger
+from zephon.text.pool_turns import POOL_TURNS, takes_turn
 
 log = get_logger(__name__)
 _LOCK = threading.Lock()
@@ -218,8 +218,8 @@ def surrogate_advice(code: int, op: str) -> str:
     return (f"the surrogate code point U+{code:04X} (a lone half of a UTF-16 pair, as the JSON "
             f"escape \\u{code:04x} makes), which is not Unicode text and no tokenizer encodes; "
             f"replace such characters by U+FFFD before {op} with the map "
-            "zephon.tokenizer.replace_surrogates (Python: .map(replace_surrogates); recipes: "
-            '[[ops]] op = "map", fn = "zephon.tokenizer:replace_surrogates")')
+            "zephon.text.tokenizer.replace_surrogates (Python: .map(replace_surrogates); recipes: "
+            '[[ops]] op = "map", fn = "zephon.text.tokenizer:replace_surrogates")')
 
 
 def find_surrogate(texts: list[str]) -> tuple[int, int, int] | None:
@@ -250,7 +250,7 @@ def replace_surrogates(document: dict[str, Any]) -> dict[str, Any]:
     Pair halves that happen to stand side by side are replaced one by one as well (JSON
     readers join valid pairs before this sees them). Opt-in, as it costs a pass over every
     string: ``.map(replace_surrogates)``, or in recipes ``[[ops]] op = "map"``,
-    ``fn = "zephon.tokenizer:replace_surrogates"``."""
+    ``fn = "zephon.text.tokenizer:replace_surrogates"``."""
     return _replaced(document)
 
 
@@ -352,7 +352,7 @@ class TextEncoder:
 
     def _checked_fast(self, serialized: str | None, announce: bool) -> Any:
         """fastokens for this encoder, loaded and self-checked against the backend; raises
-        :class:`~zephon.fast_engine.Unusable`. Logs the engine used when ``announce``."""
+        :class:`~zephon.text.fast_engine.Unusable`. Logs the engine used when ``announce``."""
         if self._backend is None:
             raise fast_engine.Unusable(f"{type(self.tokenizer).__name__} has no Rust backend "
                                        "(tokenizer.json) for fastokens to read")
@@ -479,8 +479,8 @@ class TextEncoder:
         """Each text's ids, each non-empty text's framed by ``bos`` and ``eos`` where given
         (fastokens frames them in its one buffer a call); texts over
         :data:`LONG_TEXT_CHARS` go through :meth:`slices`, the others through one batch call.
-        A batch call of :data:`~zephon.pool_turns.MIN_TEXTS` texts or more takes its turn in
-        the tokenizer's pool (:mod:`zephon.pool_turns`) with its texts longest first; the ids
+        A batch call of :data:`~zephon.text.pool_turns.MIN_TEXTS` texts or more takes its turn in
+        the tokenizer's pool (:mod:`zephon.text.pool_turns`) with its texts longest first; the ids
         come back in the order given. A text the backend refuses raises
         :class:`UnencodableText` naming its index in ``texts``."""
         try:
@@ -539,13 +539,13 @@ class TextEncoder:
 
     @property
     def cuts(self) -> long_text.CutRule | long_text.NoCuts:
-        """Where long texts are cut (:mod:`zephon.long_text`), or why they are not."""
+        """Where long texts are cut (:mod:`zephon.text.long_text`), or why they are not."""
         return self._cuts
 
     def slices(self, text: str) -> Iterator[np.ndarray]:
         """The ids of ``text``, one slice of about :data:`SLICE_CHARS` characters at a time.
 
-        Slices are cut where the tokenizer's :mod:`~zephon.long_text` rule allows, so their
+        Slices are cut where the tokenizer's :mod:`~zephon.text.long_text` rule allows, so their
         ids equal whole-text tokenization (tested for every kind of tokenizer) while the
         tokenizer's per-token bookkeeping (about 550 bytes a token) is held for one slice at a
         time. A tokenizer that is not :attr:`sliceable` gives the whole text as one slice. A
@@ -662,7 +662,7 @@ def ids_array(ids: list[int]) -> np.ndarray:
 def _checked_cuts(backend: Any, serialized: str, digest: str, split_special: bool
                   ) -> long_text.CutRule | long_text.NoCuts:
     """The cut rule of a tokenizer's definition, kept only when its :func:`self-check
-    <zephon.long_text.self_check>` passes; once per process and tokenizer (a few ms)."""
+    <zephon.text.long_text.self_check>` passes; once per process and tokenizer (a few ms)."""
     key = (digest, split_special)
     with _LOCK:
         known = _CUTS.get(key)

@@ -157,7 +157,7 @@ def tokenizer_problems(args: argparse.Namespace, recipe: Any) -> list[str]:
             "HuggingFaceTokenizer" or not model or not os.path.isdir(os.path.expanduser(model)):
         return []
     from zephon.errors import ConfigError
-    from zephon.tokenizer import load_tokenizer
+    from zephon.text.tokenizer import load_tokenizer
 
     try:
         theirs, ours = load_tokenizer(model), load_tokenizer(recipe.tokenizer)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from zephon.distributed import launcher_store
+from zephon_megatron.flags import split_command_line
 
 CPU_FLAGS = ("--distributed-backend", "gloo", "--use-cpu-initialization",
              "--no-gradient-accumulation-fusion", "--no-persist-layer-norm",
@@ -124,9 +125,7 @@ def launch(nproc: int, flags: Sequence[str], *, trace: str | None = None,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    cut = argv.index("--") if "--" in argv else len(argv)
-    own, flags = argv[:cut], argv[cut + 1:]
+    own, flags = split_command_line(argv)
     parser = argparse.ArgumentParser(prog="python -m zephon_megatron.cpu_pretrain",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=1, help="data-parallel ranks (gloo)")

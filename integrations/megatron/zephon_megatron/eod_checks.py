@@ -77,7 +77,7 @@ def command_line_eod(args: argparse.Namespace, recipe: Any) -> tuple[int, str] |
     model = getattr(args, "tokenizer_model", None)
     if kind == "HuggingFaceTokenizer" and model and os.path.isdir(os.path.expanduser(model)):
         from zephon.errors import ConfigError
-        from zephon.tokenizer import load_tokenizer
+        from zephon.text.tokenizer import load_tokenizer
 
         try:
             eos = getattr(load_tokenizer(model), "eos_token_id", None)
@@ -157,7 +157,7 @@ def check_eod_occurs(eod: int, recipe: Any) -> None:
     """Refuse an EOD id outside the ids the data holds: below 0, or not below the recipe
     tokenizer's size (text) or ``[tokenize] vocab_size`` (token ids)."""
     if recipe.tokenizer is not None:
-        from zephon.tokenizer import load_tokenizer
+        from zephon.text.tokenizer import load_tokenizer
 
         limit, what = len(load_tokenizer(recipe.tokenizer)), f"tokenizer {recipe.tokenizer!r}"
     else:

@@ -21,6 +21,8 @@ until it is listed here).
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -270,3 +272,12 @@ def markdown_table() -> str:
     for meaning, flags in kept.items():
         lines.append(f"| {', '.join(f'`{f}`' for f in flags)} | {MEGATRON}: {meaning} |")
     return "\n".join(lines)
+
+
+def split_command_line(argv: Sequence[str] | None) -> tuple[list[str], list[str]]:
+    """A tool's own arguments and, after ``--``, the Megatron flags it passes on (``argv``
+    None: ``sys.argv[1:]``)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    cut = args.index("--") if "--" in args else len(args)
+    return args[:cut], args[cut + 1:]
+

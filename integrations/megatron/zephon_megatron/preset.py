@@ -10,11 +10,12 @@ states another value is refused, naming the key. The masking keys (``position_mo
 
 from __future__ import annotations
 
-from zephon.presets import MEGATRON
+from zephon.recipe.presets import MEGATRON
 
 PRESET_FIXED = MEGATRON.fixed
 """Keys whose value the Megatron batch layout fixes, with the only value it accepts."""
 PRESET_LAYOUT = ("rename_fields", "exclude_fields")
 """Keys the adapter sets itself (Megatron's field names); a recipe may not give them."""
 __all__ = ["MEGATRON", "PRESET_FIXED", "PRESET_LAYOUT"]
-"""``MEGATRON``: what recipes read by the adapter are checked with (:mod:`zephon.presets`)."""
+"""``MEGATRON``: what recipes read by the adapter are checked with
+(:mod:`zephon.recipe.presets`)."""

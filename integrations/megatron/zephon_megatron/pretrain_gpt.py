@@ -119,7 +119,7 @@ def zephon_args_defaults(settings: Any, argv: Sequence[str]) -> dict[str, Any]:
     model and fail inside its initialization."""
     if "--tokenizer-type" in argv:
         return {}
-    from zephon.tokenizer import load_tokenizer
+    from zephon.text.tokenizer import load_tokenizer
     from zephon_megatron.arguments import ZephonArgumentError, training_recipes
 
     recipe = training_recipes(settings)["train"]

@@ -85,7 +85,7 @@ def write_indexed_demo(directory: str) -> list[str]:
 
     from zephon.demo.assets import build_demo_assets, make_documents
     from zephon.io.indexed import write_indexed_dataset
-    from zephon.tokenizer import load_tokenizer
+    from zephon.text.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(build_demo_assets()["tokenizer"])
     out = Path(directory)
@@ -134,7 +134,7 @@ class TracingIterator:
 def _padded_vocab(args: argparse.Namespace, settings: Any) -> int:
     """Megatron pads the vocabulary to a multiple of 128: of ``--vocab-size`` when given,
     else of the recipe tokenizer's size."""
-    from zephon.tokenizer import load_tokenizer
+    from zephon.text.tokenizer import load_tokenizer
     from zephon_megatron.arguments import training_recipes
 
     size = args.vocab_size

@@ -98,7 +98,7 @@ def check_tokenizers(recipe: Any, args: argparse.Namespace, tokenizer: Any) -> N
     if recipe.tokenizer is None or tokenizer is None or _is_null(tokenizer):
         return
     theirs = getattr(tokenizer, "eod", None)
-    from zephon.tokenizer import resolve_encoder
+    from zephon.text.tokenizer import resolve_encoder
 
     ours = resolve_encoder(recipe.tokenizer, None).special.eos
     if theirs is None or ours is None or int(theirs) == int(ours):

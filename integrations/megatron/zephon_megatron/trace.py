@@ -40,6 +40,7 @@ from typing import Any
 
 from zephon.errors import ConfigError, StateMismatchError
 from zephon.trace import row_lines
+from zephon_megatron.flags import split_command_line
 
 
 def iteration_ranges(clock: Any, micro_batch_size: int, first: int, last: int
@@ -95,7 +96,7 @@ def state_location(from_state: str | None, args: argparse.Namespace
 
 
 def _decoder(recipe: Any, args: argparse.Namespace) -> Any:
-    from zephon.tokenizer import load_tokenizer
+    from zephon.text.tokenizer import load_tokenizer
 
     name = recipe.tokenizer
     model = getattr(args, "tokenizer_model", None)
@@ -170,9 +171,7 @@ def _steps(text: str) -> tuple[int, int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    cut = argv.index("--") if "--" in argv else len(argv)
-    own, flags = argv[:cut], argv[cut + 1:]
+    own, flags = split_command_line(argv)
     parser = argparse.ArgumentParser(prog="python -m zephon_megatron.trace",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--steps", required=True, type=_steps,

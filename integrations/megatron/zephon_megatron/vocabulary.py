@@ -78,7 +78,7 @@ def tokenizer_size(args: argparse.Namespace, token_ids: bool = True) -> int | No
     model = getattr(args, "tokenizer_model", None)
     if kind == "HuggingFaceTokenizer" and model and os.path.isdir(os.path.expanduser(model)):
         from zephon.errors import ConfigError
-        from zephon.tokenizer import load_tokenizer
+        from zephon.text.tokenizer import load_tokenizer
 
         try:
             return len(load_tokenizer(model))
@@ -125,7 +125,7 @@ def run_recipe(recipe: Any, args: argparse.Namespace) -> Any:
             return recipe
         return dataclasses.replace(recipe, tokenize={**recipe.tokenize, "vocab_size": padded})
     if getattr(args, "padded_vocab_size", None):
-        from zephon.tokenizer import load_tokenizer
+        from zephon.text.tokenizer import load_tokenizer
 
         size = len(load_tokenizer(recipe.tokenizer))
         if size > padded:

@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from zephon.recipe import DataRecipe
-from zephon.tokenizer import load_tokenizer
+from zephon.text.tokenizer import load_tokenizer
 from zephon_torch.dataset import ZephonIterableDataset
 
 

@@ -131,7 +131,7 @@ def _tokenizer_problem(root: Any, recipe: Any) -> str | None:
     """TorchTitan's tokenizer (the tokenizer files under ``hf_assets_path``) against the
     recipe's, as the loader would find it after the model is built (None: they agree, or
     there is no TorchTitan tokenizer here to compare)."""
-    from zephon.tokenizer import load_tokenizer
+    from zephon.text.tokenizer import load_tokenizer
     from zephon_torchtitan.dataloader import tokenizer_mismatch
 
     path = getattr(root, "hf_assets_path", None)

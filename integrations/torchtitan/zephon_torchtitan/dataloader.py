@@ -46,8 +46,8 @@ from torchtitan.tools.logging import logger
 
 from zephon import ConfigError, StateMismatchError
 from zephon.integration import LoaderSession, choose_lanes, state_as_text, state_from_text
-from zephon.presets import TORCHTITAN
 from zephon.recipe import DataRecipe, load_recipe
+from zephon.recipe.presets import TORCHTITAN
 from zephon.trace import trace_line
 from zephon_torchtitan.metrics_processor import LoaderLink
 
@@ -429,7 +429,7 @@ def tokenizer_mismatch(recipe: DataRecipe, vocab: int | None, eos: int | None,
     """Why TorchTitan's tokenizer (``vocab`` tokens, EOS id ``eos``, found at ``where``)
     cannot read the recipe's token ids, or None: the same checks the loader runs, for the
     preflight to run before the model is built."""
-    from zephon.tokenizer import load_tokenizer
+    from zephon.text.tokenizer import load_tokenizer
 
     name = recipe.tokenizer
     if name is None:

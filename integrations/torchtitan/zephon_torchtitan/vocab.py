@@ -56,7 +56,7 @@ def follow_recipe_tokenizer(root: Any, loader: Any, log: Any = None) -> None:
             log.info(f"zephon: hf_assets_path = {tokenizer} (the tokenizer of "
                      f"{loader.recipe})")
     if loader.fit_vocab:
-        from zephon.tokenizer import load_tokenizer
+        from zephon.text.tokenizer import load_tokenizer
 
         size = len(load_tokenizer(tokenizer))
         before = getattr(root.model_spec.model, "vocab_size", None)

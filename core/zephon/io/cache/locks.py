@@ -7,7 +7,7 @@ notices (its inode no longer matches the path) and locks the new file instead. `
 reliable on local file systems; network file systems may not honour it, so the cache root must
 be on local disk. Lock files are opened with ``O_NOFOLLOW`` and created with mode 0600: a lock
 file that is a symbolic link is refused (:class:`~zephon.errors.ConfigError`), never followed,
-and a failed create is reported as :func:`zephon.io.hub.cachefs.reported` says.
+and a failed create is reported as :func:`zephon.io.cache.private_files.reported` says.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from types import TracebackType
 
-from zephon.io.hub.cachefs import FILE_MODE, open_read, reported
+from zephon.io.cache.private_files import FILE_MODE, open_read, reported
 
 
 class FileLock:
@@ -78,7 +78,7 @@ class FileLock:
         """Replace the lock file's content with ``data``, in place through the open file (a
         rename would leave the holders on the old file). A reader may see it half written:
         records kept here are checked when read. A full disk is reported as
-        :func:`zephon.io.hub.cachefs.reported` says, naming ``what``."""
+        :func:`zephon.io.cache.private_files.reported` says, naming ``what``."""
         if self._fd is None:
             raise RuntimeError(f"lock {self.path} is not held")
         with reported(what, self.path):

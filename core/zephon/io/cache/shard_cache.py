@@ -18,7 +18,7 @@ Layout under ``root``::
 So a shard costs two files (itself and its pin), whatever the number of shards; a download in
 progress two more. A key is a prefix of the file's content hash plus its name, so identical
 content is stored once. "Shared by a node" means: every process of one machine that uses the
-same ``root`` on a local file system (locks are ``flock``, see :mod:`zephon.io.hub.locks`).
+same ``root`` on a local file system (locks are ``flock``, see :mod:`zephon.io.cache.locks`).
 
 Opening a file:
 
@@ -44,7 +44,7 @@ never too low, and the next count corrects it. A download counts the shards only
 ledger says the limit may be reached, so a download costs the same whatever the number of
 shards; a cache at its limit counts them at each download that must evict (one directory scan).
 
-Safety (:mod:`zephon.io.hub.cachefs`): the root and its folders are private to their user
+Safety (:mod:`zephon.io.cache.private_files`): the root and its folders are private to their user
 (created with mode 0700; one owned by another user, or writable by group or others, is refused),
 nothing inside the root is opened through a symbolic link, fresh files are created exclusively,
 and a full, read-only or refused disk gives an error that names the path and what to do.
@@ -78,20 +78,21 @@ from typing import Any, BinaryIO
 import zephon.artifacts as artifacts
 from zephon.errors import ConfigError, DataError, ZephonError
 from zephon.io import cancel
-from zephon.io.content_check import ContentCheck
-from zephon.io.hub.cachefs import (
+from zephon.io.cache.locks import FileLock, is_locked
+from zephon.io.cache.private_files import (
     open_fresh,
     private_dir,
     read_bytes,
     reported,
     write_fresh,
 )
-from zephon.io.hub.locks import FileLock, is_locked
+from zephon.io.content_check import ContentCheck
 from zephon.io.store_options import (
     LIMIT_NAMES,
     LIMIT_OPTION,
     ROOT_OPTION,
     CacheOptions,
+    StoreOptions,
     default_cache_root,
 )
 from zephon.redact import get_logger
@@ -617,3 +618,26 @@ def _existing(root: str | os.PathLike[str], write: bool) -> ShardCache:
     if not (Path(root) / "shards").is_dir():
         raise ConfigError(f"{root} is not a Zephon shard cache (no shards/ directory)")
     return ShardCache(CacheOptions(enabled=True, root=str(root)), read_only=not write)
+
+
+CACHE_HINT = ("StoreOptions(cache=CacheOptions(enabled=True, root='/local/disk/zephon-cache', "
+              "limit_bytes=50 << 30))")
+"""The options that enable the shard cache, as error messages show them."""
+
+
+def require_cache(io_options: StoreOptions, name: str, path: str, where: str) -> None:
+    """Refuse ``io_options`` without an enabled shard cache for dataset ``name`` (``path``),
+    read from ``where`` (the Hub, an object store), which only the cache can read."""
+    if not io_options.cache.enabled:
+        raise ConfigError(
+            f"dataset {name!r} ({path}) is read from {where} through the shard cache, which is "
+            "not enabled. Enable it, on fast local disk with a size limit: "
+            f"Pipeline(...).options(io_options={CACHE_HINT})")
+
+
+def bound_cache(cache: ShardCache | None, name: str, path: str) -> ShardCache:
+    """``cache``, refused while dataset ``name`` (``path``) has not been bound to one."""
+    if cache is None:
+        raise ConfigError(f"dataset {name!r} ({path}) must be bound to a shard cache before it "
+                          f"is read: pass io_options={CACHE_HINT} to Pipeline.options")
+    return cache

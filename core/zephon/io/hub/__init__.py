@@ -7,8 +7,8 @@
 - :mod:`~zephon.io.hub.client`: the Hub requests, through huggingface_hub.
 - :mod:`~zephon.io.hub.retry`: which Hub failures the shared retry loop
   (:mod:`zephon.io.retry`) retries, and user-facing errors.
-- :mod:`~zephon.io.hub.cache` and :mod:`~zephon.io.hub.locks`: the size-limited shard cache
-  shared by the processes of a node.
+- The shard cache that holds the downloaded files is :mod:`zephon.io.cache`, shared with the
+  object stores.
 - :mod:`~zephon.io.hub.dataset`: ``HubDataset``, what ``Dataset.from_path("hf://...")`` returns.
 
 Only the path grammar is imported here; the rest needs the ``hf`` extra (huggingface_hub).

@@ -10,7 +10,7 @@ when a dataset has too few, exactly as for local files), known from its footer; 
 uncompressed JSON Lines file's units are byte ranges computed from its listed size; a
 compressed one is a single unit. Only Arrow files read with ``~original`` are downloaded to be
 planned. Reading a unit downloads its whole file into the shard cache first
-(:mod:`zephon.io.hub.cache`).
+(:mod:`zephon.io.cache.shard_cache`).
 """
 
 from __future__ import annotations
@@ -26,19 +26,22 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from zephon.errors import ConfigError, DataError
+from zephon.errors import DataError
+from zephon.io.cache.shard_cache import (
+    CachedFile,
+    ContentCheck,
+    ShardCache,
+    bound_cache,
+    require_cache,
+)
 from zephon.io.dataset import DataFile, Dataset
 from zephon.io.fetch_ahead import FetchAhead
 from zephon.io.formats import PlanHints, UnitSpec, plan_listed
-from zephon.io.hub.cache import CachedFile, ContentCheck, ShardCache
 from zephon.io.hub.client import HubClient
 from zephon.io.hub.path import HubPath, parse_hub_path
 from zephon.io.hub.resolve import Resolution, resolve
 from zephon.io.retry import RetryPolicy
 from zephon.io.store_options import StoreOptions
-
-_CACHE_HINT = ("StoreOptions(cache=CacheOptions(enabled=True, root='/local/disk/zephon-cache', "
-               "limit_bytes=50 << 30))")
 
 
 class HubDataset(FetchAhead, Dataset):
@@ -93,22 +96,14 @@ class HubDataset(FetchAhead, Dataset):
 
     def bind(self, io_options: StoreOptions) -> None:
         """Use ``io_options`` (in place); Hub data needs its shard cache enabled."""
-        if not io_options.cache.enabled:
-            raise ConfigError(
-                f"dataset {self.name!r} ({self.path}) is read from the Hugging Face Hub through "
-                "the shard cache, which is not enabled. Enable it, on fast local disk with a "
-                f"size limit: Pipeline(...).options(io_options={_CACHE_HINT})")
+        require_cache(io_options, self.name, self.path, "the Hugging Face Hub")
         self._io = io_options
         self._client = self._make_client()
         self._cache = ShardCache(io_options.cache)
 
     @property
     def cache(self) -> ShardCache:
-        if self._cache is None:
-            raise ConfigError(f"dataset {self.name!r} ({self.path}) must be bound to a shard "
-                              f"cache before it is read: pass io_options={_CACHE_HINT} to "
-                              "Pipeline.options")
-        return self._cache
+        return bound_cache(self._cache, self.name, self.path)
 
     # -- resolution -------------------------------------------------------------------------
     @property

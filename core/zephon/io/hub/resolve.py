@@ -9,7 +9,7 @@
    present; otherwise one process of the node computes it under a file lock while the others
    wait and then read it. Its folder is private like the shard cache's, no listing is read or
    written through a link, and a full or read-only disk gives an error that names the file
-   (:mod:`zephon.io.hub.cachefs`).
+   (:mod:`zephon.io.cache.private_files`).
 3. ``list_repo_tree`` at the commit (one request per 1,000 files) and the rules of
    :mod:`zephon.io.hub.layout` give the split's files.
 4. Source. ``original`` reads the uploaded files, ``parquet`` the Hub's Parquet conversion.
@@ -48,12 +48,12 @@ from huggingface_hub.errors import RevisionNotFoundError
 
 import zephon.artifacts as artifacts
 from zephon.errors import ConfigError, DataError
+from zephon.io.cache.locks import FileLock
+from zephon.io.cache.private_files import private_dir, read_bytes, replace_file
 from zephon.io.file_formats import described_files
 from zephon.io.formats import compression_of, detect_format
-from zephon.io.hub.cachefs import private_dir, read_bytes, replace_file
 from zephon.io.hub.client import HubClient
 from zephon.io.hub.layout import Layout, conversion_layout, original_layout
-from zephon.io.hub.locks import FileLock
 from zephon.io.hub.path import HubPath
 from zephon.io.hub.retry import LOGIN
 from zephon.redact import get_logger

@@ -37,6 +37,7 @@ from typing import Any
 
 from zephon.errors import ConfigError, DataError
 from zephon.io import local_glob
+from zephon.io.cache.shard_cache import CachedFile, ShardCache, bound_cache, require_cache
 from zephon.io.dataset import _METADATA, DataFile, Dataset
 from zephon.io.fetch_ahead import FetchAhead
 from zephon.io.file_formats import companion_files, described_files
@@ -47,7 +48,6 @@ from zephon.io.formats import (
     plan_listed,
     row_groups_from_tail,
 )
-from zephon.io.hub.cache import CachedFile, ShardCache
 from zephon.io.printable import printable
 from zephon.io.storage import ObjectInfo, ObjectStore, get_scheme, split_url
 from zephon.io.store_options import StoreOptions
@@ -67,8 +67,6 @@ _EXPECTED_SKIPS = ("(folder marker)", "(dataset metadata)", " files beside it)")
 """Skips that are how the documented layouts look (folder markers, an index or metadata
 beside the data files it describes): listed in ``skipped_files()`` and the report, not
 logged."""
-_CACHE_HINT = ("StoreOptions(cache=CacheOptions(enabled=True, root='/local/disk/zephon-cache', "
-               "limit_bytes=50 << 30))")
 
 
 class ObjectStoreDataset(FetchAhead, Dataset):
@@ -100,11 +98,7 @@ class ObjectStoreDataset(FetchAhead, Dataset):
     # -- options ----------------------------------------------------------------------------
     def bound(self, io_options: StoreOptions) -> ObjectStoreDataset:
         """A copy that reads through ``io_options``, whose shard cache must be enabled."""
-        if not io_options.cache.enabled:
-            raise ConfigError(
-                f"dataset {self.name!r} ({self.path}) is read from an object store through "
-                "the shard cache, which is not enabled. Enable it, on fast local disk with a "
-                f"size limit: Pipeline(...).options(io_options={_CACHE_HINT})")
+        require_cache(io_options, self.name, self.path, "an object store")
         clone = copy.copy(self)
         clone._io = io_options
         clone._store = None
@@ -120,11 +114,7 @@ class ObjectStoreDataset(FetchAhead, Dataset):
 
     @property
     def cache(self) -> ShardCache:
-        if self._cache is None:
-            raise ConfigError(f"dataset {self.name!r} ({self.path}) must be bound to a shard "
-                              f"cache before it is read: pass io_options={_CACHE_HINT} to "
-                              "Pipeline.options")
-        return self._cache
+        return bound_cache(self._cache, self.name, self.path)
 
     # -- listing ----------------------------------------------------------------------------
     def _prefix(self) -> str:
