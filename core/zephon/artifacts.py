@@ -11,7 +11,7 @@ for all of them:
   SHA-256 of its canonical JSON (``"sha256"``: sorted keys, no spaces, ASCII) over all its
   other fields. A binary artifact seals a JSON header that holds the SHA-256 of its body.
 - **One reader**: :func:`opened` checks the kind and the checksum, and then the caller's
-  schema, written with :mod:`zephon.state_checks` (every field against what it must be:
+  schema, written with :mod:`zephon.field_checks` (every field against what it must be:
   types, ranges, ids within the vocabulary, units within their file). Any misfit is an
   :class:`ArtifactError` naming the artifact (its file or key) and the field.
 
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from zephon.errors import DataError, StateMismatchError
-from zephon.state_checks import StateFieldError, describe, need_dict, need_str
+from zephon.field_checks import StateFieldError, describe, need_dict, need_str
 
 T = TypeVar("T")
 
@@ -68,7 +68,7 @@ def sealed(kind: str, fields: dict[str, Any]) -> dict[str, Any]:
 def opened(value: Any, kind: str, where: str, check: Callable[[dict[str, Any]], T]
            ) -> T:
     """``check(fields)`` of the artifact ``value`` once its kind is ``kind`` and its checksum
-    matches its content; ``check`` raises :class:`~zephon.state_checks.StateFieldError` for a
+    matches its content; ``check`` raises :class:`~zephon.field_checks.StateFieldError` for a
     field it refuses. Everything refused is an :class:`ArtifactError` naming ``where`` (the
     artifact's file or key) and the field."""
     try:

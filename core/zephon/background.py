@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from zephon.redact import get_logger
+from zephon.logs import get_logger
 
 log = get_logger(__name__)
 

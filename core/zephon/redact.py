@@ -5,14 +5,13 @@ URL (``http://user:secret@host``, which huggingface_hub and requests repeat in t
 errors), a signed URL's query (``X-Amz-Signature=...``, ``token=...``) or a Hugging Face token
 (``hf_...``). :func:`redact` replaces each with ``***``; Zephon's exceptions apply it to their
 arguments (:class:`zephon.errors.ZephonError`) and its loggers to every record
-(:func:`get_logger`). Cost: one regex pass over a message, a few microseconds; messages are
-few. Limits: a credential that looks like none of these (a bare password in a path) is not
-recognized.
+(:func:`zephon.logs.get_logger`). Cost: one regex pass over a message, a few microseconds;
+messages are few. Limits: a credential that looks like none of these (a bare password in a
+path) is not recognized.
 """
 
 from __future__ import annotations
 
-import logging
 import re
 
 _USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
@@ -30,26 +29,3 @@ def redact(text: str) -> str:
     text = _USERINFO.sub(r"\1***@", text)
     text = _QUERY.sub(r"\1***", text)
     return _HF_TOKEN.sub("hf_***", text)
-
-
-class _Redacting(logging.Filter):
-    """Formats a record's message once, redacted (its arguments are dropped)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        cleaned = redact(message)
-        if cleaned != message or record.args:
-            record.msg, record.args = cleaned, None
-        return True
-
-
-_FILTER = _Redacting()
-
-
-def get_logger(name: str) -> logging.Logger:
-    """``logging.getLogger(name)`` with redaction: a logger's filters see only the records
-    logged on it, not those of its children, so each module's logger carries it."""
-    logger = logging.getLogger(name)
-    if _FILTER not in logger.filters:
-        logger.addFilter(_FILTER)
-    return logger

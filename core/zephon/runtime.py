@@ -18,9 +18,7 @@ from zephon.engine.agreement import RoundAgreement, check_agreement_group
 from zephon.engine.dataset_source import Offload, projected_columns
 from zephon.engine.document_threads import DocumentThreads
 from zephon.engine.lane import LanePlan, restored_lane
-from zephon.engine.rank import RankStream, rounds_ahead
-from zephon.engine.rank_check import check_ranks_agree, plan_digests
-from zephon.engine.state import (
+from zephon.engine.loader_state import (
     STATE_VERSION,
     check_fingerprint,
     check_lanes,
@@ -30,10 +28,13 @@ from zephon.engine.state import (
     sealed_entry,
     to_portable,
 )
+from zephon.engine.rank import RankStream, rounds_ahead
+from zephon.engine.rank_check import check_ranks_agree, plan_digests
 from zephon.engine.transform import transform_documents
 from zephon.engine.workers import DocumentWorkers
 from zephon.errors import ConfigError, StateMismatchError
 from zephon.loader_options import LoaderOptions, lanes_problem
+from zephon.logs import get_logger
 from zephon.ops.base import (
     BuildContext,
     DocumentOperator,
@@ -46,7 +47,6 @@ from zephon.ops.batch import BatchSpec
 from zephon.ops.pack import PackSpec
 from zephon.progress import progress
 from zephon.records import Doc
-from zephon.redact import get_logger
 from zephon.report import PipelineReport, StageReport, build_report, sum_stats
 from zephon.sample_batch import SampleBatch
 from zephon.work.estimation import DatasetEstimate, TokenEstimation, estimate_dataset
@@ -176,7 +176,8 @@ class Loader:
 
     # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """``{"lane_<l>": entry}`` for the lanes this rank owns; see :mod:`zephon.engine.state`.
+        """``{"lane_<l>": entry}`` for the lanes this rank owns; see
+        :mod:`zephon.engine.loader_state`.
 
         Describes what the caller has consumed; prefetched microbatches are not in it.
         """

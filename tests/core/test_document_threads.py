@@ -5,10 +5,12 @@ from __future__ import annotations
 import gc
 import os
 import threading
+from functools import partial
 
 import pytest
 
 from tests.conftest import write_jsonl
+from tests.kit.batches import batch_ids, equal_weights_source
 from zephon import Pipeline
 from zephon.demo.assets import make_documents
 from zephon.engine import dataset_source as source_module
@@ -16,18 +18,12 @@ from zephon.engine import document_threads
 from zephon.engine.document_threads import DocumentThreads, threads_for_this_rank
 from zephon.engine.workers import DocumentWorkers
 from zephon.errors import DataError
-from zephon.io import Dataset
 from zephon.ops.base import DocumentOperator
 from zephon.records import Doc
-from zephon.work import MixtureSpec, StaticMixtureWorkSource
+
+source_for = partial(equal_weights_source, seed=5, on_exhausted="drain")
 
 THREAD = document_threads.THREAD_NAME
-
-
-def source_for(paths: dict) -> StaticMixtureWorkSource:
-    datasets = [Dataset.from_path(n, p) for n, p in paths.items()]
-    return StaticMixtureWorkSource(datasets, MixtureSpec(dict.fromkeys(paths, 1.0)),
-                                   seed=5, unit_bytes=2048, on_exhausted="drain")
 
 
 def pipeline(paths: dict, tokenizer_dir: str, prefetch: int, seen: list | None = None
@@ -43,10 +39,6 @@ def pipeline(paths: dict, tokenizer_dir: str, prefetch: int, seen: list | None =
             .pack_flat(65).shuffle(8).batch(2))
 
 
-def tokens(batches) -> list[list[list[int]]]:
-    return [[r.payload["input_ids"].tolist() for r in b.records] for b in batches]
-
-
 def live_document_threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name == THREAD and t.is_alive()}
 
@@ -58,31 +50,31 @@ def test_the_threads_run_the_operators_and_change_no_batch_and_no_state(
     monkeypatch.setattr(document_threads, "threads_for_this_rank", lambda: count)
     seen_sync: list[str] = []
     reference = pipeline(two_datasets, tokenizer_dir, 0, seen_sync)
-    straight = tokens(reference)
+    straight = batch_ids(reference)
     assert len(straight) > 30
     assert THREAD not in seen_sync, "prefetch=0 runs everything on the caller's thread"
     seen: list[str] = []
     threaded = pipeline(two_datasets, tokenizer_dir, 4, seen)
     it = iter(threaded)
-    head = tokens(next(it) for _ in range(11))
+    head = batch_ids(next(it) for _ in range(11))
     state = threaded.state_dict()
     assert head == straight[:11]
     # the threads ran batches ahead; the producer took back only ones they had not started
     assert THREAD in seen and set(seen) <= {THREAD, "zephon-rank0"}
-    assert tokens(it) == straight[11:]
+    assert batch_ids(it) == straight[11:]
     assert str(threaded.report()) == str(reference.report())
     # the state taken with batches in flight resumes exactly, with or without the thread
     for prefetch in (0, 4):
         resumed = pipeline(two_datasets, tokenizer_dir, prefetch)
         resumed.load_state_dict(state)
-        assert tokens(resumed) == straight[11:], f"resume with prefetch={prefetch}"
+        assert batch_ids(resumed) == straight[11:], f"resume with prefetch={prefetch}"
     sync_state = pipeline(two_datasets, tokenizer_dir, 0)
     it = iter(sync_state)
     for _ in range(17):
         next(it)
     resumed = pipeline(two_datasets, tokenizer_dir, 4)
     resumed.load_state_dict(sync_state.state_dict())
-    assert tokens(resumed) == straight[17:]
+    assert batch_ids(resumed) == straight[17:]
 
 
 def test_two_threads_where_the_rank_has_two_cores_to_itself(monkeypatch) -> None:
@@ -135,19 +127,19 @@ def test_only_datasets_with_a_gil_releasing_operator_use_the_threads(
                 .pretokenized(eos_token_id=tokenizer.eos_token_id, datasets=("ids",))
                 .pack_flat(33).batch(2))
 
-    straight = tokens(run(0))
+    straight = batch_ids(run(0))
     assert len(straight) > 20
     seen: dict = {}
     threaded = run(4, seen)
     it = iter(threaded)
-    assert tokens(next(it) for _ in range(9)) == straight[:9]
+    assert batch_ids(next(it) for _ in range(9)) == straight[:9]
     state = threaded.state_dict()
-    assert tokens(it) == straight[9:]
+    assert batch_ids(it) == straight[9:]
     assert THREAD in seen["text"]
     assert seen["ids"] == {"zephon-rank0"}, "no document thread for Python-bound operators"
     resumed = run(4)
     resumed.load_state_dict(state)
-    assert tokens(resumed) == straight[9:]
+    assert batch_ids(resumed) == straight[9:]
 
 
 def test_which_offload_takes_which_operators() -> None:

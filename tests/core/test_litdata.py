@@ -6,7 +6,6 @@ cached chunks, and named refusals of what is not read."""
 from __future__ import annotations
 
 import json
-import pickle
 import shutil
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 from tests.core import litdata_sets
 from tests.core.litdata_sets import ITEMS, item
 from tests.hub.hubdata import fast_options
+from tests.kit.batches import assert_resumes_exactly
 from tests.kit.buckets import BUCKETS, MemoryBucket
 from tests.kit.mds import (
     pipeline_over,
@@ -69,13 +69,8 @@ def test_litdata_gives_the_documents_of_the_same_items_in_json_lines(litdata, to
 def test_litdata_resumes_exactly_and_reads_from_an_object_store(litdata, tokenizer_dir,
                                                                  tmp_path):
     reference = token_rows(pipeline_over(litdata["batch"], tokenizer_dir))
-    pipeline = pipeline_over(litdata["batch"], tokenizer_dir)
-    iterator = iter(pipeline)
-    first = [r.payload["input_ids"].tobytes() for _ in range(3) for r in next(iterator).records]
-    state = pickle.loads(pickle.dumps(pipeline.state_dict()))
-    resumed = pipeline_over(litdata["batch"], tokenizer_dir)
-    resumed.load_state_dict(state)
-    assert first + token_rows(resumed) == reference
+    assert_resumes_exactly(lambda: pipeline_over(litdata["batch"], tokenizer_dir),
+                           stops=(1, 3, 5))
     storage.register_scheme("mem", storage.Scheme(MemoryBucket))
     try:
         BUCKETS["lit"] = {f"train/{p.name}": p.read_bytes()

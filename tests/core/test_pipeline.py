@@ -8,18 +8,13 @@ import numpy as np
 import pytest
 
 from tests.conftest import write_jsonl, write_parquet
+from tests.kit.batches import equal_weights_source
 from zephon import Pipeline, SampleBatch
 from zephon.demo.assets import make_documents
 from zephon.errors import ConfigError, DataError
 from zephon.io import Dataset
 from zephon.ops.tokenize import DocumentTokenizer, TokenizeSpec
 from zephon.work import MixtureSpec, StaticMixtureWorkSource
-
-
-def source_for(paths: dict, **kwargs) -> StaticMixtureWorkSource:
-    datasets = [Dataset.from_path(n, p) for n, p in paths.items()]
-    return StaticMixtureWorkSource(datasets, MixtureSpec(dict.fromkeys(paths, 1.0)),
-                                   seed=3, unit_bytes=2048, **kwargs)
 
 
 def token_lengths(paths, tokenizer_dir) -> dict[str, int]:
@@ -43,7 +38,7 @@ def token_lengths(paths, tokenizer_dir) -> dict[str, int]:
 @pytest.mark.parametrize("lanes", [1, 3])
 def test_one_pass_delivers_every_document_exactly_once(two_datasets, tokenizer_dir, algorithm,
                                                        lanes, caplog):
-    source = source_for(two_datasets, on_exhausted="drain")
+    source = equal_weights_source(two_datasets, on_exhausted="drain")
     pipeline = (Pipeline(source).options(lanes=lanes).tokenize(tokenizer_id=tokenizer_dir)
                 .pack_flat(97, algorithm).batch(3, drop_last=False))
     expected = token_lengths(two_datasets, tokenizer_dir)
@@ -76,7 +71,7 @@ def test_one_pass_delivers_every_document_exactly_once(two_datasets, tokenizer_d
 
 
 def test_drop_last_counts_what_it_drops(two_datasets, tokenizer_dir):
-    source = source_for(two_datasets, on_exhausted="drain")
+    source = equal_weights_source(two_datasets, on_exhausted="drain")
     keep = (Pipeline(source).tokenize(tokenizer_id=tokenizer_dir).pack_flat(97)
             .batch(4, drop_last=False))
     drop = (Pipeline(source).tokenize(tokenizer_id=tokenizer_dir).pack_flat(97)
@@ -95,7 +90,7 @@ def test_drop_last_counts_what_it_drops(two_datasets, tokenizer_dir):
 def test_empty_documents_skipped_and_counted(tmp_path, tokenizer_dir):
     write_jsonl(tmp_path / "d.jsonl", [{"text": "ka lo"}, {"text": ""}, {"text": None},
                                        {"text": "mi ne"}])
-    pipeline = (Pipeline(source_for({"d": tmp_path / "d.jsonl"}))
+    pipeline = (Pipeline(equal_weights_source({"d": tmp_path / "d.jsonl"}))
                 .tokenize(tokenizer_id=tokenizer_dir).batch(1, drop_last=False))
     assert len(list(pipeline)) == 2
     [report] = pipeline.report().datasets
@@ -104,7 +99,7 @@ def test_empty_documents_skipped_and_counted(tmp_path, tokenizer_dir):
 
 def test_non_text_field_is_an_error_naming_the_row(tmp_path, tokenizer_dir):
     write_jsonl(tmp_path / "d.jsonl", [{"text": "ok"}, {"text": 5}])
-    pipeline = (Pipeline(source_for({"d": tmp_path / "d.jsonl"}))
+    pipeline = (Pipeline(equal_weights_source({"d": tmp_path / "d.jsonl"}))
                 .tokenize(tokenizer_id=tokenizer_dir).batch(1))
     with pytest.raises(DataError, match=r"d\.jsonl:2: field .text. is int"):
         list(pipeline)
@@ -112,14 +107,14 @@ def test_non_text_field_is_an_error_naming_the_row(tmp_path, tokenizer_dir):
 
 def test_missing_field_surfaces_from_iteration(tmp_path, tokenizer_dir):
     write_parquet(tmp_path / "p.parquet", ["a", "b"])
-    pipeline = (Pipeline(source_for({"p": tmp_path / "p.parquet"}))
+    pipeline = (Pipeline(equal_weights_source({"p": tmp_path / "p.parquet"}))
                 .tokenize(tokenizer_id=tokenizer_dir, field="body").batch(1))
     with pytest.raises(DataError, match=r"p\.parquet: missing field 'body'"):
         next(iter(pipeline))
 
 
 def test_operator_order_and_required_batch(two_datasets, tokenizer_dir):
-    base = Pipeline(source_for(two_datasets))
+    base = Pipeline(equal_weights_source(two_datasets))
     with pytest.raises(ConfigError, match=r"need tokenize\(\.\.\.\) .*before pack_flat"):
         base.pack_flat(16).tokenize(tokenizer_id=tokenizer_dir)
     with pytest.raises(ConfigError, match="tokenize must come before shuffle"):
@@ -143,7 +138,7 @@ def test_operator_order_and_required_batch(two_datasets, tokenizer_dir):
 ])
 def test_bad_sizes_name_the_option(two_datasets, call, option):
     with pytest.raises(ConfigError, match=option):
-        call(Pipeline(source_for(two_datasets)))
+        call(Pipeline(equal_weights_source(two_datasets)))
 
 
 def test_mixture_and_dataset_names_must_agree(two_datasets):
@@ -155,7 +150,7 @@ def test_mixture_and_dataset_names_must_agree(two_datasets):
 
 
 def test_sample_batch_ids_and_records(two_datasets, tokenizer_dir):
-    pipeline = (Pipeline(source_for(two_datasets)).tokenize(tokenizer_id=tokenizer_dir)
+    pipeline = (Pipeline(equal_weights_source(two_datasets)).tokenize(tokenizer_id=tokenizer_dir)
                 .pack_flat(33).batch(4))
     batch = next(iter(pipeline))
     assert isinstance(batch, SampleBatch) and len(batch) == 4
@@ -167,7 +162,7 @@ def test_sample_batch_ids_and_records(two_datasets, tokenizer_dir):
 
 def test_raw_records_without_tokenize(tmp_path):
     write_jsonl(tmp_path / "d.jsonl", [{"image": [i, i], "label": i} for i in range(5)])
-    pipeline = Pipeline(source_for({"d": tmp_path / "d.jsonl"}, shuffle_rows=False,
+    pipeline = Pipeline(equal_weights_source({"d": tmp_path / "d.jsonl"}, shuffle_rows=False,
                                    shuffle_units=False)).batch(2)
     batches = list(pipeline)
     assert [len(b) for b in batches] == [2, 2]
@@ -175,7 +170,7 @@ def test_raw_records_without_tokenize(tmp_path):
 
 
 def test_pack_sequences_pipeline(two_datasets, tokenizer_dir):
-    pipeline = (Pipeline(source_for(two_datasets)).tokenize(tokenizer_id=tokenizer_dir)
+    pipeline = (Pipeline(equal_weights_source(two_datasets)).tokenize(tokenizer_id=tokenizer_dir)
                 .pack_sequences(64, "first_fit").batch(2))
     batch = next(iter(pipeline))
     assert all(sum(len(d) for d in r.payload["documents"]) <= 64 for r in batch.records)
@@ -184,7 +179,7 @@ def test_pack_sequences_pipeline(two_datasets, tokenizer_dir):
 
 
 def test_iteration_continues_and_reset_restarts(two_datasets, tokenizer_dir):
-    pipeline = (Pipeline(source_for(two_datasets)).tokenize(tokenizer_id=tokenizer_dir)
+    pipeline = (Pipeline(equal_weights_source(two_datasets)).tokenize(tokenizer_id=tokenizer_dir)
                 .pack_flat(33).batch(2))
     first = [b.ids for _, b in zip(range(3), pipeline, strict=False)]
     second = [b.ids for _, b in zip(range(2), pipeline, strict=False)]

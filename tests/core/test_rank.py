@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tests.kit.batches import batch_ids
 from zephon import Pipeline
 from zephon.engine.agreement import OPEN, Pending, check_agreement_group
 from zephon.engine.lane import Lane
@@ -28,10 +29,6 @@ def pipeline(paths: dict, tokenizer_dir: str, **options) -> Pipeline:
                                      unit_bytes=2048, on_exhausted="drain")
     return (Pipeline(source).options(lanes=LANES, **options)
             .tokenize(tokenizer_id=tokenizer_dir).pack_flat(LENGTH).batch(MICROBATCH))
-
-
-def tokens(batches) -> list[list[list[int]]]:
-    return [[r.payload["input_ids"].tolist() for r in b.records] for b in batches]
 
 
 class SimulatedPeers:
@@ -88,7 +85,7 @@ def test_read_ahead_stays_within_the_token_budget(two_datasets, tokenizer_dir,
     # Two rounds held, plus the rest of the one being handed out.
     assert ahead < 3 * LANES, "read ahead beyond the token budget"
     assert ahead >= 2 * LANES, "the producer never filled its budget"
-    assert tokens(out) == tokens(pipeline(two_datasets, tokenizer_dir, prefetch=0))
+    assert batch_ids(out) == batch_ids(pipeline(two_datasets, tokenizer_dir, prefetch=0))
 
 
 @pytest.mark.parametrize("with_peers", [False, True])
@@ -110,7 +107,7 @@ def test_a_round_is_handed_out_as_soon_as_it_is_made(two_datasets, tokenizer_dir
         made[0] += 1
         return real(self)
 
-    straight = tokens(pipeline(two_datasets, tokenizer_dir, prefetch=0))
+    straight = batch_ids(pipeline(two_datasets, tokenizer_dir, prefetch=0))
     monkeypatch.setattr(Lane, "next_microbatch", stalling)
     run = pipeline(two_datasets, tokenizer_dir)
     if with_peers:
@@ -123,7 +120,7 @@ def test_a_round_is_handed_out_as_soon_as_it_is_made(two_datasets, tokenizer_dir
     assert not resume.is_set()
     resume.set()
     got += list(iterator)
-    assert tokens(got) == straight
+    assert batch_ids(got) == straight
 
 
 def test_a_slow_consumer_agrees_ahead_of_need(two_datasets, tokenizer_dir) -> None:
@@ -144,7 +141,7 @@ def test_a_peer_that_lags_at_random_changes_no_batch(two_datasets, tokenizer_dir
                                                      seed) -> None:
     """A peer whose producer is behind this rank's by a random number of rounds: the
     horizon grows by whatever both have, and the data is the same."""
-    straight = tokens(pipeline(two_datasets, tokenizer_dir, prefetch=0))
+    straight = batch_ids(pipeline(two_datasets, tokenizer_dir, prefetch=0))
     run = pipeline(two_datasets, tokenizer_dir, read_ahead_tokens=4 * ROUND_TOKENS)
     rng = random.Random(seed)
     peers: SimulatedPeers
@@ -160,7 +157,7 @@ def test_a_peer_that_lags_at_random_changes_no_batch(two_datasets, tokenizer_dir
     for batch in run:
         out.append(batch)
         time.sleep(0.002)
-    assert tokens(out) == straight
+    assert batch_ids(out) == straight
     assert len(peers.calls) <= 2 * (len(out) // LANES) + 4
 
 
@@ -179,7 +176,7 @@ def test_a_peer_that_never_gets_ahead_is_agreed_with_only_on_demand(
     counts = run.loader().stream.agreements
     assert counts["ahead"] == 0
     assert counts["on_demand"] <= len(out) // LANES + 2
-    assert tokens(out) == tokens(pipeline(two_datasets, tokenizer_dir, prefetch=0))
+    assert batch_ids(out) == batch_ids(pipeline(two_datasets, tokenizer_dir, prefetch=0))
 
 
 def test_a_consumer_that_outruns_its_producer_agrees_every_few_rounds(
@@ -200,7 +197,7 @@ def test_a_peer_whose_data_ends_first_ends_the_rounds_at_the_same_round(
     """The rounds end where the peer's data does; the last round then hands out the rest,
     which for a rank owning every lane is the rest of the rounds, in their order."""
     reference = pipeline(two_datasets, tokenizer_dir, prefetch=0)
-    straight = tokens(reference)
+    straight = batch_ids(reference)
     assert len(straight) > 12 * LANES
     made_rows = sum(len(b) for b in straight) + reference.report().leftover["rows"]
 
@@ -214,7 +211,7 @@ def test_a_peer_whose_data_ends_first_ends_the_rounds_at_the_same_round(
         for batch in run:
             out.append(batch)
             time.sleep(consumer_sleep)
-        assert tokens(out) == straight
+        assert batch_ids(out) == straight
         # the rounds ended at the peer's end; from there on the last round handed them out
         assert [b.position for b in out[:end_round * LANES]] == [None] * (end_round * LANES)
         assert [b.position for b in out[end_round * LANES:]] == \

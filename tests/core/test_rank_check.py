@@ -101,7 +101,8 @@ def test_the_message_names_each_differing_rank_and_the_operator():
     assert "rank 2 differs from rank 0 in the tokenizer or tokenize options" in message
     assert "ops[0].field: rank 0 has 'text', rank 2 has 'body'" in message
     assert "rank 1" not in message
-    assert describe("work_units.web") == "the work units planned from the files"
+    assert describe("work_units.web") == "the work units cut from the files"
+    assert describe("work_source.seed") == "the seed (a seed derived from the rank?)"
 
 
 def test_tensor_parallel_peers_may_share_a_dp_rank_but_not_more():

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from tests.kit.batches import batch_ids
 from tests.kit.state import resealed
 from tests.kit.state_corpus import build, mid_run, write_corpus
 from zephon import StateMismatchError
@@ -132,17 +133,13 @@ def _get(state: Any, path: Path) -> Any:
     return parent(state, path)[path[-1]] if _holds(state, path) else "<deleted>"
 
 
-def batch_tokens(batches) -> list[list[list[int]]]:
-    return [[r.payload["input_ids"].tolist() for r in batch.records] for batch in batches]
-
-
 def test_random_changes_to_a_state_as_written_are_refused_naming_the_field(tmp_path,
                                                                            tokenizer_dir):
     corpus, tokenizer = write_corpus(tmp_path), load_tokenizer(tokenizer_dir)
     valid = mid_run(build(corpus, tokenizer))
     pipeline = build(corpus, tokenizer)
     pipeline.load_state_dict(copy.deepcopy(valid))
-    expected = batch_tokens(islice(pipeline, 3))
+    expected = batch_ids(islice(pipeline, 3))
     rng = random.Random(SEED + 1)
     refused = 0
     for _ in range(300):
@@ -155,7 +152,7 @@ def test_random_changes_to_a_state_as_written_are_refused_naming_the_field(tmp_p
             refused += 1
             continue
         assert state == valid, f"{what}: a changed state was accepted"
-        assert batch_tokens(islice(pipeline, 3)) == expected, what
+        assert batch_ids(islice(pipeline, 3)) == expected, what
     assert refused >= 250, refused  # the rest changed nothing (a value set to itself)
 
 

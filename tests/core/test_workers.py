@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import types
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -15,19 +16,14 @@ import pytest
 
 from tests.conftest import write_jsonl
 from tests.core import toy_ops
+from tests.kit.batches import batch_ids, equal_weights_source
 from zephon import Pipeline
 from zephon.demo.assets import make_documents
 from zephon.engine.workers import DocumentWorkers, _transform, _unpack, block_prefix
 from zephon.errors import ConfigError
-from zephon.io import Dataset
 from zephon.records import Doc
-from zephon.work import MixtureSpec, StaticMixtureWorkSource
 
-
-def source_for(paths: dict) -> StaticMixtureWorkSource:
-    datasets = [Dataset.from_path(n, p) for n, p in paths.items()]
-    return StaticMixtureWorkSource(datasets, MixtureSpec(dict.fromkeys(paths, 1.0)),
-                                   seed=3, unit_bytes=2048, on_exhausted="drain")
+source_for = partial(equal_weights_source, on_exhausted="drain")
 
 
 def pipeline(paths: dict, tokenizer_dir: str, workers: int) -> Pipeline:
@@ -37,26 +33,22 @@ def pipeline(paths: dict, tokenizer_dir: str, workers: int) -> Pipeline:
             .pack_flat(65).shuffle(8).batch(2))
 
 
-def tokens(batches) -> list[list[list[int]]]:
-    return [[r.payload["input_ids"].tolist() for r in b.records] for b in batches]
-
-
 def test_every_worker_count_gives_the_same_batches_and_resumes_the_same(
         two_datasets, tokenizer_dir) -> None:
     reference = pipeline(two_datasets, tokenizer_dir, 0)
-    straight = tokens(reference)
+    straight = batch_ids(reference)
     assert len(straight) > 20
     for workers in (1, 2):
         run = pipeline(two_datasets, tokenizer_dir, workers)
         it = iter(run)
-        head = tokens(next(it) for _ in range(7))
+        head = batch_ids(next(it) for _ in range(7))
         state = run.state_dict()
         assert head == straight[:7], f"workers={workers}"
         resumed = pipeline(two_datasets, tokenizer_dir, 0 if workers == 2 else 2)
         resumed.load_state_dict(state)
-        assert tokens(resumed) == straight[7:], f"resume of workers={workers}"
+        assert batch_ids(resumed) == straight[7:], f"resume of workers={workers}"
         assert str(resumed.report()) == str(reference.report())  # counts, drops, filtered
-        rest = tokens(it)
+        rest = batch_ids(it)
         assert rest == straight[7:], f"workers={workers} after a state_dict"
         assert str(run.report()) == str(reference.report())
 

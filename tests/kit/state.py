@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from zephon.artifacts import CHECKSUM, KIND
-from zephon.engine.state import sealed_entry
+from zephon.engine.loader_state import sealed_entry
 
 
 def resealed(state: dict[str, Any]) -> dict[str, Any]:

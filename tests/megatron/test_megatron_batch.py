@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zephon_megatron.batch import (
+from zephon_megatron.get_batch import (
     TensorParallel,
     document_causal_mask,
     document_ids,

@@ -14,7 +14,7 @@ import torch
 from megatron_helpers import CONTINUOUS, PACKED, megatron_argv, parse
 
 from zephon_megatron.arguments import settings_from_args
-from zephon_megatron.batch import TensorParallel, causal_mask, get_batch, thd_cu_seqlens
+from zephon_megatron.get_batch import TensorParallel, causal_mask, get_batch, thd_cu_seqlens
 from zephon_megatron.provider import Topology, build_iterator
 
 CPU = torch.device("cpu")

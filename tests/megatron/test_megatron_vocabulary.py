@@ -12,7 +12,7 @@ import pytest
 from megatron_helpers import parse
 
 from zephon.demo.assets import build_demo_assets
-from zephon_megatron.errors import ZephonArgumentError
+from zephon_megatron.adapter_error import ZephonArgumentError
 from zephon_megatron.vocabulary import model_vocabulary, null_tokenizer_adds_eod, run_recipe
 
 HF = ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model"]

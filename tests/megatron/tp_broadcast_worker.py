@@ -56,7 +56,7 @@ def main() -> None:
 
 
 def read(iterator: object, attention: str, report: list[dict[str, object]]) -> None:
-    from zephon_megatron.batch import get_batch
+    from zephon_megatron.get_batch import get_batch
 
     for _ in range(8):
         batch = get_batch(iterator, attention=attention, device=torch.device("cpu"))

@@ -15,7 +15,7 @@ from zephon_torchtitan.config_checks import PREFLIGHT_IMPORT, install_loaders
 from zephon_torchtitan.config_registry import with_zephon
 from zephon_torchtitan.dataloader import ZephonDataLoader
 from zephon_torchtitan.metrics_processor import ZephonMetricsProcessor
-from zephon_torchtitan.trainer import ZephonTrainer
+from zephon_torchtitan.zephon_trainer import ZephonTrainer
 
 ADAPTER = Path(__file__).resolve().parents[2] / "integrations" / "torchtitan" / "zephon_torchtitan"
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from zephon.distributed import gather_json, world_gloo_group
 from zephon.errors import ConfigError
-from zephon.redact import get_logger
+from zephon.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -46,13 +46,13 @@ from typing import Any
 import numpy as np
 
 from zephon.engine.document_threads import DocumentThreads
-from zephon.engine.state import lane_key
+from zephon.engine.loader_state import lane_key
 from zephon.engine.transform import transform_documents
 from zephon.engine.workers import DocumentWorkers
 from zephon.errors import DataError, StateMismatchError
+from zephon.field_checks import StateFieldError, item, need_counts, need_fields, need_int, need_list
 from zephon.ops.base import DocumentOperator, LazyPieces
 from zephon.records import Doc
-from zephon.state_checks import StateFieldError, item, need_counts, need_fields, need_int, need_list
 from zephon.work.protocol import DatasetWork, LaneUnit, UnitRows
 
 Position = tuple[int, int, int]

@@ -21,13 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from zephon.engine.dataset_source import DatasetSource, Offload
+from zephon.engine.loader_state import from_portable
 from zephon.engine.mixer import MixNode
-from zephon.engine.state import from_portable
-from zephon.ops.base import BufferedNode, DocumentOperator, Node, RowOperator, applies_to
-from zephon.ops.batch import BatchNode
-from zephon.records import Doc, Record, doc_as_record
-from zephon.sample_batch import SampleBatch
-from zephon.state_checks import (
+from zephon.field_checks import (
     StateFieldError,
     item,
     need_fields,
@@ -36,6 +32,10 @@ from zephon.state_checks import (
     token_limit,
     within,
 )
+from zephon.ops.base import BufferedNode, DocumentOperator, Node, RowOperator, applies_to
+from zephon.ops.batch import BatchNode
+from zephon.records import Doc, Record, doc_as_record
+from zephon.sample_batch import SampleBatch
 from zephon.work.protocol import WorkSource
 
 

@@ -42,7 +42,7 @@ class LastRound:
     """The lanes of ``plan`` named in ``states`` (all of them for a last round), restored from
     their portable snapshots (None: a lane that has made nothing) and made in the order the
     module docstring states. A state that its lane could not have written raises
-    :class:`~zephon.state_checks.StateFieldError`."""
+    :class:`~zephon.field_checks.StateFieldError`."""
 
     def __init__(self, plan: LanePlan, states: dict[int, Any]):
         self.lanes: dict[int, Lane] = {}

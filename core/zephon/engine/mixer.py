@@ -31,7 +31,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from zephon import state_checks as checks
+from zephon import field_checks as checks
 from zephon.engine.dataset_source import DatasetSource
 from zephon.errors import ConfigError
 from zephon.ops.base import Node

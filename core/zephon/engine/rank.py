@@ -56,11 +56,11 @@ from zephon.engine.agreement import RoundAgreement
 from zephon.engine.empty_run import empty_run_message
 from zephon.engine.lane import Lane, LanePlan
 from zephon.engine.last_round import LastRound, groups
-from zephon.engine.state import to_portable
+from zephon.engine.loader_state import to_portable
 from zephon.errors import DataError, ZephonError
 from zephon.io import cancel
+from zephon.logs import get_logger
 from zephon.records import record_counts
-from zephon.redact import get_logger
 from zephon.sample_batch import SampleBatch
 
 log = get_logger(__name__)

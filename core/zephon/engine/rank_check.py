@@ -39,25 +39,17 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from zephon.distributed import arrive, gather_json, world_gloo_group
-from zephon.engine import state
-from zephon.engine.state import first_difference, short, to_portable
+from zephon.engine import loader_state as state
+from zephon.engine.loader_state import first_difference, short, to_portable
 from zephon.errors import ConfigError
-from zephon.redact import get_logger
+from zephon.logs import get_logger
 from zephon.work.protocol import WorkSource
 
 log = get_logger(__name__)
 
-_WHAT = {
-    "work_units": "the work units planned from the files",
-    "work_source.datasets": "the datasets or their files (a file missing or different on "
-                            "some node?)",
-    "work_source.mixture": "the mixture weights",
-    "work_source.seed": "the seed (a seed derived from the rank?)",
-    "work_source": "the work source options",
-    "lanes": "the lane count",
-    "version": "the zephon version",
-    "ops": "the operators",
-}
+_RANK_HINTS = {"work_source.datasets": "a file missing or different on some node?",
+               "work_source.seed": "a seed derived from the rank?"}
+"""Likely causes of a part that differs between ranks."""
 
 
 def plan_digests(source: WorkSource, lanes: int) -> dict[str, str]:
@@ -74,7 +66,7 @@ def digest(identity: dict[str, Any]) -> int:
 
 def describe(path: str, titles: Sequence[str] = ()) -> str:
     """What a fingerprint path means to a user, in words for ranks that differ."""
-    return state.describe(path, titles, _WHAT)
+    return state.describe(path, titles, _RANK_HINTS)
 
 
 def check_ranks_agree(identity: Callable[[], dict[str, Any]], dp_rank: int,

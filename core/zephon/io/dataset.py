@@ -46,7 +46,6 @@ from typing import Any, ClassVar
 
 from zephon.errors import ConfigError, DataError
 from zephon.io import file_identity, local_glob
-from zephon.io.file_formats import companion_files, described_files, known_formats
 from zephon.io.formats import (
     PlanHints,
     compression_of,
@@ -54,10 +53,11 @@ from zephon.io.formats import (
     parquet_units,
     row_groups_from_tail,
 )
+from zephon.io.formats.registry import companion_files, described_files, known_formats
 from zephon.io.indexed import prefix_of
 from zephon.io.store_options import StoreOptions
+from zephon.logs import get_logger
 from zephon.named_objects import import_named
-from zephon.redact import get_logger
 
 log = get_logger(__name__)
 
@@ -93,7 +93,7 @@ class DataFile:
     itself."""
 
 
-SCHEMES: dict[str, str] = {"hf": "zephon.io.hub.dataset:HubDataset"}
+SCHEMES: dict[str, str] = {"hf": "zephon.io.hub.hub_dataset:HubDataset"}
 """Remote dataset classes by URL scheme, as ``"module:Class"``. A class is imported when a
 path first names its scheme, so a scheme's dependencies (``huggingface_hub`` for ``hf``, slow
 to import; measured: docs/measurements.md) load only when used. A class takes
@@ -105,7 +105,7 @@ NAMED_FILES = 64
 costs about 70 bytes in every lane's checkpoint entry."""
 
 
-OBJECT_STORE = "zephon.io.storage.dataset:ObjectStoreDataset"
+OBJECT_STORE = "zephon.io.storage.object_store_dataset:ObjectStoreDataset"
 """The class of every object-store scheme registered in :mod:`zephon.io.storage`."""
 
 

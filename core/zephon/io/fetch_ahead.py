@@ -25,7 +25,7 @@ from typing import Any
 
 import zephon.background as background
 from zephon.io import cancel
-from zephon.redact import get_logger
+from zephon.logs import get_logger
 
 log = get_logger(__name__)
 

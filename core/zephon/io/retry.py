@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from zephon.io import cancel
-from zephon.redact import get_logger
+from zephon.logs import get_logger
 
 log = get_logger(__name__)
 

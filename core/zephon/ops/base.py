@@ -37,9 +37,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from zephon.errors import ConfigError
-from zephon.named_objects import Registry
-from zephon.records import Doc, Record
-from zephon.state_checks import (
+from zephon.field_checks import (
     StateFieldError,
     item,
     need_bool,
@@ -47,6 +45,8 @@ from zephon.state_checks import (
     need_list,
     record_from_state,
 )
+from zephon.named_objects import Registry
+from zephon.records import Doc, Record
 
 STAGES = ("document", "row", "batch")
 
@@ -244,26 +244,29 @@ class Node(ABC):
     def restore(self, state: dict[str, Any]) -> None:
         """Continue exactly after the snapshot ``state``. The state may come from a damaged
         checkpoint: refuse what this node could not have written with a
-        :class:`zephon.state_checks.StateFieldError` naming the field (the helpers of
-        :mod:`zephon.state_checks` check one field each)."""
+        :class:`zephon.field_checks.StateFieldError` naming the field (the helpers of
+        :mod:`zephon.field_checks` check one field each)."""
 
 
 class BufferedNode(Node):
     """A node over an algorithm that takes one upstream item at a time and emits any number
     of records (``push``), and emits what it still holds when the upstream ends (``flush``).
     Its snapshot holds the records made but not yet pulled, whether the upstream ended, and
-    the algorithm's own state (``algorithm_snapshot``)."""
+    the algorithm's own state (``algorithm_snapshot``). A node that is only a buffer over an
+    ``algorithm`` with ``add(item) -> records`` and ``flush() -> records`` (pack, shuffle)
+    passes it here, and ``push`` and ``flush`` hand items to it."""
 
-    def __init__(self, upstream: Node):
+    def __init__(self, upstream: Node, algorithm: Any = None):
         self.upstream = upstream
+        self.algorithm = algorithm
         self._out: deque[Record] = deque()
         self._ended = False
 
-    @abstractmethod
-    def push(self, item: Any) -> list[Record]: ...
+    def push(self, item: Any) -> list[Record]:
+        return self.algorithm.add(item)
 
-    @abstractmethod
-    def flush(self) -> list[Record]: ...
+    def flush(self) -> list[Record]:
+        return self.algorithm.flush()
 
     @abstractmethod
     def algorithm_snapshot(self) -> dict[str, Any]: ...

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from zephon.errors import ConfigError
+from zephon.field_checks import need_counts, need_fields, need_int
+from zephon.logs import get_logger
 from zephon.ops.base import BuildContext, Node, OperatorSpec, RowOperator
 from zephon.records import Record, record_counts
-from zephon.redact import get_logger
 from zephon.sample_batch import SampleBatch
-from zephon.state_checks import need_counts, need_fields, need_int
 
 log = get_logger(__name__)
 

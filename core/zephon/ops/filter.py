@@ -11,25 +11,13 @@ that dataset read further to keep its share.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from zephon.ops.base import BuildContext, Dropped, Outcome
-from zephon.ops.functions import FunctionOperator, FunctionSpec, doc_view
+from zephon.ops.base import Dropped, Outcome
+from zephon.ops.functions import FunctionOperator, FunctionSpec
 from zephon.records import Doc
 from zephon.report import FILTERED_PREFIX
-
-
-@dataclass(frozen=True)
-class FilterSpec(FunctionSpec):
-    """Options of ``filter``: ``fn(document dict) -> bool`` (keep when true)."""
-
-    op_name: ClassVar[str] = "filter"
-    title: ClassVar[str] = "filter"
-
-    def build(self, context: BuildContext) -> FilterOperator:
-        return FilterOperator(self)
 
 
 class FilterOperator(FunctionOperator):
@@ -37,6 +25,16 @@ class FilterOperator(FunctionOperator):
         super().__init__(spec)
         self._dropped = Dropped(f"{FILTERED_PREFIX}{self.name}")
 
-    def apply(self, docs: Sequence[Doc], where: Sequence[str]) -> list[Outcome]:
-        return [[doc] if self.call(doc_view(doc), label) else self._dropped
-                for doc, label in zip(docs, where, strict=True)]
+    def outcome(self, doc: Doc, result: Any, label: str) -> Outcome:
+        return [doc] if result else self._dropped
+
+
+@dataclass(frozen=True)
+class FilterSpec(FunctionSpec):
+    """Options of ``filter``: ``fn(document dict) -> bool``, the document kept when true; the
+    report counts the others under ``filtered:<function>``."""
+
+    op_name: ClassVar[str] = "filter"
+    title: ClassVar[str] = "filter"
+    operator: ClassVar[type[FunctionOperator]] = FilterOperator
+

@@ -9,15 +9,15 @@ pipeline fingerprint records: renaming a function refuses a resume, editing its 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from zephon.errors import ConfigError, DataError, ZephonError
 from zephon.named_objects import import_named, split_name
-from zephon.ops.base import DocumentOperator, DocumentSpec
+from zephon.ops.base import BuildContext, DocumentOperator, DocumentSpec, Outcome
 from zephon.records import Doc
 
 
@@ -30,6 +30,11 @@ class FunctionSpec(DocumentSpec):
     """The function, or its import path ``"package.module:function"``."""
     columns: tuple[str, ...] | None = None
     """Columns the function reads before tokenization (None: all); fewer columns read faster."""
+    operator: ClassVar[type[FunctionOperator]]
+    """The operator class these options build."""
+
+    def build(self, context: BuildContext) -> FunctionOperator:
+        return self.operator(self)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -51,6 +56,14 @@ class FunctionOperator(DocumentOperator):
 
     def fingerprint(self) -> dict[str, Any]:
         return {**super().fingerprint(), "fn": self.name}
+
+    def apply(self, docs: Sequence[Doc], where: Sequence[str]) -> list[Outcome]:
+        return [self.outcome(doc, self.call(doc_view(doc), label), label)
+                for doc, label in zip(docs, where, strict=True)]
+
+    def outcome(self, doc: Doc, result: Any, label: str) -> Outcome:
+        """What ``doc`` becomes, given what the function returned for it."""
+        raise NotImplementedError
 
     def call(self, document: dict[str, Any], label: str) -> Any:
         """The function on one document; what it raises becomes a DataError naming the row

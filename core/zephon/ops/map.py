@@ -12,13 +12,17 @@ the trainer's thread.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from zephon.ops.base import BuildContext, Outcome
-from zephon.ops.functions import FunctionOperator, FunctionSpec, doc_from_view, doc_view
+from zephon.ops.base import Outcome
+from zephon.ops.functions import FunctionOperator, FunctionSpec, doc_from_view
 from zephon.records import Doc
+
+
+class MapOperator(FunctionOperator):
+    def outcome(self, doc: Doc, result: Any, label: str) -> Outcome:
+        return [doc_from_view(doc, result, self.name, label)]
 
 
 @dataclass(frozen=True)
@@ -27,12 +31,5 @@ class MapSpec(FunctionSpec):
 
     op_name: ClassVar[str] = "map"
     title: ClassVar[str] = "map"
+    operator: ClassVar[type[FunctionOperator]] = MapOperator
 
-    def build(self, context: BuildContext) -> MapOperator:
-        return MapOperator(self)
-
-
-class MapOperator(FunctionOperator):
-    def apply(self, docs: Sequence[Doc], where: Sequence[str]) -> list[Outcome]:
-        return [[doc_from_view(doc, self.call(doc_view(doc), label), self.name, label)]
-                for doc, label in zip(docs, where, strict=True)]

@@ -33,9 +33,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from zephon.errors import ConfigError
-from zephon.ops.base import BufferedNode, BuildContext, Node, OperatorSpec, RowOperator
-from zephon.records import Doc, DocSpan, Record
-from zephon.state_checks import (
+from zephon.field_checks import (
     StateFieldError,
     doc_from_state,
     item,
@@ -45,6 +43,8 @@ from zephon.state_checks import (
     need_list,
     within,
 )
+from zephon.ops.base import BufferedNode, BuildContext, Node, OperatorSpec, RowOperator
+from zephon.records import Doc, DocSpan, Record
 
 ALGORITHMS = ("wrap", "first_fit", "best_fit")
 MAX_ROW_TOKENS = 1 << 24
@@ -134,32 +134,24 @@ class PackOperator(RowOperator):
         return {**super().fingerprint(), "pad_token_id": self.pad_token_id}
 
     def node(self, upstream: Node, lane: int) -> PackNode:
-        return PackNode(Packer(self.spec, self.pad_token_id, lane), upstream)
+        return PackNode(upstream, Packer(self.spec, self.pad_token_id, lane))
 
 
 class PackNode(BufferedNode):
     """Pulls documents until a row is ready; at the end of its input it emits the open rows."""
 
-    def __init__(self, packer: Packer, upstream: Node):
-        super().__init__(upstream)
-        self.packer = packer
-
-    def push(self, item: Doc) -> list[Record]:
-        return self.packer.add(item)
-
-    def flush(self) -> list[Record]:
-        return self.packer.flush()
+    algorithm: Packer
 
     def algorithm_snapshot(self) -> dict[str, Any]:
-        return {"packer": self.packer.snapshot(),
-                "stats": {"padding_tokens": self.packer.padding_tokens}}
+        return {"packer": self.algorithm.snapshot(),
+                "stats": {"padding_tokens": self.algorithm.padding_tokens}}
 
     def algorithm_restore(self, state: dict[str, Any]) -> None:
         state = need_fields(state, "", ("packer", "stats", "out", "ended"))
         stats = need_counts(state["stats"], "stats", ("padding_tokens",))
         with within("packer"):
-            self.packer.restore(state["packer"])
-        packer = self.packer
+            self.algorithm.restore(state["packer"])
+        packer = self.algorithm
         if stats["padding_tokens"] != packer.padding_tokens:
             raise StateFieldError("stats.padding_tokens",
                                   f"is {stats['padding_tokens']}, but packer.padding_tokens "
@@ -173,12 +165,12 @@ class PackNode(BufferedNode):
         """A row this packer made: one of this lane and, for ``pack_flat``, ``max_length``
         int32 tokens and positions, its documents laid end to end from the start and the rest
         padding."""
-        if record.meta.get("lane") != self.packer.lane:
+        if record.meta.get("lane") != self.algorithm.lane:
             raise StateFieldError(f"{path}.meta.lane", f"is {record.meta.get('lane')!r}, but "
-                                                       f"this is lane {self.packer.lane}")
-        if not self.packer.spec.flat:
+                                                       f"this is lane {self.algorithm.lane}")
+        if not self.algorithm.spec.flat:
             return
-        size = self.packer.spec.max_length
+        size = self.algorithm.spec.max_length
         spans = record.meta.get("documents")
         if spans is None:
             raise StateFieldError(f"{path}.meta.documents", "is missing from a packed row")

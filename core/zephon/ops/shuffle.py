@@ -19,9 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from zephon.errors import ConfigError
-from zephon.ops.base import BufferedNode, BuildContext, Node, OperatorSpec, RowOperator
-from zephon.records import Record
-from zephon.state_checks import (
+from zephon.field_checks import (
     StateFieldError,
     item,
     need_fields,
@@ -31,6 +29,8 @@ from zephon.state_checks import (
     record_from_state,
     within,
 )
+from zephon.ops.base import BufferedNode, BuildContext, Node, OperatorSpec, RowOperator
+from zephon.records import Record
 
 
 @dataclass(frozen=True)
@@ -64,30 +64,22 @@ class ShuffleOperator(RowOperator):
         self.base_seed = base_seed
 
     def node(self, upstream: Node, lane: int) -> ShuffleNode:
-        return ShuffleNode(Shuffler(self.spec, self.base_seed, lane), upstream)
+        return ShuffleNode(upstream, Shuffler(self.spec, self.base_seed, lane))
 
 
 class ShuffleNode(BufferedNode):
     """Pulls rows through the shuffle buffer; at the end of its input emits the buffer."""
 
-    def __init__(self, shuffler: Shuffler, upstream: Node):
-        super().__init__(upstream)
-        self.shuffler = shuffler
-
-    def push(self, item: Record) -> list[Record]:
-        return self.shuffler.add(item)
-
-    def flush(self) -> list[Record]:
-        return self.shuffler.flush()
+    algorithm: Shuffler
 
     def algorithm_snapshot(self) -> dict[str, Any]:
-        return {"shuffler": self.shuffler.snapshot()}
+        return {"shuffler": self.algorithm.snapshot()}
 
     def algorithm_restore(self, state: dict[str, Any]) -> None:
         state = need_fields(state, "", ("shuffler", "out", "ended"))
         with within("shuffler"):
-            self.shuffler.restore(state["shuffler"], self.check_output)
-        if state["ended"] and self.shuffler.held():
+            self.algorithm.restore(state["shuffler"], self.check_output)
+        if state["ended"] and self.algorithm.held():
             raise StateFieldError("shuffler.buffer", "holds rows, but ended is true: the "
                                                      "buffer is emitted when the input ends")
 

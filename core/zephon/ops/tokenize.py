@@ -55,6 +55,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from zephon.errors import ConfigError, DataError
+from zephon.logs import get_logger
 from zephon.ops.base import (
     BuildContext,
     DocumentOperator,
@@ -64,7 +65,6 @@ from zephon.ops.base import (
     Outcome,
 )
 from zephon.records import Doc
-from zephon.redact import get_logger
 from zephon.text.tokenizer import (
     ENGINES,
     LONG_TEXT_CHARS,

@@ -50,13 +50,13 @@ from typing import Any, ClassVar
 import numpy as np
 
 from zephon.errors import ConfigError, DataError
+from zephon.logs import get_logger
 from zephon.ops.base import (
     Dropped,
     Outcome,
 )
 from zephon.ops.tokenize import TokenizerChoice, TokenizingOperator, split_pieces
 from zephon.records import Doc
-from zephon.redact import get_logger
 from zephon.text.tokenizer import (
     TextEncoder,
     UnencodableText,

@@ -35,12 +35,12 @@ from zephon.errors import ConfigError, DataError, ZephonError
 from zephon.io.formats import file_fields as fields_of
 from zephon.io.storage import is_remote
 from zephon.loader_options import lanes_problem
+from zephon.logs import get_logger
 from zephon.ops.base import applies_to
 from zephon.ops.pack import MAX_ROW_TOKENS
 from zephon.recipe.data_recipe import DataRecipe
 from zephon.recipe.parse import RecipeProblems
 from zephon.recipe.resolve import FrameworkValues, ResolvedRecipe
-from zephon.redact import get_logger
 
 log = get_logger(__name__)
 

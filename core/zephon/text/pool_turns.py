@@ -64,40 +64,32 @@ class PoolTurns:
     def _reset(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._inside = False
-        self._waiting = 0
-        self._started = 0
-
-    @property
-    def started(self) -> int:
-        """Calls started through :meth:`run` so far."""
-        return self._started
-
-    @property
-    def waiting(self) -> int:
-        """Callers waiting for their turn now."""
-        return self._waiting
+        self.waiting = 0
+        """Callers waiting for their turn now (read it; only :meth:`run` changes it)."""
+        self.started = 0
+        """Calls started through :meth:`run` so far (read it; only :meth:`run` changes it)."""
 
     def run(self, call: Callable[..., T], *args, **kwargs) -> T:
         """``call(*args, **kwargs)`` when no other call is inside."""
         with self._cond:
-            self._waiting += 1
+            self.waiting += 1
             try:
                 while self._inside:
                     self._cond.wait()
             finally:  # also when interrupted while waiting
-                self._waiting -= 1
+                self.waiting -= 1
             self._inside = True
-            self._started += 1
+            self.started += 1
             self._cond.notify_all()  # a returning caller waits for this start
         try:
             return call(*args, **kwargs)
         finally:
             with self._cond:
                 self._inside = False
-                if self._waiting:
-                    started = self._started
+                if self.waiting:
+                    started = self.started
                     self._cond.notify_all()
-                    self._cond.wait_for(lambda: self._started != started, self.handoff_s)
+                    self._cond.wait_for(lambda: self.started != started, self.handoff_s)
 
 
 POOL_TURNS = PoolTurns()

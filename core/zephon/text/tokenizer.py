@@ -75,7 +75,7 @@ import numpy as np
 import zephon.text.fast_engine as fast_engine
 import zephon.text.long_text as long_text
 from zephon.errors import ConfigError, DataError
-from zephon.redact import get_logger
+from zephon.logs import get_logger
 from zephon.text.pool_turns import POOL_TURNS, takes_turn
 
 log = get_logger(__name__)

@@ -48,11 +48,7 @@ import numpy as np
 from zephon.artifacts import ArtifactError, digest, opened, sealed
 from zephon.distributed import first_rank
 from zephon.errors import ConfigError, DataError
-from zephon.io.dataset import DataFile, Dataset, decoded, encoded
-from zephon.io.file_formats import known_formats
-from zephon.io.unit_table import KINDS, UnitTable
-from zephon.redact import get_logger
-from zephon.state_checks import (
+from zephon.field_checks import (
     MAX_COUNT,
     StateFieldError,
     item,
@@ -63,6 +59,10 @@ from zephon.state_checks import (
     need_str,
     within,
 )
+from zephon.io.dataset import DataFile, Dataset, decoded, encoded
+from zephon.io.formats.registry import known_formats
+from zephon.io.unit_table import KINDS, UnitTable
+from zephon.logs import get_logger
 from zephon.work.static_mixture import units_per_lane
 
 log = get_logger(__name__)

@@ -34,7 +34,7 @@ from zephon.io.dataset import Dataset
 from zephon.io.formats import PlanHints, UnitSpec
 from zephon.io.store_options import StoreOptions
 from zephon.io.unit_table import KINDS, UnitTable
-from zephon.redact import get_logger
+from zephon.logs import get_logger
 from zephon.work.dataset_work import PlannedDataset
 from zephon.work.estimation import TokenEstimation
 from zephon.work.mixture import MixtureSpec

@@ -10,7 +10,7 @@ Modules, one concern each:
   a run reads with it (one fingerprint for the preflight, the provider and the trace).
 - :mod:`~zephon_megatron.provider`: the dataset provider; train/valid/test iterators yielding
   the Megatron preset, with ``save_state``/``restore_state`` keyed per lane.
-- :mod:`~zephon_megatron.batch`: get_batch (tensor-parallel broadcast, THD PackedSeqParams for
+- :mod:`~zephon_megatron.get_batch`: get_batch (tensor-parallel broadcast, THD PackedSeqParams for
   Transformer Engine, a dense document mask for local attention).
 - :mod:`~zephon_megatron.loss`: forward_step and the per-token loss.
 - :mod:`~zephon_megatron.pretrain_gpt`: ``python -m zephon_megatron.pretrain_gpt`` (needs a

@@ -48,7 +48,7 @@ after the model is built:
   disk's speed; measured: docs/measurements.md).
 - a resume (:func:`resume_problems`): the loader state the resume would read must have been
   written by the same pipeline. Its fingerprint (lanes, seed, datasets, operators) is compared
-  with this recipe's by :func:`zephon.engine.state.check_fingerprint`, the function the
+  with this recipe's by :func:`zephon.engine.loader_state.check_fingerprint`, the function the
   restore itself uses, so the message is the restore's; ``--micro-batch-size`` too.
 """
 

@@ -65,7 +65,7 @@ from typing import Any
 
 from zephon.errors import ConfigError
 from zephon.integration import LaneChoice, choose_lanes
-from zephon_megatron.errors import ZephonArgumentError
+from zephon_megatron.adapter_error import ZephonArgumentError
 from zephon_megatron.flags import add_refused_flags, refused_flag_problems
 from zephon_megatron.geometry import data_parallel_size, rampup
 from zephon_megatron.preset import MEGATRON, PRESET_LAYOUT

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon_megatron.errors import ZephonArgumentError
+from zephon_megatron.adapter_error import ZephonArgumentError
 from zephon_megatron.vocabulary import tokenizer_type
 
 SAMPLED_DOCUMENTS = 4096

@@ -77,10 +77,9 @@ TABLE: dict[str, tuple[str, str]] = {
     "--seq-length": (READ, "rows are packed to seq_length + 1 tokens"),
     "--encoder-seq-length": (MEGATRON, "the model's; the loader packs to --seq-length, which "
                                        "it needs"),
-    "--decoder-seq-length": (MEGATRON, _OTHER_DATASETS),
-    "--sample-rate": (MEGATRON, _OTHER_DATASETS),
-    "--mask-prob": (MEGATRON, _OTHER_DATASETS),
-    "--short-seq-prob": (MEGATRON, _OTHER_DATASETS),
+    **dict.fromkeys(("--decoder-seq-length", "--sample-rate", "--mask-prob",
+                     "--short-seq-prob"),
+                    (MEGATRON, _OTHER_DATASETS)),
     "--num-workers": (READ, "processes per reader running the document operators"),
     "--reset-position-ids": (READ, "positions restart at every document"),
     "--reset-attention-mask": (READ, "document masking (cu_seqlens, or a dense mask with "
@@ -102,16 +101,11 @@ TABLE: dict[str, tuple[str, str]] = {
                                               "never by id. Remove it"),
     "--fim-data": (REFUSED, "fill-in-the-middle data is not made by Zephon; remove it, or "
                             "train on data written in FIM form"),
-    "--fim-rate": (MEGATRON, _FIM),
-    "--fim-spm-rate": (MEGATRON, _FIM),
-    "--fim-split-sample": (MEGATRON, _FIM),
-    "--fim-fragment-rate": (MEGATRON, _FIM),
-    "--fim-no-prefix": (MEGATRON, _FIM),
-    "--fim-prefix-token": (MEGATRON, _FIM),
-    "--fim-middle-token": (MEGATRON, _FIM),
-    "--fim-suffix-token": (MEGATRON, _FIM),
-    "--fim-pad-token": (MEGATRON, _FIM),
-    "--fim-eod-token": (MEGATRON, _FIM),
+    **dict.fromkeys(("--fim-rate", "--fim-spm-rate", "--fim-split-sample",
+                     "--fim-fragment-rate", "--fim-no-prefix", "--fim-prefix-token",
+                     "--fim-middle-token", "--fim-suffix-token", "--fim-pad-token",
+                     "--fim-eod-token"),
+                    (MEGATRON, _FIM)),
     # -- sft -----------------------------------------------------------------------------------
     "--sft": (REFUSED, "Megatron's SFT dataset is not emulated: give chat data through a "
                        "--zephon-recipe with [tokenize] kind = \"chat\" (recipes/megatron/"
@@ -122,26 +116,21 @@ TABLE: dict[str, tuple[str, str]] = {
                            "bounds every id"),
     "--padded-vocab-size": (READ, "the model's vocabulary, the bound of every token id"),
     "--no-pad-vocab-size": (READ, "the model's vocabulary is the tokenizer's, unpadded"),
-    "--vocab-file": (MEGATRON, _TOKENIZER),
-    "--merge-file": (MEGATRON, _TOKENIZER),
-    "--vocab-extra-ids": (MEGATRON, _TOKENIZER),
+    **dict.fromkeys(("--vocab-file", "--merge-file", "--vocab-extra-ids"),
+                    (MEGATRON, _TOKENIZER)),
     "--tokenizer-type": (READ, "Megatron's tokenizer: its EOD for --eod-mask-loss, its size "
                                "for the vocabulary"),
     "--tokenizer-model": (READ, "Megatron's tokenizer (a Hugging Face directory is checked "
                                 "against the recipe's tokenizer before the model is built)"),
-    "--tokenizer-metadata": (MEGATRON, _TOKENIZER),
-    "--tokenizer-special-tokens": (MEGATRON, _TOKENIZER),
-    "--legacy-tokenizer": (MEGATRON, _TOKENIZER),
-    "--tiktoken-pattern": (MEGATRON, _TOKENIZER),
-    "--tiktoken-num-special-tokens": (MEGATRON, _TOKENIZER),
-    "--tiktoken-special-tokens": (MEGATRON, _TOKENIZER),
-    "--tokenizer-sentencepiece-legacy": (MEGATRON, _TOKENIZER),
-    "--no-tokenizer-sentencepiece-ignore-extra-whitespaces": (MEGATRON, _TOKENIZER),
-    "--tokenizer-hf-use-fast": (MEGATRON, _TOKENIZER),
-    "--tokenizer-hf-no-use-fast": (MEGATRON, _TOKENIZER),
-    "--tokenizer-hf-include-special-tokens": (MEGATRON, _TOKENIZER),
-    "--tokenizer-hf-no-include-special-tokens": (MEGATRON, _TOKENIZER),
-    "--trust-remote-code": (MEGATRON, _TOKENIZER),
+    **dict.fromkeys(("--tokenizer-metadata", "--tokenizer-special-tokens",
+                     "--legacy-tokenizer", "--tiktoken-pattern",
+                     "--tiktoken-num-special-tokens", "--tiktoken-special-tokens",
+                     "--tokenizer-sentencepiece-legacy",
+                     "--no-tokenizer-sentencepiece-ignore-extra-whitespaces",
+                     "--tokenizer-hf-use-fast", "--tokenizer-hf-no-use-fast",
+                     "--tokenizer-hf-include-special-tokens",
+                     "--tokenizer-hf-no-include-special-tokens", "--trust-remote-code"),
+                    (MEGATRON, _TOKENIZER)),
     "--chat-template": (MEGATRON, _TOKENIZER + "; a chat recipe's [tokenize] template is the "
                                                "one the data is made with"),
     "--null-tokenizer-eod-id": (READ, "NullTokenizer's EOD, the id --eod-mask-loss masks "
@@ -157,13 +146,11 @@ TABLE: dict[str, tuple[str, str]] = {
     "--override-ckpt-iteration": (REFUSED, "the loader state is that of the checkpoint's "
                                            "iteration; resume from another iteration with "
                                            "--ckpt-step"),
-    "--exit-on-missing-checkpoint": (MEGATRON, _MODEL_CHECKPOINT),
-    "--ckpt-format": (MEGATRON, _MODEL_CHECKPOINT),
-    "--auto-detect-ckpt-format": (MEGATRON, _MODEL_CHECKPOINT),
-    "--pretrained-checkpoint": (MEGATRON, _MODEL_CHECKPOINT),
-    "--use-checkpoint-args": (MEGATRON, _MODEL_CHECKPOINT),
-    "--use-mp-args-from-checkpoint-args": (MEGATRON, _MODEL_CHECKPOINT),
-    "--no-use-tokenizer-model-from-checkpoint-args": (MEGATRON, _MODEL_CHECKPOINT),
+    **dict.fromkeys(("--exit-on-missing-checkpoint", "--ckpt-format",
+                     "--auto-detect-ckpt-format", "--pretrained-checkpoint",
+                     "--use-checkpoint-args", "--use-mp-args-from-checkpoint-args",
+                     "--no-use-tokenizer-model-from-checkpoint-args"),
+                    (MEGATRON, _MODEL_CHECKPOINT)),
 }
 for _flag in (
         "--save-interval", "--save-wgrads-interval", "--save-dgrads-interval",

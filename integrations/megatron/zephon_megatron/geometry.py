@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from zephon_megatron.errors import ZephonArgumentError
+from zephon_megatron.adapter_error import ZephonArgumentError
 
 
 def data_parallel_size(args: argparse.Namespace, world_size: int | None = None) -> int:

@@ -69,7 +69,7 @@ def check_thd_equivalence(seq: int = 512, mbs: int = 2) -> str:
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from zephon.recipe import DataRecipe
-    from zephon_megatron.batch import TensorParallel, get_batch
+    from zephon_megatron.get_batch import TensorParallel, get_batch
     from zephon_megatron.provider import Topology, build_iterator
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

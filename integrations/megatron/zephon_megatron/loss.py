@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from zephon_megatron.arguments import settings_from_args
-from zephon_megatron.batch import TensorParallel, get_batch, stage_without_data
+from zephon_megatron.get_batch import TensorParallel, get_batch, stage_without_data
 
 LossResult = tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]
 

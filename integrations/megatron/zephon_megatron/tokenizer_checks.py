@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from zephon.errors import ConfigError
-from zephon_megatron.errors import ZephonArgumentError
+from zephon_megatron.adapter_error import ZephonArgumentError
 
 
 def megatron_tokenizer() -> Any:

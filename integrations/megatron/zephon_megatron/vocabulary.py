@@ -32,7 +32,7 @@ import dataclasses
 import os
 from typing import Any
 
-from zephon_megatron.errors import ZephonArgumentError
+from zephon_megatron.adapter_error import ZephonArgumentError
 
 LEGACY_NULL_EOD_BEFORE = (0, 19)
 """megatron-core versions below this build Megatron-LM's legacy NullTokenizer, whose EOD is

@@ -2,8 +2,8 @@
 
 - :class:`ZephonDataLoader` (``zephon_torchtitan.dataloader``): a TorchTitan
   ``BaseDataLoader`` over a Zephon data recipe, with per-lane DCP state.
-- :class:`ZephonTrainer` (``zephon_torchtitan.trainer``): TorchTitan's ``Trainer`` that checks
-  the recipes against the run and installs the loaders before it builds anything.
+- :class:`ZephonTrainer` (``zephon_torchtitan.zephon_trainer``): TorchTitan's ``Trainer``
+  that checks the recipes against the run and installs the loaders before it builds anything.
 - Three ways to select it: a TOML launch recipe (``python -m zephon_torchtitan.train --toml``),
   the config registry (``--module zephon_torchtitan --config zephon_llama3_debugmodel``), and
   an override on any stock config (``--override.imports
@@ -20,7 +20,7 @@ from typing import Any
 
 _EXPORTS = {
     "ZephonDataLoader": "zephon_torchtitan.dataloader",
-    "ZephonTrainer": "zephon_torchtitan.trainer",
+    "ZephonTrainer": "zephon_torchtitan.zephon_trainer",
     "with_zephon": "zephon_torchtitan.config_registry",
     "fit_vocab_size": "zephon_torchtitan.vocab",
     "zephon_llama3_debugmodel": "zephon_torchtitan.config_registry",

@@ -6,7 +6,7 @@ on a cluster, the checkpoint load), so a recipe problem found there costs minute
 :func:`install_loaders` runs earlier on every route:
 
 - the launcher and the config registry: ``ZephonTrainer.init_distributed``
-  (:mod:`zephon_torchtitan.trainer`), with the parsed config, once the process group exists;
+  (:mod:`zephon_torchtitan.zephon_trainer`), with the parsed config, once the process group exists;
 - the override route (TorchTitan's own ``Trainer``): ``zephon_dataloader`` as it installs the
   loader, and ``zephon_preflight`` for a config whose loader is Zephon's already, inside
   ``Trainer.__init__`` before "Building <model>" (:mod:`zephon_torchtitan.override`).

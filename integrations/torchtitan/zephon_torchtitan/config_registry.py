@@ -1,7 +1,7 @@
 """Config-registry route: ``--module zephon_torchtitan --config <function>``.
 
 TorchTitan's ``ConfigManager`` imports ``zephon_torchtitan.config_registry`` and calls the
-named function, which returns a ``ZephonTrainer.Config`` (:mod:`zephon_torchtitan.trainer`)
+named function, which returns a ``ZephonTrainer.Config`` (:mod:`zephon_torchtitan.zephon_trainer`)
 whose dataloader (and validation dataloader) is a :class:`ZephonDataLoader`. The rest of
 the command line is parsed by tyro against it, so every Zephon option is a flag:
 ``--dataloader.recipe``, ``--dataloader.lanes``, ``--dataloader.eos_mask_loss``, ...
@@ -32,8 +32,8 @@ from typing import Any
 
 from zephon_torchtitan.config_checks import add_preflight
 from zephon_torchtitan.dataloader import ZephonDataLoader
-from zephon_torchtitan.trainer import as_zephon_trainer
 from zephon_torchtitan.vocab import follow_recipe_tokenizer
+from zephon_torchtitan.zephon_trainer import as_zephon_trainer
 
 RECIPES = Path(os.environ.get("ZEPHON_TORCHTITAN_RECIPES",
                               Path(__file__).resolve().parents[3] / "recipes" / "torchtitan"))

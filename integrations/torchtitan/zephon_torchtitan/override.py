@@ -27,7 +27,7 @@ that claims the root config. The run's values (sequence length, batch, paralleli
 vocabulary, checkpoint folder) and the metrics config live elsewhere in the tree, so this
 module finds the whole config on the call stack, in the ``apply_overrides`` call running the
 factory (:func:`trainer_config_in_progress`); the launcher and the config registry do not
-need it (:mod:`zephon_torchtitan.trainer`). Under a TorchTitan without that call the recipe
+need it (:mod:`zephon_torchtitan.zephon_trainer`). Under a TorchTitan without that call the recipe
 is checked without the run's values and the metrics are not linked.
 """
 

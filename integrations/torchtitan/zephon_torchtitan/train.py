@@ -136,7 +136,7 @@ def prepare(data: dict[str, Any], source: str, cpu: bool) -> Any:
 
         apply_cpu_config(config)
     from zephon_torchtitan.config_checks import add_preflight
-    from zephon_torchtitan.trainer import as_zephon_trainer
+    from zephon_torchtitan.zephon_trainer import as_zephon_trainer
 
     trainer = as_zephon_trainer(config)
     return trainer if trainer is not None else add_preflight(config)

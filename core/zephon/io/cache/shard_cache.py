@@ -77,6 +77,7 @@ from typing import Any, BinaryIO
 
 import zephon.artifacts as artifacts
 from zephon.errors import ConfigError, DataError, ZephonError
+from zephon.field_checks import need_fields, need_int, need_list, need_str
 from zephon.io import cancel
 from zephon.io.cache.locks import FileLock, is_locked
 from zephon.io.cache.private_files import (
@@ -95,8 +96,7 @@ from zephon.io.store_options import (
     StoreOptions,
     default_cache_root,
 )
-from zephon.redact import get_logger
-from zephon.state_checks import need_fields, need_int, need_list, need_str
+from zephon.logs import get_logger
 
 __all__ = ["CacheEntry", "CacheStats", "CachedFile", "ContentCheck", "NoRoomNow", "ShardCache",
            "cache_entries", "prune_cache", "verify_cache"]

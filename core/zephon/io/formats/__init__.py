@@ -6,7 +6,7 @@ a byte range of an uncompressed JSON Lines file or a whole compressed one (:mod:
 row range of an Arrow IPC file (:mod:`.arrow`), or a range of documents of a Megatron indexed
 dataset (:mod:`.megatron`). Each built-in module has its ``SUFFIXES``, ``plan`` and ``read``;
 this module detects a file's format and sends it to its module. Plug-in formats
-(:mod:`zephon.io.file_formats`) come first: MDS (:mod:`.mds`) and LitData (:mod:`.litdata`)
+(:mod:`zephon.io.formats.registry`) come first: MDS (:mod:`.mds`) and LitData (:mod:`.litdata`)
 ship with zephon, others are one module and one ``register_format`` call.
 
 Readers return the requested columns by row. Only the projected columns are read from Parquet
@@ -27,19 +27,19 @@ from typing import Any
 import pyarrow as pa
 
 from zephon.errors import DataError
-from zephon.io.file_formats import (
+from zephon.io.formats import arrow, jsonl, megatron, parquet
+from zephon.io.formats.arrow_columns import ListColumn, read_memory_pool
+from zephon.io.formats.file_format import FileFormat
+from zephon.io.formats.jsonl import byte_units, line_number
+from zephon.io.formats.megatron import TOKENS_FIELD
+from zephon.io.formats.parquet import parquet_units, row_groups_from_tail
+from zephon.io.formats.registry import (
     BUILT_IN,
     context_keyword,
     detect_plugin,
     known_formats,
     plugin,
 )
-from zephon.io.format_plugin import FileFormat
-from zephon.io.formats import arrow, jsonl, megatron, parquet
-from zephon.io.formats.arrow_columns import ListColumn, read_memory_pool
-from zephon.io.formats.jsonl import byte_units, line_number
-from zephon.io.formats.megatron import TOKENS_FIELD
-from zephon.io.formats.parquet import parquet_units, row_groups_from_tail
 from zephon.io.units import PlanHints, UnitSpec, row_units
 
 __all__ = ["FORMATS", "TOKENS_FIELD", "ListColumn", "PlanHints", "RowLabel", "UnitSpec",
@@ -48,7 +48,7 @@ __all__ = ["FORMATS", "TOKENS_FIELD", "ListColumn", "PlanHints", "RowLabel", "Un
            "row_units"]
 
 FORMATS = BUILT_IN
-"""The formats read here; :func:`~zephon.io.file_formats.known_formats` adds the plug-ins."""
+"""The formats read here; :func:`~zephon.io.formats.registry.known_formats` adds the plug-ins."""
 _MODULES: dict[str, Any] = {"parquet": parquet, "jsonl": jsonl, "arrow": arrow,
                             "megatron": megatron}
 """The module of each built-in format."""
@@ -64,7 +64,7 @@ metadata is not UTF-8 (values are validated before they are decoded)."""
 
 def detect_format(name: str) -> tuple[str, str | None] | None:
     """(format, compression) from a file name, or None when the suffix is not a data file;
-    a registered format's suffixes (:mod:`zephon.io.file_formats`) come first."""
+    a registered format's suffixes (:mod:`zephon.io.formats.registry`) come first."""
     registered = detect_plugin(name)
     if registered is not None:
         return registered, None
@@ -142,7 +142,7 @@ def read_unit(path: str, fmt: str, compression: str | None, unit: UnitSpec,
 
 
 class _PluginReader:
-    """A plug-in :class:`~zephon.io.format_plugin.FileFormat` behind the built-in format
+    """A plug-in :class:`~zephon.io.formats.file_format.FileFormat` behind the built-in format
     modules' calling convention, so every dispatcher above calls one kind of reader: the
     compression and a document range do not apply to plug-ins (they read their own files
     whole), the file's ``context`` does where the plug-in takes one."""

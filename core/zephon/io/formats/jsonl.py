@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from zephon.errors import DataError
-from zephon.io.format_plugin import FieldKinds
+from zephon.io.formats.file_format import FieldKinds
 from zephon.io.units import PlanHints, UnitSpec
 
 SUFFIXES = {".jsonl": None, ".json": None, ".ndjson": None, ".jsonl.gz": "gzip",
@@ -46,7 +46,7 @@ def fields(path: str, compression: str | None) -> dict[str, str] | None:
 
     At most :data:`FIELDS_PREFIX_BYTES` are read. A longer first line gives the fields that
     begin in that prefix, each value's kind from as much of it as the prefix holds, as a
-    :class:`~zephon.io.file_formats.FieldKinds` marked incomplete: a field that is not among
+    :class:`~zephon.io.formats.registry.FieldKinds` marked incomplete: a field that is not among
     them may come later in the line."""
     line, whole = _first_line(path, compression, FIELDS_PREFIX_BYTES)
     if whole:

@@ -1,5 +1,5 @@
 """LitData's optimized datasets (the output of ``litdata.optimize``: ``index.json`` and
-``chunk-*.bin`` files) as a file format (:mod:`zephon.io.file_formats`).
+``chunk-*.bin`` files) as a file format (:mod:`zephon.io.formats.registry`).
 
 A chunk does not describe itself: the field names, each field's encoding and the
 compression are only in ``index.json``. So the format has a ``describe`` hook: the listing
@@ -30,7 +30,7 @@ encodings (images, audio, ``pickle``: unpickling runs code from the data), and n
 (LitData's binary ``json`` leaves) in a chunk without an Arrow footer.
 
 Nothing in the index or a chunk is trusted. Every value of the index is checked before use
-(:mod:`zephon.state_checks`): a chunk entry needs a file name beside the index, a positive
+(:mod:`zephon.field_checks`): a chunk entry needs a file name beside the index, a positive
 ``chunk_size``, and a ``chunk_bytes`` from 4 bytes an item (an item's offset alone takes 4) up
 to :data:`MAX_CHUNK_BYTES`; a bad value is a DataError naming the index, the chunk and the
 field. Decompression is bounded before its output is made (:mod:`.decompress`): a
@@ -55,11 +55,7 @@ import numpy as np
 import pyarrow as pa
 
 from zephon.errors import DataError
-from zephon.io.format_plugin import FileFormat
-from zephon.io.formats.arrow_columns import check_arrow, check_columns, table_columns
-from zephon.io.formats.decompress import decompress
-from zephon.io.units import PlanHints, UnitSpec, row_units
-from zephon.state_checks import (
+from zephon.field_checks import (
     StateFieldError,
     item,
     join,
@@ -69,6 +65,10 @@ from zephon.state_checks import (
     need_str,
     reported_as,
 )
+from zephon.io.formats.arrow_columns import check_arrow, check_columns, table_columns
+from zephon.io.formats.decompress import decompress
+from zephon.io.formats.file_format import FileFormat
+from zephon.io.units import PlanHints, UnitSpec, row_units
 
 MAX_CHUNK_BYTES = 1 << 30
 """The most bytes a chunk may hold, decompressed (1 GiB; LitData writes chunks of its

@@ -1,5 +1,5 @@
 """Mosaic Streaming's MDS shards (``shard.00000.mds``, or ``.mds.zstd``, ``.mds.gz``,
-``.mds.bz2`` when compressed) as a file format (:mod:`zephon.io.file_formats`).
+``.mds.bz2`` when compressed) as a file format (:mod:`zephon.io.formats.registry`).
 
 A shard is self-describing, so each file is read on its own, locally or from any object
 store, and the dataset's ``index.json`` is not needed (it is skipped as metadata)::
@@ -20,7 +20,7 @@ data. Brotli and snappy compression are refused naming the package they would ne
 Nothing in a shard is trusted: a compressed shard is decompressed only up to
 :data:`MAX_SHARD_BYTES` (:mod:`.decompress`), its offsets must fit its bytes, its column config
 must be a dict of names, encodings and sizes of one length each (checked with
-:mod:`zephon.state_checks`), every sample's column sizes must add up to its slot exactly, and
+:mod:`zephon.field_checks`), every sample's column sizes must add up to its slot exactly, and
 a value that does not decode is a DataError naming the shard, the sample and the column.
 """
 
@@ -36,10 +36,7 @@ from typing import Any
 import numpy as np
 
 from zephon.errors import DataError
-from zephon.io.format_plugin import FileFormat
-from zephon.io.formats.decompress import decompress
-from zephon.io.units import PlanHints, UnitSpec, row_units
-from zephon.state_checks import (
+from zephon.field_checks import (
     StateFieldError,
     item,
     need_dict,
@@ -48,6 +45,9 @@ from zephon.state_checks import (
     need_str,
     reported_as,
 )
+from zephon.io.formats.decompress import decompress
+from zephon.io.formats.file_format import FileFormat
+from zephon.io.units import PlanHints, UnitSpec, row_units
 
 MAX_SHARD_BYTES = 1 << 30
 """The most bytes a shard may hold, decompressed (1 GiB; Streaming writes shards of its
@@ -257,4 +257,4 @@ def fields(path: str) -> dict[str, str]:
 
 MDS = FileFormat("mds", tuple(SUFFIXES), plan=plan, read=read, fields=fields,
                  row_label="sample", companions=("index.json",))
-"""The format plug-in, registered by :mod:`zephon.io.file_formats` on first use."""
+"""The format plug-in, registered by :mod:`zephon.io.formats.registry` on first use."""

@@ -9,7 +9,7 @@
   (:mod:`zephon.io.retry`) retries, and user-facing errors.
 - The shard cache that holds the downloaded files is :mod:`zephon.io.cache`, shared with the
   object stores.
-- :mod:`~zephon.io.hub.dataset`: ``HubDataset``, what ``Dataset.from_path("hf://...")`` returns.
+- :mod:`~zephon.io.hub.hub_dataset`: ``HubDataset``, what ``Dataset.from_path("hf://...")`` returns.
 
 Only the path grammar is imported here; the rest needs the ``hf`` extra (huggingface_hub).
 """

@@ -26,8 +26,8 @@ from zephon.errors import DataError, ZephonError
 from zephon.io import cancel
 from zephon.io.hub.retry import RetryPolicy, TransferError, explain, hub_failure
 from zephon.io.retry import UNREACHABLE, GaveUp, retry_call
+from zephon.logs import get_logger
 from zephon.progress import progress
-from zephon.redact import get_logger
 
 log = get_logger(__name__)
 

@@ -48,16 +48,16 @@ from huggingface_hub.errors import RevisionNotFoundError
 
 import zephon.artifacts as artifacts
 from zephon.errors import ConfigError, DataError
+from zephon.field_checks import need_fields
 from zephon.io.cache.locks import FileLock
 from zephon.io.cache.private_files import private_dir, read_bytes, replace_file
-from zephon.io.file_formats import described_files
 from zephon.io.formats import compression_of, detect_format
+from zephon.io.formats.registry import described_files
 from zephon.io.hub.client import HubClient
 from zephon.io.hub.layout import Layout, conversion_layout, original_layout
 from zephon.io.hub.path import HubPath
 from zephon.io.hub.retry import LOGIN
-from zephon.redact import get_logger
-from zephon.state_checks import need_fields
+from zephon.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -4,7 +4,7 @@ A plug-in is a :class:`Scheme`: a factory that opens a bucket as an :class:`Obje
 the keyword options its paths take. An ``ObjectStore`` does three things, and the rest of
 Zephon (listing with globs, format detection, Parquet footers by range, units, the shard
 cache, fingerprints, resume) is shared by every scheme in
-:class:`zephon.io.storage.dataset.ObjectStoreDataset`:
+:class:`zephon.io.storage.object_store_dataset.ObjectStoreDataset`:
 
 - ``list(prefix)``: every object under a key prefix with its size and version (an ETag or
   content hash: what a pinned Hub commit is to ``hf://``);

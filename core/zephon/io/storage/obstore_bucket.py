@@ -51,7 +51,7 @@ from zephon.io.retry import (
 )
 from zephon.io.storage.object_info import ObjectInfo
 from zephon.io.store_options import StoreOptions
-from zephon.redact import get_logger
+from zephon.logs import get_logger
 
 log = get_logger(__name__)
 

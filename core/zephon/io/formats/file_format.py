@@ -1,6 +1,6 @@
 """What a file-format plug-in is: :class:`FileFormat` (and :class:`FieldKinds`, what its
 ``fields`` hook may answer). The registry that finds plug-ins by name and suffix is
-:mod:`zephon.io.file_formats`; plug-ins import this module, never the registry, so that the
+:mod:`zephon.io.formats.registry`; plug-ins import this module, never the registry, so that the
 registry may name the plug-ins Zephon ships by string (imported when first used) without an
 import circle.
 """
@@ -27,7 +27,7 @@ class FieldKinds(dict):
 
 @dataclass(frozen=True, slots=True)
 class FileFormat:
-    """A file-format plug-in; see :mod:`zephon.io.file_formats`."""
+    """A file-format plug-in; see :mod:`zephon.io.formats.registry`."""
 
     name: str
     """What ``fmt=`` names it by."""

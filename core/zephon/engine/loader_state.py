@@ -17,7 +17,7 @@ Each entry is a sealed artifact (:mod:`zephon.artifacts`): it names its kind and
 SHA-256 of its content, and :func:`lane_entries` refuses one that was changed or damaged
 before it checks each field. Token ids held in a state (open packed rows, shuffle buffers)
 are checked against the vocabulary of the pipeline restoring it
-(:func:`zephon.state_checks.token_limit`).
+(:func:`zephon.field_checks.token_limit`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import numpy as np
 
 from zephon.artifacts import opened, sealed
 from zephon.errors import StateMismatchError
-from zephon.state_checks import (
+from zephon.field_checks import (
     StateFieldError,
     item,
     join,
@@ -204,15 +204,19 @@ def check_lanes(entries: dict[int, dict[str, Any]], lanes: int) -> None:
                 f"{key!r}: the entries of different lanes were swapped or renamed")
 
 
-_WHAT = {
+FINGERPRINT_PARTS = {
     "lanes": "the lane count",
-    "work_source.datasets": "the datasets or their files (another revision?)",
+    "work_source.datasets": "the datasets or their files",
     "work_source.mixture": "the mixture weights",
     "work_source.seed": "the seed",
     "work_source": "the work source options",
     "ops": "the operators",
     "work_units": "the work units cut from the files",
+    "version": "the zephon version",
 }
+"""What each part of a fingerprint is, to a user, by the first prefix of its path."""
+_RESUME_HINTS = {"work_source.datasets": "another revision?"}
+"""Likely causes of a part that changed between a checkpoint and a resume."""
 
 
 def first_difference(saved: Any, current: Any, path: str = "") -> tuple[str, Any, Any] | None:
@@ -251,13 +255,18 @@ def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], key: str,
         "or start a new run.")
 
 
-def describe(path: str, titles: Sequence[str] = (), what: Mapping[str, str] = _WHAT) -> str:
+def describe(path: str, titles: Sequence[str] = (),
+             hints: Mapping[str, str] = _RESUME_HINTS) -> str:
     """What a fingerprint path means to a user: ``ops[2].max_length`` is "the packing options"
-    where ``titles[2]`` is ``"packing"``; other paths by their first prefix in ``what``."""
+    where ``titles[2]`` is ``"packing"``; other paths by their first prefix in
+    :data:`FINGERPRINT_PARTS`, with the likely cause in ``hints`` (by prefix too) added."""
     op = re.match(r"ops\[(\d+)\]", path)
     if op and int(op.group(1)) < len(titles):
         return f"the {titles[int(op.group(1))]} options"
-    return next((text for prefix, text in what.items() if path.startswith(prefix)), path)
+    text = next((text for prefix, text in FINGERPRINT_PARTS.items()
+                 if path.startswith(prefix)), path)
+    hint = next((hint for prefix, hint in hints.items() if path.startswith(prefix)), None)
+    return f"{text} ({hint})" if hint else text
 
 
 def short(value: Any, limit: int = 120) -> str:

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from zephon.errors import ConfigError, DataError
-from zephon.io.format_plugin import FieldKinds, FileFormat
+from zephon.io.formats.file_format import FieldKinds, FileFormat
 from zephon.named_objects import import_named
 
 __all__ = ["BUILT_IN", "FieldKinds", "FileFormat", "known_formats", "plugin", "register_format",

@@ -40,7 +40,6 @@ from zephon.io import local_glob
 from zephon.io.cache.shard_cache import CachedFile, ShardCache, bound_cache, require_cache
 from zephon.io.dataset import _METADATA, DataFile, Dataset
 from zephon.io.fetch_ahead import FetchAhead
-from zephon.io.file_formats import companion_files, described_files
 from zephon.io.formats import (
     PlanHints,
     compression_of,
@@ -48,10 +47,11 @@ from zephon.io.formats import (
     plan_listed,
     row_groups_from_tail,
 )
+from zephon.io.formats.registry import companion_files, described_files
 from zephon.io.printable import printable
 from zephon.io.storage import ObjectInfo, ObjectStore, get_scheme, split_url
 from zephon.io.store_options import StoreOptions
-from zephon.redact import get_logger
+from zephon.logs import get_logger
 
 log = get_logger(__name__)
 
