@@ -89,7 +89,7 @@ test-py311: $(STAMP) $(AZURITE)
 test-quick: $(STAMP) $(AZURITE)
 	$(PY) -m ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS) -m "not slow and not multiprocess" tests/core tests/hub \
-	  tests/objectstore tests/torch tests/test_import_rules.py
+	  tests/objectstore tests/torch tests/test_import_rules.py tests/test_repository_map.py
 
 install-py312:
 ifneq ($(strip $(PYTHON312)),)

@@ -13,7 +13,8 @@ from tests.hub.hubdata import fast_options
 from tests.kit.buckets import BUCKETS, MemoryBucket
 from tests.kit.elastic import build, merged_state, run, stream
 from zephon.errors import DataError
-from zephon.io import Dataset, file_formats, storage
+from zephon.io import Dataset, storage
+from zephon.io import formats as file_formats
 from zephon.io.formats import UnitSpec
 from zephon.recipe import DataRecipe
 from zephon.recipe.checks import check_recipe

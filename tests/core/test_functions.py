@@ -19,7 +19,7 @@ def test_the_same_function_has_one_name(ref):
 
 
 @pytest.mark.parametrize("ref, message", [
-    ("", "fn must be"), ("nomodule", "is not 'package.module:function'"),
+    ("", "fn must be"), ("nomodule", "filter: fn: 'nomodule' is not 'package.module:name'"),
     ("tests.core.toy_ops:ShoutSpec.nothing", "has no"), ("tests.core.toy_ops:__doc__",
                                                         "is not callable"),
 ])

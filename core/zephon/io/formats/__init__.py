@@ -29,7 +29,7 @@ import pyarrow as pa
 from zephon.errors import DataError
 from zephon.io.formats import arrow, jsonl, megatron, parquet
 from zephon.io.formats.arrow_columns import ListColumn, read_memory_pool
-from zephon.io.formats.file_format import FileFormat
+from zephon.io.formats.file_format import FieldKinds, FileFormat
 from zephon.io.formats.jsonl import byte_units, line_number
 from zephon.io.formats.megatron import TOKENS_FIELD
 from zephon.io.formats.parquet import parquet_units, row_groups_from_tail
@@ -39,13 +39,35 @@ from zephon.io.formats.registry import (
     detect_plugin,
     known_formats,
     plugin,
+    register_format,
+    unregister_format,
 )
 from zephon.io.units import PlanHints, UnitSpec, row_units
 
-__all__ = ["FORMATS", "TOKENS_FIELD", "ListColumn", "PlanHints", "RowLabel", "UnitSpec",
-           "byte_units", "compression_of", "detect_format", "file_fields", "parquet_units",
-           "plan_file", "plan_listed", "read_memory_pool", "read_unit", "row_groups_from_tail",
-           "row_units"]
+__all__ = [
+    "FORMATS",
+    "TOKENS_FIELD",
+    "FieldKinds",
+    "FileFormat",
+    "ListColumn",
+    "PlanHints",
+    "RowLabel",
+    "UnitSpec",
+    "byte_units",
+    "compression_of",
+    "detect_format",
+    "file_fields",
+    "known_formats",
+    "parquet_units",
+    "plan_file",
+    "plan_listed",
+    "read_memory_pool",
+    "read_unit",
+    "register_format",
+    "row_groups_from_tail",
+    "row_units",
+    "unregister_format",
+]
 
 FORMATS = BUILT_IN
 """The formats read here; :func:`~zephon.io.formats.registry.known_formats` adds the plug-ins."""
