@@ -13,8 +13,7 @@ from tests.hub.hubdata import fast_options
 from tests.kit.buckets import BUCKETS, MemoryBucket
 from tests.kit.elastic import build, merged_state, run, stream
 from zephon.errors import DataError
-from zephon.io import Dataset, storage
-from zephon.io import formats as file_formats
+from zephon.io import Dataset, formats, storage
 from zephon.io.formats import UnitSpec
 from zephon.recipe import DataRecipe
 from zephon.recipe.checks import check_recipe
@@ -48,7 +47,7 @@ def read_toy(path, unit, columns, display):
             list(range(unit.start, unit.start + len(rows))))
 
 
-TOY = file_formats.FileFormat("toy", (".toy",), plan=plan_toy, read=read_toy,
+TOY = formats.FileFormat("toy", (".toy",), plan=plan_toy, read=read_toy,
                               fields=lambda path: {"id": "int", "text": "text"},
                               row_label="sample")
 
@@ -58,7 +57,7 @@ def toy_corpus(two_datasets, tmp_path):
     """``two_datasets`` with its Parquet files rewritten as .toy files."""
     import pyarrow.parquet as pq
 
-    file_formats.register_format(TOY)
+    formats.register_format(TOY)
     storage.register_scheme("mem", storage.Scheme(MemoryBucket))
     root = tmp_path / "toy"
     (root / "short").mkdir(parents=True)
@@ -67,7 +66,7 @@ def toy_corpus(two_datasets, tmp_path):
         (root / "short" / part.with_suffix(".toy").name).write_text(
             "".join(f"{i}\t{t}\n" for i, t in enumerate(texts)), encoding="utf-8")
     yield {"short": root / "short", "long": two_datasets["long"]}
-    file_formats.unregister_format("toy")
+    formats.unregister_format("toy")
     storage.unregister_scheme("mem")
     BUCKETS.clear()
 
@@ -112,5 +111,5 @@ def test_a_registered_formats_errors_name_its_file_and_rows(toy_corpus, tokenize
     assert str(RowLabel("x.toy", "x.toy", "toy", None, 4)) == "x.toy: sample 4"
     assert Dataset.from_path("d", bad, fmt="toy").fmt == "toy"
     with pytest.raises(Exception, match="built-in"):
-        file_formats.register_format(file_formats.FileFormat("parquet", (".pq",), plan_toy,
+        formats.register_format(formats.FileFormat("parquet", (".pq",), plan_toy,
                                                              read_toy))
