@@ -139,3 +139,45 @@ def test_threads_stopped_by_a_dropped_pipeline_are_still_waited_for_at_exit():
     threading.Timer(0.3, release.set).start()
     assert background.stop_all(only=[registration]) == []  # the exit's wait
     assert not worker.is_alive()
+
+
+def test_an_iterator_closed_on_another_thread_does_not_wait_for_its_producer(
+        tmp_path, tokenizer_dir, monkeypatch):
+    """A dropped iterator is finalized by whichever thread collects it, possibly a document
+    thread its producer waits for: only the consumer's thread joins the producer. Here the
+    producer is held inside a microbatch until the closing thread has returned; a close that
+    joined it would wait its full timeout (30 s)."""
+    from zephon.engine.lane import Lane
+
+    path = write_jsonl(tmp_path / "docs.jsonl", [{"text": t} for t in make_documents(200)])
+    gate, held = threading.Event(), threading.Event()
+    real = Lane.next_microbatch
+
+    def next_microbatch(self):
+        if threading.current_thread().name == "zephon-rank0" and self.microbatches >= 3:
+            held.set()
+            gate.wait()
+        return real(self)
+
+    monkeypatch.setattr(Lane, "next_microbatch", next_microbatch)
+    pipeline = (Pipeline(StaticMixtureWorkSource([Dataset.from_path("d", path)]))
+                .options(lanes=1, prefetch=2).tokenize(tokenizer_id=tokenizer_dir)
+                .pack_flat(33).batch(1))
+    iterator = iter(pipeline)
+    next(iterator)
+    assert held.wait(30)
+    producer = next(t for t in threading.enumerate() if t.name == "zephon-rank0")
+    took: list[float] = []
+
+    def close_here() -> None:
+        start = time.monotonic()
+        iterator.close()
+        took.append(time.monotonic() - start)
+
+    closer = threading.Thread(target=close_here)
+    closer.start()
+    closer.join(10)
+    assert took and took[0] < 5, "the closing thread waited for the producer"
+    gate.set()
+    producer.join(10)
+    assert not producer.is_alive()  # the stop it was given ends it once it is let go

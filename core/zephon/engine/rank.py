@@ -151,13 +151,16 @@ def _guarded(rounds: _Rounds, stop: threading.Event,
 
 
 def _stopped(rounds: _Rounds, registration: Any, interrupted: bool) -> None:
-    """Wait for a producer told to stop (or halted). An iterator dropped without being closed
-    is finalized by whichever thread collects it, the producer itself included: that one
-    stops on the event alone. The producer notices the stop within one received chunk of a
-    download or after the microbatch it is making; joining it lets native resources it holds
-    (open files, partial downloads, tokenizer threads) close before the interpreter exits. On
-    Ctrl-C the wait is short: the user asked to stop."""
-    if rounds.thread is None or rounds.thread is threading.current_thread():
+    """Wait for a producer told to stop (or halted), on the consumer's thread only. An
+    iterator dropped without being closed is finalized by whichever thread collects it: the
+    producer itself, or a document thread the producer may be waiting for, which must not
+    wait for the producer in turn; any thread but the consumer's leaves the producer to stop
+    on the event alone (:mod:`zephon.background` still waits for it at exit). The producer
+    notices the stop within one received chunk of a download or after the microbatch it is
+    making; joining it lets native resources it holds (open files, partial downloads,
+    tokenizer threads) close before the interpreter exits. On Ctrl-C the wait is short: the
+    user asked to stop."""
+    if rounds.thread is None or threading.current_thread() is not rounds.consumer:
         return
     rounds.thread.join(timeout=_INTERRUPT_JOIN_S if interrupted else 30)
     if not rounds.thread.is_alive():
@@ -190,6 +193,8 @@ class _Rounds:
         self._halted = False
         self.made = 0
         self.ended = False
+        self.consumer = threading.current_thread()
+        """The thread that takes the production (the one that made this object)."""
         self.thread: threading.Thread | None = None
         if threaded:
             self.thread = threading.Thread(target=self._produce, name=name, daemon=True)
