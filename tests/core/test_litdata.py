@@ -14,16 +14,9 @@ import pytest
 from tests.core import litdata_sets
 from tests.core.litdata_sets import ITEMS, item
 from tests.hub.hubdata import fast_options
+from tests.kit import mds as shards
 from tests.kit.batches import assert_resumes_exactly
 from tests.kit.buckets import BUCKETS, MemoryBucket
-from tests.kit.mds import (
-    pipeline_over,
-    refused_peak,
-    rows_of,
-    sorted_documents,
-    token_rows,
-    zstd_bomb,
-)
 from zephon.errors import DataError
 from zephon.io import Dataset, storage
 from zephon.io.formats.litdata import LITDATA
@@ -43,7 +36,7 @@ def test_every_field_reads_as_litdata_wrote_it(litdata, variant):
     assert {f.fmt for f in dataset.files()} == {"litdata"} and len(dataset.files()) >= 3
     assert dataset.skipped_files() == (
         f"{litdata[variant] / 'index.json'} (index of the litdata files beside it)",)
-    rows = rows_of(dataset)
+    rows = shards.rows_of(dataset)
     assert len(rows) == ITEMS
     for i, got in enumerate(rows):
         want = item(i)
@@ -55,29 +48,30 @@ def test_every_field_reads_as_litdata_wrote_it(litdata, variant):
 
 def test_litdata_gives_the_documents_of_the_same_items_in_json_lines(litdata, tokenizer_dir,
                                                                      tmp_path):
-    reference = token_rows(pipeline_over(litdata["plain"], tokenizer_dir))
+    reference = shards.token_rows(shards.pipeline_over(litdata["plain"], tokenizer_dir))
     for variant in ("batch", "chunk", "sample"):
-        assert token_rows(pipeline_over(litdata[variant], tokenizer_dir)) == reference
+        assert shards.token_rows(shards.pipeline_over(litdata[variant], tokenizer_dir)) == reference
     jsonl = tmp_path / "items.jsonl"
     jsonl.write_text("".join(json.dumps({"text": item(i)["text"]}) + "\n"
                              for i in range(ITEMS)))
 
-    from_litdata = sorted_documents(litdata["batch"], tokenizer_dir)
-    assert len(from_litdata) == ITEMS and from_litdata == sorted_documents(jsonl, tokenizer_dir)
+    from_litdata = shards.sorted_documents(litdata["batch"], tokenizer_dir)
+    assert len(from_litdata) == ITEMS
+    assert from_litdata == shards.sorted_documents(jsonl, tokenizer_dir)
 
 
 def test_litdata_resumes_exactly_and_reads_from_an_object_store(litdata, tokenizer_dir,
                                                                  tmp_path):
-    reference = token_rows(pipeline_over(litdata["batch"], tokenizer_dir))
-    assert_resumes_exactly(lambda: pipeline_over(litdata["batch"], tokenizer_dir),
+    reference = shards.token_rows(shards.pipeline_over(litdata["batch"], tokenizer_dir))
+    assert_resumes_exactly(lambda: shards.pipeline_over(litdata["batch"], tokenizer_dir),
                            stops=(1, 3, 5))
     storage.register_scheme("mem", storage.Scheme(MemoryBucket))
     try:
         BUCKETS["lit"] = {f"train/{p.name}": p.read_bytes()
                           for p in sorted(litdata["batch"].iterdir())}
-        remote = pipeline_over("mem://lit/train/", tokenizer_dir,
+        remote = shards.pipeline_over("mem://lit/train/", tokenizer_dir,
                                io_options=fast_options(tmp_path / "cache"))
-        assert token_rows(remote) == reference
+        assert shards.token_rows(remote) == reference
         dataset = remote.loader().source.datasets[0]
         assert dataset.skipped_files() == (
             "mem://lit/train/index.json (index of the litdata files beside it)",)
@@ -142,7 +136,7 @@ def test_missing_and_damaged_chunks_are_named(litdata, tmp_path):
     chunk.write_bytes(chunk.read_bytes()[:-9])
     with pytest.raises(DataError, match=r"chunk-0-1\.bin: (its item offsets run past|item \d+ "
                                         r"is longer)"):
-        rows_of(Dataset.from_path("l", folder))
+        shards.rows_of(Dataset.from_path("l", folder))
 
 
 def test_an_mds_index_is_not_taken_for_a_litdata_one():
@@ -189,7 +183,7 @@ def test_nested_rows_come_from_the_arrow_footer_litdata_writes(tmp_path_factory,
     config = json.loads((folder / "index.json").read_text())["config"]
     assert "json" in config["data_format"]  # the nested value is a binary-JSON leaf
     dataset = Dataset.from_path("chat", folder)
-    rows = rows_of(dataset)
+    rows = shards.rows_of(dataset)
     assert rows == [litdata_sets.chat_item(i) for i in range(23)]
     data_file = dataset.files()[0]
     assert peek_field(data_file.path, "litdata", None, "messages", data_file.context) == "list"
@@ -201,12 +195,12 @@ def test_nested_rows_come_from_the_arrow_footer_litdata_writes(tmp_path_factory,
     (cut / "chunk-0-0.bin").write_bytes(raw[:-8] + b"XXXXXXXX")  # no footer: binary JSON
     with pytest.raises(DataError, match=r"chunk-0-0\.bin: nested values \(messages\) in a "
                                         "chunk with no Arrow footer"):
-        rows_of(Dataset.from_path("chat", cut))
+        shards.rows_of(Dataset.from_path("chat", cut))
 
 
 def test_fmt_names_the_format_that_reads_the_index(litdata):
     named = Dataset.from_path("l", litdata["plain"], fmt="litdata")
-    assert {f.fmt for f in named.files()} == {"litdata"} and len(rows_of(named)) == ITEMS
+    assert {f.fmt for f in named.files()} == {"litdata"} and len(shards.rows_of(named)) == ITEMS
     other = Dataset.from_path("l", litdata["plain"], fmt="mds")  # no index of its own
     assert not any(f.context for f in other.files())
 
@@ -251,8 +245,8 @@ def test_a_chunk_decompresses_no_further_than_its_index_declares(litdata, tmp_pa
     declares (with room for an older LitData's header), having allocated no more."""
     folder = tmp_path / "bomb"
     shutil.copytree(litdata["chunk"], folder)
-    (folder / "chunk-0-1.zstd.bin").write_bytes(zstd_bomb(64 << 20))
-    peak = refused_peak(lambda: rows_of(Dataset.from_path("l", folder)),
+    (folder / "chunk-0-1.zstd.bin").write_bytes(shards.zstd_bomb(64 << 20))
+    peak = shards.refused_peak(lambda: shards.rows_of(Dataset.from_path("l", folder)),
                         r"chunk-0-1\.zstd\.bin: decompresses to more than 938 bytes, the 898 "
                         "bytes its index declares")
     assert peak < 8 << 20
@@ -271,12 +265,12 @@ def test_frames_and_items_decompress_no_further_than_declared(litdata, tmp_path,
     assert frames == 1
     table = 24 + 4 * (count + 1)
     first, items, start, _, raw = struct.unpack_from("<IIQII", data, table)
-    bomb = zstd_bomb(16 << 20)
+    bomb = shards.zstd_bomb(16 << 20)
     struct.pack_into("<IIQII", data, table, first, items, start, len(bomb), raw)
     chunk.write_bytes(bytes(data[:start]) + bomb)
     with pytest.raises(DataError, match=rf"chunk-0-0\.bin: frame 0: decompresses to more than "
                                         rf"{raw} bytes, the {raw} bytes its frame table"):
-        rows_of(Dataset.from_path("l", folder))
+        shards.rows_of(Dataset.from_path("l", folder))
 
     folder = tmp_path / "samples"
     shutil.copytree(litdata["sample"], folder)
@@ -284,14 +278,14 @@ def test_frames_and_items_decompress_no_further_than_declared(litdata, tmp_path,
     data = chunk.read_bytes()
     count = struct.unpack_from("<I", data)[0]
     offsets = struct.unpack_from(f"<{count + 1}I", data, 4)
-    bomb = zstd_bomb(4 << 20)  # item 0, then the others as they were
+    bomb = shards.zstd_bomb(4 << 20)  # item 0, then the others as they were
     shifted = [offsets[0], *(o - offsets[1] + offsets[0] + len(bomb) for o in offsets[1:])]
     chunk.write_bytes(struct.pack(f"<I{count + 1}I", count, *shifted) + bomb
                       + data[offsets[1]:])
     monkeypatch.setattr(module, "MAX_CHUNK_BYTES", 1 << 20)
     with pytest.raises(DataError, match=r"chunk-0-0\.bin: item 0: decompresses to more than "
                                         r"1048576 bytes"):
-        rows_of(Dataset.from_path("l", folder))
+        shards.rows_of(Dataset.from_path("l", folder))
 
 
 def test_a_local_litdata_folder_is_listed_without_a_warning(tmp_path_factory, caplog):
