@@ -130,17 +130,7 @@ def dependencies(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
                 target = target.rpartition(".")[0]
             if target and target != module:
                 found.add(target)
-    by_string = imported_by_string(tree, modules) - {module}
-    return found | {m for m in by_string if (module, m) not in FACTORY_EDGES}
-
-
-FACTORY_EDGES = {("zephon.io.dataset", "zephon.io.hub.hub_dataset"),
-                 ("zephon.io.dataset", "zephon.io.storage.object_store_dataset")}
-"""The imports by string the circle rule leaves out, each for a reason. ``Dataset.from_path``
-(the public factory) makes the remote dataset classes, which subclass ``Dataset``; it names
-them by string so that their clients load only when a path first uses their scheme (importing
-the Hub dataset costs about 1 s of huggingface_hub). A factory on a base class cannot avoid
-naming its subclasses; every other string import must not lead back."""
+    return found | (imported_by_string(tree, modules) - {module})
 
 
 _BY_STRING = re.compile(r"^([A-Za-z_][\w.]*):[A-Za-z_]\w*$")

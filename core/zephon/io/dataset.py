@@ -57,7 +57,7 @@ from zephon.io.formats.registry import companion_files, described_files, known_f
 from zephon.io.indexed import prefix_of
 from zephon.io.store_options import StoreOptions
 from zephon.logs import get_logger
-from zephon.named_objects import import_named
+from zephon.named_objects import Registry
 
 log = get_logger(__name__)
 
@@ -93,24 +93,20 @@ class DataFile:
     itself."""
 
 
-SCHEMES: dict[str, str] = {"hf": "zephon.io.hub.hub_dataset:HubDataset"}
-"""Remote dataset classes by URL scheme, as ``"module:Class"``. A class is imported when a
-path first names its scheme, so a scheme's dependencies (``huggingface_hub`` for ``hf``, slow
-to import; measured: docs/measurements.md) load only when used. A class takes
-``(name, path, fmt, **options)`` and lists its keyword options in ``path_options``."""
+REMOTE_CLASSES: Registry[type[Dataset]] = Registry("remote dataset class")
+"""Remote dataset classes by URL scheme, and under :data:`OBJECT_STORES` the class of every
+object-store scheme registered in :mod:`zephon.io.storage`. The package :mod:`zephon.io`
+registers them by name (``"module:Class"``): they subclass :class:`Dataset`, so naming them
+here would make a circle of imports. A class is imported when a path first names its scheme,
+so a scheme's dependencies (``huggingface_hub`` for ``hf``, slow to import; measured:
+docs/measurements.md) load only when used. A class takes ``(name, path, fmt, **options)``
+and lists its keyword options in ``path_options``."""
+OBJECT_STORES = "object stores"
 
 
 NAMED_FILES = 64
 """Files a local dataset's fingerprint names one by one (more: one digest of them all). Each
 costs about 70 bytes in every lane's checkpoint entry."""
-
-
-OBJECT_STORE = "zephon.io.storage.object_store_dataset:ObjectStoreDataset"
-"""The class of every object-store scheme registered in :mod:`zephon.io.storage`."""
-
-
-def _scheme_class(scheme: str) -> type[Dataset]:
-    return import_named(SCHEMES.get(scheme, scheme), f"the dataset class of {scheme}://")
 
 
 class Dataset:
@@ -155,11 +151,11 @@ class Dataset:
 
         text = os.fspath(path)
         scheme = storage.scheme_of(text)
-        if scheme is not None and scheme not in SCHEMES:
+        if scheme is not None and scheme not in REMOTE_CLASSES:
             storage.get_scheme(scheme)  # a ConfigError naming the known schemes, if unknown
-            return _scheme_class(OBJECT_STORE)(name, text, fmt=fmt, **kwargs)
-        if scheme in SCHEMES:
-            remote = _scheme_class(scheme)
+            return REMOTE_CLASSES.get(OBJECT_STORES)(name, text, fmt=fmt, **kwargs)
+        if scheme is not None:
+            remote = REMOTE_CLASSES.get(scheme)
             known = getattr(remote, "path_options", ())
             unknown = sorted(set(kwargs) - set(known))
             if unknown:
