@@ -97,11 +97,11 @@ def test_document_threads_are_stopped_before_the_interpreter_exits():
     workers = set(threading.enumerate()) - before
     assert len(workers) == 2
     running = [document_threads._Batch((), [], []) for _ in range(6)]
-    for batch in running:
-        slow = Slow()
+    slows = [Slow() for _ in running]
+    for batch, slow in zip(running, slows, strict=True):
         batch.run = slow.run  # type: ignore[method-assign]
         requests.put(batch)
-    time.sleep(0.05)
+    assert slows[0].started.wait(30)  # a thread runs the first batch (taken in order)
     assert background.stop_all(only=[threads._registration]) == []
     assert not any(w.is_alive() for w in workers)
     assert background.stop_all(only=[threads._registration]) == []  # forgotten once stopped

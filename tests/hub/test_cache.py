@@ -120,20 +120,22 @@ def test_a_reader_waiting_for_space_proceeds_when_a_pin_is_released(tmp_path):
                                     space_wait_s=10))
     a, b = b"a" * 1000, b"b" * 1000
     entered = threading.Event()
+    order: list[str] = []
 
     def hold_a():
         with cache.open(item("a", a), writer(a)):
             entered.set()
-            time.sleep(0.3)
+            time.sleep(0.5)  # the other reader is waiting for space meanwhile
+            order.append("a released")
 
     thread = threading.Thread(target=hold_a)
     thread.start()
     entered.wait()
-    start = time.monotonic()
     with cache.open(item("b", b), writer(b)) as path:
+        order.append("b opened")
         assert Path(path).read_bytes() == b
-    assert time.monotonic() - start >= 0.2
     thread.join()
+    assert order == ["a released", "b opened"]
 
 
 def test_concurrent_readers_download_a_shard_once(tmp_path):
