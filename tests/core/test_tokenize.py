@@ -80,7 +80,7 @@ def test_missing_local_tokenizer_fails_at_once(tmp_path):
         load_tokenizer(str(tmp_path / "missing" / "tokenizer"))
     with pytest.raises(ConfigError, match="no such directory"):
         load_tokenizer("./not-here")
-    assert time.monotonic() - start < 2
+    assert time.monotonic() - start < 10  # no Hub request, no retries
 
 
 def test_loading_leaves_environment_and_threads_alone(tmp_path):
