@@ -44,7 +44,7 @@ def test_two_link_loops_are_walked_once(tmp_path):
     os.symlink("..", folder / "sub" / "up")
     start = time.perf_counter()
     found = local_glob.expand(str(folder / "**" / "*.jsonl"))
-    assert time.perf_counter() - start < 5  # a walk that follows the loops takes far longer
+    assert time.perf_counter() - start < 5  # milliseconds; only a walk that grows does not fit
     assert found == [str(folder / "a.jsonl"), str(folder / "sub" / "b.jsonl")]
     dataset = Dataset.from_path("loops", str(folder / "**" / "*.jsonl"))
     assert sorted(os.path.basename(f.path) for f in dataset.files()) == ["a.jsonl", "b.jsonl"]
