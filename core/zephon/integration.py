@@ -155,7 +155,9 @@ class LoaderSession:
         """``SampleBatch.to_training`` options."""
         self.meter = LoaderMeter(metrics_group, replicas)
         """Totals of this rank; :meth:`metrics` sums them over ``metrics_group``."""
-        self._ended = False
+        self._ended = [False]
+        """Whether the last iterator reached the end of the data (a list its generator sets:
+        see :meth:`batches`)."""
         self._active: Iterator[tuple[SampleBatch, dict[str, Any]]] | None = None
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -166,20 +168,14 @@ class LoaderSession:
         records (traces); iterating the session gives the tensors alone. A new call closes
         the previous iterator (one consumer at a time)."""
         self.close()
-        if self._ended:
+        if self._ended[0]:
             self.pipeline.reset()
-        self._ended = False
-        self._active = self._hand_out()
+        self._ended[0] = False
+        # The generator holds what it uses, not the session: a session the caller drops
+        # then drops its iterator at once (no reference cycle to wait for the collector),
+        # and the iterator stops its prefetch thread.
+        self._active = _hand_out(self.pipeline, self.training, self.meter, self._ended)
         return self._active
-
-    def _hand_out(self) -> Iterator[tuple[SampleBatch, dict[str, Any]]]:
-        start = time.perf_counter()
-        for batch in self.pipeline:
-            out = batch.to_training(**self.training)
-            self._record(batch, out, time.perf_counter() - start)
-            yield batch, out
-            start = time.perf_counter()
-        self._ended = True
 
     def close(self) -> None:
         """Stop the prefetch of the current iterator; the consumed state stays as it is."""
@@ -190,35 +186,7 @@ class LoaderSession:
     def restart(self) -> None:
         """Start over from the beginning of the data at the next :meth:`batches`."""
         self.close()
-        self._ended = True
-
-    def _record(self, batch: SampleBatch, out: Mapping[str, Any], wait_s: float) -> None:
-        """Count a microbatch handed out, finding each tensor under the name the training
-        options give it (``rename_fields``), or from the records where it was left out."""
-        renamed = self.training.get("rename_fields") or {}
-
-        def tensor(name: str) -> Any:
-            return out.get(renamed.get(name, name))
-
-        ids = tensor("input_ids")
-        if ids is not None:
-            tokens = int(ids.numel())
-        else:  # excluded: the rows' tokens, less the last of each where labels shift them
-            shift = 1 if self.training.get("return_labels") else 0
-            tokens = sum(len(r.payload["input_ids"]) - shift for r in batch.records)
-        padding_mask, valid_count, loss_mask = (tensor(n) for n in (
-            "padding_mask", "num_valid_tokens", "loss_mask"))
-        if padding_mask is not None:
-            padding = int(padding_mask.sum())
-        else:
-            padding = sum(int(r.meta.get("padding", 0)) for r in batch.records)
-        if valid_count is not None:
-            valid = int(valid_count.sum())
-        elif loss_mask is not None:
-            valid = int(loss_mask.sum())
-        else:
-            valid = tokens - padding
-        self.meter.record(tokens, padding, valid, wait_s)
+        self._ended[0] = True
 
     def metrics(self) -> dict[str, float]:
         """``zephon/...`` figures of the window since the last call; a collective over
@@ -234,4 +202,47 @@ class LoaderSession:
         data-parallel size dividing the lanes (see :func:`merge_states`)."""
         self.close()
         self.pipeline.load_state_dict(dict(state))
-        self._ended = False
+        self._ended[0] = False
+
+
+def _hand_out(pipeline: Pipeline, training: Mapping[str, Any], meter: LoaderMeter,
+              ended: list[bool]) -> Iterator[tuple[SampleBatch, dict[str, Any]]]:
+    """The session's microbatches with their training tensors, each counted in ``meter``;
+    ``ended[0]`` is set at the end of the data."""
+    start = time.perf_counter()
+    for batch in pipeline:
+        out = batch.to_training(**training)
+        _record(meter, training, batch, out, time.perf_counter() - start)
+        yield batch, out
+        start = time.perf_counter()
+    ended[0] = True
+
+
+def _record(meter: LoaderMeter, training: Mapping[str, Any], batch: SampleBatch,
+            out: Mapping[str, Any], wait_s: float) -> None:
+    """Count a microbatch handed out, finding each tensor under the name the training
+    options give it (``rename_fields``), or from the records where it was left out."""
+    renamed = training.get("rename_fields") or {}
+
+    def tensor(name: str) -> Any:
+        return out.get(renamed.get(name, name))
+
+    ids = tensor("input_ids")
+    if ids is not None:
+        tokens = int(ids.numel())
+    else:  # excluded: the rows' tokens, less the last of each where labels shift them
+        shift = 1 if training.get("return_labels") else 0
+        tokens = sum(len(r.payload["input_ids"]) - shift for r in batch.records)
+    padding_mask, valid_count, loss_mask = (tensor(n) for n in (
+        "padding_mask", "num_valid_tokens", "loss_mask"))
+    if padding_mask is not None:
+        padding = int(padding_mask.sum())
+    else:
+        padding = sum(int(r.meta.get("padding", 0)) for r in batch.records)
+    if valid_count is not None:
+        valid = int(valid_count.sum())
+    elif loss_mask is not None:
+        valid = int(loss_mask.sum())
+    else:
+        valid = tokens - padding
+    meter.record(tokens, padding, valid, wait_s)

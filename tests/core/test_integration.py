@@ -129,3 +129,29 @@ def test_restart_starts_over_and_a_new_iterator_continues(two_datasets, tokenize
     reader.restart()
     assert ids(out for _, out in islice(reader.batches(), 2)) == reference[:2]
     assert reader.meter.totals["microbatches"] == 5
+
+
+def test_a_dropped_session_stops_its_prefetch_without_the_collector(two_datasets,
+                                                                  tokenizer_dir):
+    """A framework that drops a loader mid-epoch (TorchTitan's validator after its steps)
+    must not leave its prefetch thread running until the garbage collector happens to find a
+    cycle: the session's iterator holds no reference back to the session."""
+    import gc
+    import threading
+
+    before = set(threading.enumerate())
+    gc.disable()
+    try:
+        dropped = session(two_datasets, tokenizer_dir)
+        dropped.pipeline = dropped.pipeline.options(prefetch=2)
+        iterator = iter(dropped)
+        next(iterator)
+        producers = [t for t in set(threading.enumerate()) - before
+                     if t.name.startswith("zephon-rank")]
+        assert producers
+        del iterator, dropped
+        for producer in producers:
+            producer.join(10)
+        assert not any(p.is_alive() for p in producers)
+    finally:
+        gc.enable()

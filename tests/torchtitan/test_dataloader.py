@@ -6,8 +6,10 @@ import gc
 import json
 import multiprocessing
 import pickle
+import sys
 import threading
 import time
+import traceback
 import warnings
 from dataclasses import replace
 from multiprocessing import synchronize
@@ -227,13 +229,18 @@ def test_validation_loaders_built_and_dropped_each_run_leave_nothing_behind(tmp_
         assert len(set(multiprocessing.active_children()) - others) == workers
         del loader
         gc.collect()
-        # Joined until none is left: a producer may still be starting when its iterator is
+        # Joined until none is left (a loaded machine may take a while to schedule them): a
+        # producer may still be starting when its iterator is
         # dropped (it then stops at once), so one pass over the threads could miss it.
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while (extra := set(threading.enumerate()) - threads) and time.monotonic() < deadline:
+            gc.collect()  # a no-op while another thread is collecting: tried again
             for thread in extra:
                 thread.join(0.5)
-        assert set(threading.enumerate()) <= threads
+        left = set(threading.enumerate()) - threads
+        assert not left, "\n".join(  # where each thread left behind is, for the record
+            f"{t.name}:\n" + "".join(traceback.format_stack(sys._current_frames()[t.ident]))
+            for t in left if t.ident in sys._current_frames())
         assert set(multiprocessing.active_children()) <= others
         assert sorted(Path("/dev/shm").glob(mine)) == []
         assert [n for n in semaphores if Path("/dev/shm", "sem." + n.lstrip("/")).exists()] == []
