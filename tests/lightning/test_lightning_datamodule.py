@@ -11,6 +11,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from tests.kit.lightning import RECIPE, TinyModel
+from zephon.integration import read_state
 from zephon_lightning import ZephonDataModule
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +34,8 @@ def test_a_checkpoint_resumes_the_data_exactly(tmp_path, workers):
     assert len(straight.seen) == 8 and len(set(straight.seen)) == 8
     [checkpoint] = (tmp_path / "a" / "ckpt").glob("*step=3.ckpt")
     saved = torch.load(checkpoint, weights_only=False)["ZephonDataModule"]["loader"]
-    assert sorted(saved) == [f"lane_{lane}" for lane in range(4)]
+    assert saved["artifact"] == "loader_state" and saved["scope"] == "job"
+    assert sorted(read_state(saved, "checkpoint").entries) == [f"lane_{n}" for n in range(4)]
     resumed, _ = fit(tmp_path / "b", 8, ckpt_path=str(checkpoint), workers=workers)
     assert resumed.seen == straight.seen[3:]
     assert resumed.losses == pytest.approx(straight.losses[3:], abs=0, rel=1e-6)

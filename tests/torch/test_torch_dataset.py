@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 
 from zephon.distributed import launcher_store
 from zephon.errors import ConfigError
-from zephon.integration import merge_states
+from zephon.integration import read_state
 from zephon.text.tokenizer import load_tokenizer
 from zephon_torch import ZephonIterableDataset
 
@@ -93,7 +93,8 @@ def test_items_are_training_microbatches_and_resume_exactly(recipe):
     for _ in range(4):
         next(iterator)
     state = json.loads(json.dumps(first.state_dict()))  # plain data
-    assert sorted(state) == [f"lane_{lane}" for lane in range(4)]
+    assert state["artifact"] == "loader_state" and state["scope"] == "rank"
+    assert sorted(read_state(state, "saved").entries) == [f"lane_{lane}" for lane in range(4)]
     resumed = ZephonIterableDataset(recipe, seq_len=SEQ_LEN)
     resumed.load_state_dict(state)
     assert digests(resumed) == reference[5:]
@@ -224,7 +225,7 @@ def test_two_readers_in_a_plain_loop_resume_at_one_and_back(recipe, tmp_path, to
     two = run_job(tmp_path, "two", "loop", 2, recipe, vocab, save_after=3)
     assert interleave(two) == reference
     saved = [json.loads(p.read_text()) for p in sorted((tmp_path / "two-state").glob("*.json"))]
-    (tmp_path / "merged.json").write_text(json.dumps(merge_states(saved)))
+    (tmp_path / "merged.json").write_text(json.dumps(saved))  # every rank's, as a list
     one = run_job(tmp_path, "one", "loop", 1, recipe, vocab, load_from=tmp_path / "merged.json")
     assert one[0] == reference[6:]
     single = run_job(tmp_path, "single", "loop", 1, recipe, vocab, save_after=4)

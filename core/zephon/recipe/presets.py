@@ -37,6 +37,52 @@ class TrainingPreset:
         recipe's keys, then the fixed values."""
         return {**self.defaults, **to_training, **self.fixed}
 
+    def training_options(self, recipe: Any, overrides: dict[str, Any] | None = None, *,
+                         choices: tuple[str, ...] | None = None,
+                         say: Any = None) -> dict[str, Any]:
+        """The ``SampleBatch.to_training`` options the adapter passes for ``recipe``.
+
+        The recipe's ``[to_training]`` is checked against the preset: a fixed key with
+        another value, or (``choices`` given) a key the framework does not use, is a
+        ConfigError naming it. Then the preset's defaults, the recipe's keys, ``overrides``
+        (the adapter's own options, None leaving a key as it is) and the fixed values are
+        merged, in that order, and completed by the recipe (the tokenizer's EOS id). A
+        default the recipe cannot meet (``eos_mask_loss`` with a tokenizer that has no EOS)
+        is dropped, telling ``say``; the same value stated by the recipe or an override is
+        an error."""
+        from dataclasses import replace
+
+        from zephon.errors import ConfigError
+
+        chosen = dict(recipe.to_training)
+        for key, value in chosen.items():
+            if key in self.fixed and value != self.fixed[key]:
+                raise ConfigError(f"{recipe.source}: [to_training] {key} = {value!r} conflicts "
+                                  f"with {self.framework}, which needs {self.fixed[key]!r}")
+            if choices is not None and key not in self.fixed and key not in choices:
+                raise ConfigError(f"{recipe.source}: [to_training] {key} is not used with "
+                                  f"{self.framework}. Keys a {self.framework} recipe may set: "
+                                  f"{list(choices)}")
+        given = {k: v for k, v in (overrides or {}).items() if v is not None}
+        for key, value in given.items():
+            if key in chosen and chosen[key] != value and say is not None:
+                say(f"zephon: the adapter's {key}={value!r} replaces the recipe's "
+                    f"{chosen[key]!r}")
+        merged = {**self.defaults, **chosen, **given, **self.fixed}
+        if not merged.get("eos_mask_loss"):
+            merged.pop("eos_token_id", None)
+        try:
+            return replace(recipe, to_training=merged).training_options()
+        except ConfigError:
+            if "eos_mask_loss" in chosen or "eos_mask_loss" in given \
+                    or not merged.get("eos_mask_loss"):
+                raise
+            if say is not None:
+                say("zephon: eos_mask_loss = false: the tokenizer has no EOS token to mask "
+                    "after (set [to_training] eos_token_id to mask one)")
+            merged["eos_mask_loss"] = False
+            return replace(recipe, to_training=merged).training_options()
+
 
 TORCHTITAN = TrainingPreset(
     "TorchTitan",

@@ -28,11 +28,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import lightning as L
-import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from zephon.distributed import world_gloo_group
-from zephon.integration import RunGeometry, merge_states
+from zephon.integration import RunGeometry, job_state, read_state, reader_group
 from zephon_torch import ZephonIterableDataset
 
 STATE = "zephon_state"
@@ -80,27 +78,23 @@ class ZephonDataModule(L.LightningDataModule):
 
     # -- checkpoints -----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """``{"loader": {"lane_<l>": entry}}``: every rank's lanes as of the last batch
-        trained (a collective over the ranks)."""
+        """``{"loader": envelope}``: every rank's lanes as of the last batch trained, in the
+        kit's job-wide envelope (a collective over the ranks, as JSON)."""
         mine = self._trained if self._trained is not None else self._pending
-        if torch.distributed.is_available() and torch.distributed.is_initialized() and \
-                torch.distributed.get_world_size() > 1:
-            gathered: list[Any] = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(gathered, mine or {},
-                                                group=world_gloo_group())
-            merged = merge_states(s for s in gathered if s)
-            return {"loader": merged} if merged else {}
-        return {"loader": dict(mine)} if mine else {}
+        entries = read_state(mine, "the trained loader state").entries if mine else {}
+        world = self.trainer.world_size if self.trainer is not None else 1
+        state = job_state(entries, group=reader_group(world))  # every rank takes part
+        return {"loader": state} if state is not None else {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         loader = state_dict.get("loader")
         if not loader:
             return
         if self.dataset is None:
-            self._pending = dict(loader)
+            self._pending = loader
         else:
             self.dataset.load_state_dict(loader)
-            self._trained = dict(loader)
+            self._trained = loader
 
 
 class _WithState(IterableDataset):

@@ -17,12 +17,13 @@ The translation to :mod:`zephon.integration`:
   else 8 per reader);
 - the pipeline is built on first use, in the process that iterates: a ``DataLoader`` worker
   builds its own;
-- state: :meth:`ZephonIterableDataset.state_dict` describes the microbatches handed out.
+- state: :meth:`ZephonIterableDataset.state_dict` describes the microbatches handed out, in
+  the kit's envelope (:mod:`zephon.integration.state_envelope`: plain data, sealed).
   ``state_scope="rank"`` (default) gives this reader's lanes, for frameworks that save a state
-  per rank (torchdata's ``StatefulDataLoader``, DCP); merge them with
-  :func:`zephon.integration.merge_states` to resume at another size. ``state_scope="job"``
-  gathers every reader's lanes on each rank (a collective: call it on all ranks at once), for
-  frameworks that save one file from the main process (``accelerate``'s ``save_state``).
+  per rank (torchdata's ``StatefulDataLoader``, DCP); to resume at another size, load the
+  list of every rank's states. ``state_scope="job"`` gathers every reader's lanes on each
+  rank as JSON (a collective: call it on all ranks at once), for frameworks that save one
+  file from the main process (``accelerate``'s ``save_state``).
 
 Where the state lives: the pipeline runs in the process that iterates, so with a
 ``DataLoader`` worker its state is in the worker. torchdata's ``StatefulDataLoader`` asks the
@@ -48,14 +49,18 @@ from typing import Any
 from torch.utils.data import IterableDataset, get_worker_info
 
 from zephon import Pipeline
-from zephon.distributed import startup, world_gloo_group
+from zephon.distributed import startup
 from zephon.errors import ConfigError
 from zephon.integration import (
     LoaderSession,
     RunGeometry,
     choose_lanes,
+    job_state,
     lanes_problem,
-    merge_states,
+    rank_state,
+    read_state,
+    reader_group,
+    saved_lanes,
 )
 from zephon.recipe import DataRecipe
 
@@ -102,7 +107,8 @@ class ZephonIterableDataset(IterableDataset):
         self.lanes, self.geometry, self.prefetch = lanes, geometry, prefetch
         self.infinite, self.state_scope = infinite, state_scope
         self._session: LoaderSession | None = None
-        self._pending: dict[str, Any] | None = None
+        self._pending: Any = None
+        """A state loaded before the pipeline exists, as given."""
         self._handed: Any = multiprocessing.RawValue("q", 0)
         """Items handed out by whichever process iterates this dataset (a DataLoader
         worker's copy shares it): lets the main process see that its own state is not the
@@ -136,17 +142,20 @@ class ZephonIterableDataset(IterableDataset):
                 "each worker would read the same lanes. Use num_workers=0 or 1, and the "
                 "recipe's `workers` to run tokenizing in processes")
         geometry = self.geometry or RunGeometry.from_environment()
+        pending = None if self._pending is None else read_state(
+            self._pending, "ZephonIterableDataset.load_state_dict")
         if self.pipeline is not None:
             own, source = self.pipeline.loader_options.lanes, "the pipeline"
         else:
             own, source = self.recipe.lanes, self.recipe.source
         choice = choose_lanes(geometry.dp_size, recipe=own, option=self.lanes,
                               option_name="ZephonIterableDataset(lanes=...)",
-                              saved=_lanes_of(self._pending), source=source)
+                              saved=None if pending is None else
+                              pending.lanes or saved_lanes(pending.entries), source=source)
         problem = lanes_problem(choice.lanes, geometry.dp_size)
         if problem:
             raise ConfigError(f"{problem}; the lanes are {choice.why}")
-        group = self._group(geometry)
+        group = reader_group(geometry.dp_size, required=True)
         if self.pipeline is not None:
             pipeline = self.pipeline.options(
                 dp_rank=geometry.dp_rank, dp_world_size=geometry.dp_size, lanes=choice.lanes,
@@ -157,22 +166,10 @@ class ZephonIterableDataset(IterableDataset):
                 dp_rank=geometry.dp_rank, dp_world_size=geometry.dp_size, lanes=choice.lanes,
                 prefetch=self.prefetch, process_group=group)
         session = LoaderSession(pipeline, self.training, metrics_group=group)
-        if self._pending is not None:
-            session.load_state_dict(self._pending)
+        if pending is not None:
+            session.load_state_dict(pending.entries)
             self._pending = None
         return session
-
-    @staticmethod
-    def _group(geometry: RunGeometry) -> Any:
-        if geometry.dp_size == 1:
-            return None
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()):
-            raise ConfigError(f"{geometry.dp_size} data-parallel readers need "
-                              "torch.distributed initialized (init_process_group) before the "
-                              "dataset is iterated: the readers agree on the end of the data")
-        return world_gloo_group()
 
     def metrics(self) -> dict[str, float]:
         """The job's ``zephon/`` figures since the last call (see :mod:`zephon.meter`); with
@@ -181,8 +178,8 @@ class ZephonIterableDataset(IterableDataset):
 
     # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """``{"lane_<l>": entry}`` of the microbatches handed out: this reader's lanes, or
-        every reader's under ``state_scope="job"`` (a collective)."""
+        """The state envelope of the microbatches handed out: this reader's lanes, or every
+        reader's under ``state_scope="job"`` (a collective)."""
         if self._session is None and self._handed is not None and self._handed.value:
             raise ConfigError(
                 "ZephonIterableDataset.state_dict(): the items were handed out by a "
@@ -193,24 +190,24 @@ class ZephonIterableDataset(IterableDataset):
                 "batch_size=None, num_workers=1), whose state_dict() carries the worker's, or "
                 "num_workers=0")
         if self._session is None and self._pending is not None and self.state_scope == "rank":
-            return dict(self._pending)
-        state = self._open().state_dict()
-        if self.state_scope == "rank" or not _distributed():
-            return state
-        import torch.distributed as dist
-
-        gathered: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, state, group=world_gloo_group())
-        return merge_states(gathered)
+            return self._pending
+        session = self._open()
+        lanes = session.pipeline.lanes
+        if self.state_scope == "rank":
+            return rank_state(session.state_dict(), lanes=lanes)
+        return job_state(session.state_dict(), lanes=lanes,
+                         group=session.pipeline.loader_options.process_group)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume after the microbatches ``state`` describes. It must hold this reader's
-        lanes; one written at another data-parallel size resumes too (merged states, or a
-        ``"job"`` state)."""
+        """Resume after the microbatches ``state`` describes (any form of
+        :func:`zephon.integration.read_state`: an envelope, the list of every rank's, a
+        ``"job"`` state, bare lane entries). It must hold this reader's lanes; one written at
+        another data-parallel size resumes too."""
         if self._session is None:
-            self._pending = dict(state)
+            self._pending = state
         else:
-            self._session.load_state_dict(state)
+            self._session.load_state_dict(
+                read_state(state, "ZephonIterableDataset.load_state_dict").entries)
 
     def __getstate__(self) -> dict[str, Any]:
         """A copy (a DataLoader worker's) resumes where this one is; it builds its own
@@ -243,20 +240,3 @@ def _refuse_accelerate_prepare() -> None:
                 "the dataset) without prepare, and register the dataset with "
                 "accelerator.register_for_checkpointing(dataset)")
         frame = frame.f_back
-
-
-def _lanes_of(state: dict[str, Any] | None) -> int | None:
-    """The lane count a loaded state was written with (its fingerprint), or None."""
-    if not state:
-        return None
-    entry = next(iter(state.values()))
-    try:
-        return int(entry["fingerprint"]["lanes"])
-    except (TypeError, KeyError, ValueError):
-        return None  # the restore names what is wrong with the entry
-
-
-def _distributed() -> bool:
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1

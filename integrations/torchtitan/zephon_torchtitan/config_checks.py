@@ -131,8 +131,9 @@ def _tokenizer_problem(root: Any, recipe: Any) -> str | None:
     """TorchTitan's tokenizer (the tokenizer files under ``hf_assets_path``) against the
     recipe's, as the loader would find it after the model is built (None: they agree, or
     there is no TorchTitan tokenizer here to compare)."""
+    from zephon.integration import tokenizer_mismatch
     from zephon.text.tokenizer import load_tokenizer
-    from zephon_torchtitan.dataloader import tokenizer_mismatch
+    from zephon_torchtitan.dataloader import TOKENIZER_FIX
 
     path = getattr(root, "hf_assets_path", None)
     if not path or not os.path.isfile(os.path.join(path, "tokenizer.json")) or \
@@ -143,7 +144,8 @@ def _tokenizer_problem(root: Any, recipe: Any) -> str | None:
         theirs = load_tokenizer(path)
     except ConfigError:
         return None  # TorchTitan names what is wrong with its own tokenizer
-    return tokenizer_mismatch(recipe, len(theirs), theirs.eos_token_id, path)
+    return tokenizer_mismatch(recipe, vocab=len(theirs), eos=theirs.eos_token_id,
+                              theirs=f"TorchTitan's tokenizer ({path})", fix=TOKENIZER_FIX)
 
 
 def resume_problems(root: Any, loader: Any, recipe: Any, values: dict[str, Any]) -> list[str]:

@@ -34,8 +34,6 @@ dataset, tokenizer, seed, packing or lane count is refused with a message naming
 from __future__ import annotations
 
 import inspect
-import json
-import os
 from dataclasses import dataclass, replace
 from typing import Annotated, Any, Literal
 
@@ -45,18 +43,25 @@ from torchtitan.components.dataloader import BaseDataLoader
 from torchtitan.tools.logging import logger
 
 from zephon import ConfigError, StateMismatchError
-from zephon.integration import LoaderSession, choose_lanes, state_as_text, state_from_text
+from zephon.integration import (
+    EndOfRunReport,
+    LoaderSession,
+    TraceFile,
+    choose_lanes,
+    metrics_group,
+    reader_group,
+    state_as_text,
+    state_from_text,
+    tokenizer_mismatch,
+)
 from zephon.recipe import DataRecipe, load_recipe
 from zephon.recipe.presets import TORCHTITAN
-from zephon.trace import trace_line
 from zephon_torchtitan.metrics_processor import LoaderLink
 
-# The seed's TorchTitan preset; a recipe may restate these values but not contradict them.
-PRESET = TORCHTITAN.fixed
-# to_training keys a TorchTitan recipe may choose, and the choices made where it leaves them out
-# (the label after each EOS is the next document's first token: not a prediction to learn).
+# to_training keys a TorchTitan recipe may choose (the preset, zephon.recipe.presets, fixes
+# the others): it takes input, positions and -100 labels, and derives document boundaries
+# from position resets.
 RECIPE_CHOICES = ("eos_mask_loss", "eos_token_id", "position_mode", "flatten")
-DEFAULTS = TORCHTITAN.defaults
 
 
 def read_recipe(path: str) -> DataRecipe:
@@ -188,7 +193,11 @@ class ZephonDataLoader(BaseDataLoader):
         if config.seed is not None:
             recipe = replace(recipe, seed=config.seed)
         self.recipe = recipe
-        self.options = _training_options(recipe, config)
+        # to_training always flattens; the recipe's "flatten" only picks the trainer's layout
+        self.options = {**TORCHTITAN.training_options(
+            recipe, {"eos_mask_loss": config.eos_mask_loss,
+                     "position_mode": config.position_mode},
+            choices=RECIPE_CHOICES, say=logger.info), "flatten": True}
         # [1, B*S] (the preset) unless the recipe asks for [B, S] rows.
         self._one_row = bool(recipe.to_training.get("flatten", True))
         if config.check_tokenizer and tokenizer is not None:
@@ -201,18 +210,20 @@ class ZephonDataLoader(BaseDataLoader):
         self._pipeline = recipe.build(
             seq_len=self._seq_len, microbatch_size=self._rows, dp_rank=dp_rank,
             dp_world_size=dp_world_size, lanes=lanes, prefetch=config.prefetch,
-            process_group=_agreement_process_group(dp_world_size))
+            process_group=reader_group(dp_world_size))
         if config.data_restart_step:
             self._pipeline = self._pipeline.options(start_step=config.data_restart_step)
-        group, replicas = _metrics_group(dp_world_size)
+        group, replicas = metrics_group(dp_world_size)
         self._session = LoaderSession(self._pipeline, self.options, metrics_group=group,
                                       replicas=replicas)
         self.lanes = self._pipeline.lanes
         self._pipeline.fingerprint()  # plans the lanes now: a bad dp size fails at build time
         self._forward_keys = _forward_keys()
-        self._trace = _open_trace(config.trace_dir)
+        self._trace = TraceFile.open(config.trace_dir)
         self._started = False  # iterated or restored: state_dict() is then for saving
-        self._summarized = False
+        self._report = EndOfRunReport(self._session.meter, self._pipeline, group=group,
+                                      rows=self._rows, row_tokens=self._seq_len + 1,
+                                      say=logger.info)
         if config.metrics_link is not None:
             config.metrics_link.attach(self)
         logger.info(
@@ -224,16 +235,9 @@ class ZephonDataLoader(BaseDataLoader):
     # -- iteration -------------------------------------------------------------------------
     def __iter__(self):
         self._started = True
-        while True:
-            for batch, out in self._session.batches():
-                yield self._convert(batch, out)
-            if not self.config.infinite:
-                if not self.summarize("end of data"):
-                    logger.info(f"zephon: end of data after "
-                                f"{int(self._session.meter.totals['microbatches'])} "
-                                "microbatches on this rank")
-                return
-            logger.info("zephon: end of data; infinite=True, starting over")
+        for batch, out in self._session.batches(cycle=self.config.infinite, said=logger.info):
+            yield self._convert(batch, out)
+        self.summarize("end of data", job=True)  # the readers agreed on the end: all are here
 
     def _convert(self, batch: Any, out: dict[str, torch.Tensor]
                  ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -255,7 +259,11 @@ class ZephonDataLoader(BaseDataLoader):
         if every and self._session.meter.totals["microbatches"] % every == 0:
             logger.info(f"zephon: {self.report()}")
         if self._trace is not None:
-            self._write_trace(batch, input_dict, labels, out)
+            self._trace.write(batch, self.lanes, self.dp_rank, self.dp_world_size,
+                              {**input_dict, "labels": labels},
+                              shape=list(input_dict["input"].shape),
+                              valid_tokens=int(out["num_valid_tokens"].sum()),
+                              padding_tokens=int(out["padding_mask"].sum()))
         return input_dict, labels
 
     # -- reporting -------------------------------------------------------------------------
@@ -263,21 +271,12 @@ class ZephonDataLoader(BaseDataLoader):
         """``zephon/...`` metrics since the last call (see :mod:`zephon.meter`)."""
         return self._session.metrics()
 
-    def final_report(self) -> str:
-        """This rank's totals and the pipeline report (per dataset, drops, leftovers)."""
-        return f"{self.report()}\n{self._pipeline.report()}"
-
-    def summarize(self, why: str) -> bool:
-        """Log the end-of-run report (``why``: how the run ended) once per process and only on
-        global rank 0, whichever way the run ends: its last step (the metrics processor's
-        close), the end of the data, or an interruption (an exit hook). Returns whether it
-        was logged now."""
-        handed = self._session.meter.totals["microbatches"]
-        if self._summarized or not handed or _global_rank() != 0:
-            return False
-        self._summarized = True
-        logger.info(f"zephon: end of run ({why}):\n{self.final_report()}")
-        return True
+    def summarize(self, why: str, job: bool = False) -> bool:
+        """Log the end-of-run report (``why``: how the run ended) once, on global rank 0
+        (:class:`zephon.integration.EndOfRunReport`): at the last step (the metrics
+        processor's close), at the end of the data (``job``: the readers' figures summed), or
+        at an interruption (an exit hook). Returns whether it was logged now."""
+        return self._report.print(why, job=job)
 
     def stats(self) -> dict[str, float]:
         """Totals since construction: microbatches, tokens, padding and valid (loss-bearing)
@@ -286,16 +285,6 @@ class ZephonDataLoader(BaseDataLoader):
 
     def report(self) -> str:
         return self._session.meter.summary()
-
-    def _write_trace(self, batch: Any, input_dict: dict[str, torch.Tensor],
-                     labels: torch.Tensor, out: dict[str, torch.Tensor]) -> None:
-        line = trace_line(batch, self.lanes, self.dp_rank, self.dp_world_size,
-                          {**input_dict, "labels": labels},
-                          shape=list(input_dict["input"].shape),
-                          valid_tokens=int(out["num_valid_tokens"].sum()),
-                          padding_tokens=int(out["padding_mask"].sum()))
-        self._trace.write(json.dumps(line) + "\n")
-        self._trace.flush()
 
     # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -379,99 +368,18 @@ def _geometry(seq_len: int | None, local_batch_size: int | None,
     return max_context_length, num_tokens_per_batch // max_context_length, True
 
 
-def _training_options(recipe: DataRecipe, config: ZephonDataLoader.Config) -> dict[str, Any]:
-    chosen = dict(recipe.to_training)
-    for key, value in chosen.items():
-        if key in PRESET:
-            if value != PRESET[key]:
-                raise ConfigError(f"{recipe.source}: [to_training] {key} = {value!r} conflicts "
-                                  f"with TorchTitan, which needs {PRESET[key]!r}")
-        elif key not in RECIPE_CHOICES:
-            raise ConfigError(
-                f"{recipe.source}: [to_training] {key} is not used with TorchTitan: it takes "
-                "input, positions and -100 labels, and derives document boundaries from "
-                f"position resets. Keys a TorchTitan recipe may set: {list(RECIPE_CHOICES)}")
-    overrides = {}
-    if config.eos_mask_loss is not None:
-        overrides["eos_mask_loss"] = config.eos_mask_loss
-    if config.position_mode is not None:
-        overrides["position_mode"] = config.position_mode
-    for key, value in overrides.items():
-        if key in chosen and chosen[key] != value:
-            logger.info(f"zephon: dataloader.{key}={value!r} replaces the recipe's "
-                        f"{chosen[key]!r}")
-    merged = {**DEFAULTS, **chosen, **overrides}
-    if not merged.get("eos_mask_loss"):
-        merged.pop("eos_token_id", None)
-    try:
-        options = replace(recipe, to_training=merged).training_options()
-    except ConfigError:
-        if "eos_mask_loss" in chosen or "eos_mask_loss" in overrides:
-            raise
-        logger.info("zephon: eos_mask_loss = false: the tokenizer has no EOS token to mask "
-                    "after (set [to_training] eos_token_id to mask one)")
-        merged["eos_mask_loss"] = False
-        options = replace(recipe, to_training=merged).training_options()
-    # to_training always flattens; the recipe's "flatten" only picks the trainer's layout.
-    return {**options, **PRESET, "flatten": True}
+TOKENIZER_FIX = ("point --hf_assets_path at the recipe's tokenizer (and size the model's "
+                 "vocabulary for it), or pass --dataloader.no-check-tokenizer if this is "
+                 "intended")
 
 
 def _check_tokenizer(recipe: DataRecipe, tokenizer: Any) -> None:
-    theirs_vocab = tokenizer.get_vocab_size() if hasattr(tokenizer, "get_vocab_size") else None
-    problem = tokenizer_mismatch(recipe, theirs_vocab, getattr(tokenizer, "eos_id", None),
-                                 getattr(tokenizer, "tokenizer_path", "hf_assets_path"))
+    vocab = tokenizer.get_vocab_size() if hasattr(tokenizer, "get_vocab_size") else None
+    where = getattr(tokenizer, "tokenizer_path", "hf_assets_path")
+    problem = tokenizer_mismatch(recipe, vocab=vocab, eos=getattr(tokenizer, "eos_id", None),
+                                 theirs=f"TorchTitan's tokenizer ({where})", fix=TOKENIZER_FIX)
     if problem:
         raise ConfigError(problem)
-
-
-def tokenizer_mismatch(recipe: DataRecipe, vocab: int | None, eos: int | None,
-                       where: str) -> str | None:
-    """Why TorchTitan's tokenizer (``vocab`` tokens, EOS id ``eos``, found at ``where``)
-    cannot read the recipe's token ids, or None: the same checks the loader runs, for the
-    preflight to run before the model is built."""
-    from zephon.text.tokenizer import load_tokenizer
-
-    name = recipe.tokenizer
-    if name is None:
-        return None
-    ours = load_tokenizer(name)
-    if vocab is not None and vocab != len(ours):
-        return (f"{recipe.source}: tokenizer {name!r} has {len(ours)} tokens but TorchTitan's "
-                f"tokenizer ({where}) has {vocab}; point --hf_assets_path at the recipe's "
-                "tokenizer (and size the model's vocabulary for it), or pass "
-                "--dataloader.no-check-tokenizer if this is intended")
-    if eos is not None and ours.eos_token_id is not None and eos != ours.eos_token_id:
-        return (f"{recipe.source}: tokenizer {name!r} has EOS id {ours.eos_token_id} but "
-                f"TorchTitan's tokenizer ({where}) has {eos}")
-    return None
-
-
-def _agreement_process_group(dp_world_size: int) -> Any:
-    """A gloo group over all ranks for the end-of-data agreement (one per process).
-
-    The loader is not given the batch mesh, so it agrees over the whole world: ranks that
-    share a data-parallel rank (TP/CP/PP peers) read the same lanes and vote alike, so the
-    minimum over the world is the minimum over the data-parallel ranks.
-    """
-    import torch.distributed as dist
-
-    from zephon.distributed import world_gloo_group
-
-    if dp_world_size == 1 or not (dist.is_available() and dist.is_initialized()):
-        return None
-    return world_gloo_group()
-
-
-def _metrics_group(dp_world_size: int) -> tuple[Any, int]:
-    """(group, replicas) for the job's loader figures (:mod:`zephon.meter`): the agreement's
-    gloo group over the whole world, where each data-parallel rank's lanes are read by
-    ``world / dp_world_size`` ranks (its tensor- and pipeline-parallel peers)."""
-    import torch.distributed as dist
-
-    group = _agreement_process_group(dp_world_size)
-    if group is None:
-        return None, 1
-    return group, max(1, dist.get_world_size() // dp_world_size)
 
 
 def _forward_keys() -> frozenset[str]:
@@ -480,23 +388,6 @@ def _forward_keys() -> frozenset[str]:
 
     params = inspect.signature(Decoder.forward).parameters
     return frozenset(name for name in params if name not in ("self", "tokens"))
-
-
-def _global_rank() -> int:
-    import torch.distributed as dist
-
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else \
-        int(os.environ.get("RANK", "0"))
-
-
-def _open_trace(trace_dir: str) -> Any:
-    if not trace_dir:
-        return None
-    import torch.distributed as dist
-
-    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-    os.makedirs(trace_dir, exist_ok=True)
-    return open(os.path.join(trace_dir, f"rank{rank}.jsonl"), "a")
 
 
 def _check_batch(out: dict[str, torch.Tensor], rows: int, width: int) -> None:
