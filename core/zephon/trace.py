@@ -235,6 +235,10 @@ def _lanes(blob: Any, where: str) -> dict[str, Any]:
         match = _LANE_KEY.search(key)
         if match:
             found[match.group(1)] = from_text(value, f"{where}: {key}")
+        elif isinstance(value, dict) and value.get("artifact") == "loader_state":
+            from zephon.integration.state_envelope import read_state
+
+            found.update(read_state(value, f"{where}: {key or 'state'}").entries)
         elif isinstance(value, dict):
             for name, child in value.items():
                 walk(child, f"{key}.{name}" if key else str(name))

@@ -216,11 +216,12 @@ def test_recipe_lanes_and_the_flag_must_agree(tmp_path: Path) -> None:
 
 
 def test_a_resume_keeps_the_lanes_of_its_loader_state(tmp_path: Path) -> None:
+    from zephon.integration import rank_state
     from zephon_megatron.state_files import write_dataloader_state
 
     path = PACKED
     ckpt = tmp_path / "ckpt"
-    write_dataloader_state(ckpt, 6, 0, {"lanes": 96})
+    write_dataloader_state(ckpt, 6, 0, rank_state({}, lanes=96))
     (ckpt / "latest_checkpointed_iteration.txt").write_text("6")
     argv = megatron_argv(path, "--load", str(ckpt))
     assert settings_from_args(parse(argv), world_size=4).lanes == 96

@@ -124,11 +124,8 @@ def test_data_that_does_not_fill_one_iteration_says_so(indexed_recipe: Path) -> 
 
 # -- 3. a resume with other lanes, seed or recipe -------------------------------------------------
 def saved_run(tmp_path: Path, recipe: Path = PACKED, lanes: int = 8, mbs: int = 2) -> Path:
-    from zephon_megatron.state_files import (
-        STATE_FORMAT,
-        STATE_VERSION,
-        write_dataloader_state,
-    )
+    from zephon.integration import rank_state
+    from zephon_megatron.state_files import write_dataloader_state
 
     pipeline = DataRecipe.from_toml(str(recipe)).build(seq_len=64, microbatch_size=mbs,
                                                       lanes=lanes, prefetch=0, workers=0)
@@ -136,10 +133,8 @@ def saved_run(tmp_path: Path, recipe: Path = PACKED, lanes: int = 8, mbs: int = 
     for _ in range(3):
         next(iterator)
     ckpt = tmp_path / "ckpt"
-    write_dataloader_state(ckpt, 3, 0, {"format": STATE_FORMAT, "version": STATE_VERSION,
-                                        "role": "train", "micro_batch_size": mbs,
-                                        "consumed_samples": 3 * mbs, "lanes": lanes,
-                                        "pipeline": pipeline.state_dict()})
+    write_dataloader_state(ckpt, 3, 0, rank_state(pipeline.state_dict(), lanes=lanes, framework={
+        "role": "train", "micro_batch_size": mbs, "consumed_samples": 3 * mbs}))
     (ckpt / "latest_checkpointed_iteration.txt").write_text("3")
     return ckpt
 
@@ -164,6 +159,7 @@ def test_a_resume_with_another_seed_or_micro_batch_size_is_refused(tmp_path: Pat
 
 def test_the_early_wording_is_the_restores(tmp_path: Path) -> None:
     from zephon.errors import StateMismatchError
+    from zephon.integration import read_state
     from zephon_megatron.state_files import read_dataloader_states
 
     ckpt = saved_run(tmp_path)
@@ -171,7 +167,7 @@ def test_the_early_wording_is_the_restores(tmp_path: Path) -> None:
     args = parse(megatron_argv(PACKED, "--load", str(ckpt), "--zephon-lanes", "4"))
     pipeline = build_pipeline(recipe, args, 4)
     with pytest.raises(StateMismatchError) as restored:
-        pipeline.load_state_dict(read_dataloader_states(ckpt, 3)[0]["pipeline"])
+        pipeline.load_state_dict(read_state(read_dataloader_states(ckpt, 3), "saved").entries)
     early = problems_of(megatron_argv(PACKED, "--load", str(ckpt), "--zephon-lanes", "4"))
     assert str(restored.value).split(" Resume with")[0].split(": ", 1)[1] in early
 
@@ -354,10 +350,11 @@ def test_token_ids_without_a_tokenizer_or_vocab_size_are_refused_before_megatron
 def test_the_preflight_follows_ckpt_step(tmp_path: Path) -> None:
     """The resume reads --ckpt-step's loader state, not the latest one: a later checkpoint
     written with other lanes does not refuse a resume from the earlier one."""
+    from zephon.integration import rank_state
     from zephon_megatron.state_files import write_dataloader_state
 
     ckpt = saved_run(tmp_path)  # iteration 3, 8 lanes
-    write_dataloader_state(ckpt, 5, 0, {"lanes": 4, "micro_batch_size": 4, "pipeline": {}})
+    write_dataloader_state(ckpt, 5, 0, rank_state({}, lanes=4, framework={"micro_batch_size": 4}))
     (ckpt / "latest_checkpointed_iteration.txt").write_text("5")
     argv = megatron_argv(PACKED, "--load", str(ckpt), "--zephon-lanes", "8")
     assert "written with --micro-batch-size 4" in problems_of(argv)

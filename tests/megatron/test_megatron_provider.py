@@ -84,7 +84,7 @@ def test_save_and_restore_continue_exactly() -> None:
     first = iterator()
     take(first, 5)
     state = first.save_state()
-    assert state["consumed_samples"] == 10 and set(state["pipeline"]) == {
+    assert state["framework"]["consumed_samples"] == 10 and set(state["entries"]) == {
         f"lane_{lane}" for lane in range(8)}
     expected = take(first, 4)
     second = iterator()
@@ -304,10 +304,8 @@ def test_the_end_of_run_report_is_printed_once_when_the_data_ends(tmp_path: Path
     then prints nothing more."""
     import gc
     import json
-    import weakref
 
     from zephon.demo.assets import make_documents
-    from zephon_megatron import provider
 
     gc.collect()  # earlier tests' iterators report as they are collected: not in this output
     capsys.readouterr()
@@ -325,7 +323,7 @@ def test_the_end_of_run_report_is_printed_once_when_the_data_ends(tmp_path: Path
     with pytest.raises(StopIteration):
         while True:
             next(reader)
-    provider._summarize_at_exit(weakref.ref(reader))  # what the exit hook runs
+    reader.summarize("at exit")  # what the exit hook runs: the report was printed already
     printed = capsys.readouterr().out
     assert printed.count("zephon: end of run") == 1 and "(end of data)" in printed
     assert "handed to the trainer" in printed
@@ -392,7 +390,7 @@ def test_a_resume_inside_the_ramp_keeps_megatrons_iterations(monkeypatch) -> Non
     first = iterator(0, 1, *RAMP)
     take(first, 11)  # 7 iterations: 4 of one microbatch, 2 of two, 1 of three
     state = first.save_state()
-    assert state["consumed_samples"] == 22
+    assert state["framework"]["consumed_samples"] == 22
     resumed = iterator(0, 1, *RAMP)
     resumed.restore_state(state)
     expected = {handed - 11: iteration for handed, iteration in megatron_iterations(30).items()
@@ -477,7 +475,7 @@ def test_under_pretrain_a_provider_error_is_printed_by_rank_0_only(monkeypatch, 
         provider(None)
     provider.exit_on_error = True
     for rank, printed in ((1, 0), (0, 1)):  # the global rank, as torch.distributed gives it
-        monkeypatch.setattr("zephon_megatron.provider._global_rank", lambda rank=rank: rank)
+        monkeypatch.setattr("zephon_megatron.provider.global_rank", lambda rank=rank: rank)
         with pytest.raises(SystemExit) as stopped:
             provider(None)
         assert stopped.value.code == 2

@@ -43,14 +43,15 @@ def test_iterations_are_the_microbatches_the_readers_hand_out(extra, world: int)
 
 def test_the_command_names_a_state_after_the_iterations_asked_for(tmp_path, capsys) -> None:
     from zephon.recipe import DataRecipe
-    from zephon_megatron.state_files import STATE_FORMAT, STATE_VERSION, write_dataloader_state
+    from zephon_megatron.state_files import write_dataloader_state
 
     pipeline = DataRecipe.from_toml(str(PACKED)).build(seq_len=64, microbatch_size=2, lanes=8,
                                                       prefetch=0, workers=0)
     iterator = iter(pipeline)
     for _ in range(8):  # two iterations of 4 microbatches
         next(iterator)
-    write_dataloader_state(tmp_path, 2, 0, {"format": STATE_FORMAT, "version": STATE_VERSION,
+    # the Megatron adapter's own state of zephon 0.3, still read
+    write_dataloader_state(tmp_path, 2, 0, {"format": "zephon_megatron.loader", "version": 1,
                                             "micro_batch_size": 2, "lanes": 8,
                                             "pipeline": pipeline.state_dict()})
     flags = megatron_argv(PACKED)

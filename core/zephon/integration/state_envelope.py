@@ -29,7 +29,7 @@ takes its own lanes from the merge, as long as the new size divides the lane cou
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +56,14 @@ class LoaderState:
     """The run's lane count the envelopes name (None: bare entries, which do not say)."""
     framework: list[dict[str, Any]] = field(default_factory=list)
     """Each envelope's framework fields, in the order read."""
+
+    @property
+    def lane_count(self) -> int | None:
+        """The run's lane count: the envelopes', else the entries' own (None: neither
+        says; loading the entries then names what is wrong with them)."""
+        from zephon.integration.lanes import saved_lanes
+
+        return self.lanes if self.lanes is not None else saved_lanes(self.entries)
 
 
 def rank_state(entries: Mapping[str, Any], *, lanes: int,
@@ -189,11 +197,3 @@ def state_from_text(state: Mapping[str, Any], where: str) -> dict[str, Any]:
     """The inverse of :func:`state_as_text` (entries already decoded pass as they are);
     pickled entries are refused by name, never loaded."""
     return read_state(dict(state), where).entries
-
-
-def lanes_of(states: Sequence[Any], where: str) -> int | None:
-    """The lane count of saved states in any form: the envelopes', else the entries'."""
-    from zephon.integration.lanes import saved_lanes
-
-    found = read_state(list(states), where)
-    return found.lanes if found.lanes is not None else saved_lanes(found.entries)

@@ -28,8 +28,8 @@ def tokenizer_mismatch(recipe: Any, *, vocab: int | None, eos: int | None, their
         return (f"{recipe.source}: tokenizer {name!r} has {len(ours)} tokens but {theirs} "
                 f"has {vocab}; {fix}")
     if eos is not None and ours.eos_token_id is not None and int(eos) != ours.eos_token_id:
-        return (f"{recipe.source}: tokenizer {name!r} ends documents with id "
-                f"{ours.eos_token_id} but {theirs} with {eos}; they are different tokenizers, "
+        return (f"{theirs} ends documents with id {eos}, the recipe's tokenizer {name!r} "
+                f"({recipe.source}) with {ours.eos_token_id}; they are different tokenizers, "
                 f"and the model would be evaluated and exported with ids it was not trained "
                 f"on. {fix}")
     return None

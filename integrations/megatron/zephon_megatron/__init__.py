@@ -15,7 +15,8 @@ Modules, one concern each:
 - :mod:`~zephon_megatron.loss`: forward_step and the per-token loss.
 - :mod:`~zephon_megatron.pretrain_gpt`: ``python -m zephon_megatron.pretrain_gpt`` (needs a
   Megatron-LM checkout on PYTHONPATH), and ``zephon_pretrain_parts()`` for one's own script.
-- :mod:`~zephon_megatron.run_report`: the job's end-of-run report.
+- the end-of-run report, trace files, the state envelope and the tokenizer check come from
+  the integration kit (:mod:`zephon.integration`).
 - :mod:`~zephon_megatron.trace`: ``python -m zephon_megatron.trace``, what was in an
   iteration, from the run's own flags.
 - :mod:`~zephon_megatron.smoke` and :mod:`~zephon_megatron.cpu_shims`: CPU training of

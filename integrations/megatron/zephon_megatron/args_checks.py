@@ -436,6 +436,7 @@ def resume_problems(args: argparse.Namespace, pipeline: Any, recipe: Any) -> lis
     if iteration is None:
         return []
     from zephon.errors import StateMismatchError
+    from zephon.integration import read_state
     from zephon_megatron.vocabulary import model_vocabulary, needs_model_vocabulary
 
     if needs_model_vocabulary(recipe) and model_vocabulary(args) is None:
@@ -449,18 +450,19 @@ def resume_problems(args: argparse.Namespace, pipeline: Any, recipe: Any) -> lis
     restart = (f"To start over instead, write to a new --save directory (and drop --load); "
                f"to resume, keep the lanes, seed and recipe of the run that wrote {state_dir}")
     problems = []
-    saved_mbs = next((s.get("micro_batch_size") for s in states if isinstance(s, dict)), None)
+    try:
+        saved = read_state(states, f"the loader state in {state_dir}")
+    except StateMismatchError as exc:
+        return [f"{exc} {restart}"]
+    saved_mbs = next((f.get("micro_batch_size") for f in saved.framework), None)
     if saved_mbs is not None and saved_mbs != args.micro_batch_size:
         problems.append(
             f"the loader state was written with --micro-batch-size {saved_mbs}, this run "
             f"has {args.micro_batch_size}; the microbatches of every lane would differ "
             f"(checkpoint {state_dir}, iteration {iteration}). {restart}")
-    lanes = {key: entry for state in states if isinstance(state, dict)
-             and isinstance(state.get("pipeline"), dict)
-             for key, entry in state["pipeline"].items()}
-    if lanes:
+    if saved.entries:
         try:
-            pipeline.check_state(lanes)
+            pipeline.check_state(saved.entries)
         except StateMismatchError as exc:
             problems.append(f"{exc} (checkpoint {state_dir}, iteration {iteration}) {restart}")
     return problems

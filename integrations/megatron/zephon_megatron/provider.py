@@ -31,17 +31,15 @@ every evaluation, before and after a resume, scores the same data; they are not 
 The provider reads one window of each before training starts: a recipe that cannot fill an
 evaluation is refused then, naming it and both counts, never repeated silently.
 
-State files hold plain data only (token arrays as base64 text), so they load with
-``torch.load(weights_only=True)``. Limits: context parallelism is not supported.
+State files hold the kit's state envelope (:mod:`zephon.integration.state_envelope`: plain
+data, sealed; token arrays as base64 text), so they load with
+``torch.load(weights_only=True)``; the adapter's own fields (role, micro batch size, consumed
+samples) ride in it. Limits: context parallelism is not supported.
 """
 
 from __future__ import annotations
 
 import argparse
-import atexit
-import json
-import os
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,20 +47,24 @@ from typing import Any
 import torch
 
 from zephon.errors import ConfigError, DataError, StateMismatchError
-from zephon.integration import LoaderSession, lanes_problem, merge_states
-from zephon.meter import LoaderMeter, metrics_line
-from zephon.trace import trace_line
+from zephon.integration import (
+    EndOfRunReport,
+    LoaderSession,
+    TraceFile,
+    global_rank,
+    host_group,
+    lanes_problem,
+    rank_state,
+    read_state,
+)
+from zephon.meter import metrics_line
 from zephon_megatron.arguments import (
     ZephonArgumentError,
     ZephonSettings,
     settings_from_args,
     training_recipes,
 )
-from zephon_megatron.state_files import (
-    STATE_FORMAT,
-    STATE_VERSION,
-    read_dataloader_states,
-)
+from zephon_megatron.state_files import read_dataloader_states
 from zephon_megatron.step_metrics import StepClock, global_batch_schedule
 from zephon_megatron.tokenizer_checks import check_tokenizers, eod_id, megatron_tokenizer
 from zephon_megatron.vocabulary import run_recipe
@@ -137,13 +139,19 @@ class ZephonDataIterator:
         the last of training, where the readers report the job together."""
         self.announce = announce
         """Print the metrics line (data-parallel rank 0)."""
-        self._report = _EndOfRunReport(self.meter, pipeline, role == "train", metrics_group,
-                                       micro_batch_size, row_tokens)
+        self._report = EndOfRunReport(self.meter, pipeline, group=metrics_group,
+                                      rows=micro_batch_size, row_tokens=row_tokens,
+                                      due=role == "train")
+        """Printed once by global rank 0: job-wide where the readers end together (the last
+        training microbatch, the end of the data), else for this rank's lanes when the
+        iterator is dropped or at exit (a run stopped by Ctrl-C or an error)."""
+        self._report.at_exit(self)
         if self._report.due:
-            atexit.register(_summarize_at_exit, weakref.ref(self))
+            import weakref
+
             weakref.finalize(self, self._report.print, "end of training").atexit = False
         self.trace = trace
-        """A text file taking a :func:`zephon.trace.trace_line` per microbatch, or None."""
+        """This rank's :class:`~zephon.integration.TraceFile`, or None."""
         self.micro_batch_size = micro_batch_size
         self.role = role
         self.source = source
@@ -194,17 +202,11 @@ class ZephonDataIterator:
         self._since_start += 1
         self.last_global_microbatch = batch.global_microbatch(self.pipeline.lanes)
         if self.trace is not None:
-            self._write_trace(batch, out)
+            options = self.pipeline.loader_options
+            self.trace.write(batch, self.pipeline.lanes, options.dp_rank, options.dp_world_size,
+                             {k: v for k, v in out.items() if isinstance(v, torch.Tensor)})
         self._maybe_log()
         return out
-
-    def _write_trace(self, batch: Any, out: dict[str, Any]) -> None:
-        tensors = {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
-        dp_rank, dp_size = self.pipeline.loader_options.dp_rank, \
-            self.pipeline.loader_options.dp_world_size
-        self.trace.write(json.dumps(trace_line(batch, self.pipeline.lanes, dp_rank, dp_size,
-                                               tensors)) + "\n")
-        self.trace.flush()
 
     def check_window(self) -> None:
         """Read one evaluation window and start over: a recipe too small for it fails here,
@@ -237,8 +239,7 @@ class ZephonDataIterator:
 
 
     def summarize(self, why: str = "last step") -> None:
-        """Print, once, what this training iterator handed out (this rank's lanes; see
-        :class:`_EndOfRunReport`)."""
+        """Print, once, what this training iterator handed out (this rank's lanes)."""
         self._report.print(why)
 
     def close(self) -> None:
@@ -253,84 +254,29 @@ class ZephonDataIterator:
         return int(entry["consumed_global"]) * self.micro_batch_size
 
     def save_state(self) -> dict[str, Any]:
-        """This rank's lanes, as consumed; Megatron's ``--dataloader-save`` hook."""
-        return {"format": STATE_FORMAT, "version": STATE_VERSION, "role": self.role,
-                "micro_batch_size": self.micro_batch_size,
-                "consumed_samples": self.consumed_samples,
-                "lanes": self.pipeline.lanes, "pipeline": self.pipeline.state_dict()}
+        """This rank's lanes, as consumed, in the kit's envelope; Megatron's
+        ``--dataloader-save`` hook."""
+        return rank_state(self.pipeline.state_dict(), lanes=self.pipeline.lanes, framework={
+            "role": self.role, "micro_batch_size": self.micro_batch_size,
+            "consumed_samples": self.consumed_samples})
 
     def restore_state(self, states: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
-        """Resume from one state or from the states of all ranks of the saving run."""
-        lanes: list[dict[str, Any]] = []
-        for state in [states] if isinstance(states, dict) else list(states):
-            if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-                found = state.get("format") if isinstance(state, dict) else type(state).__name__
-                raise StateMismatchError(f"not a zephon_megatron loader state ({found!r})")
-            if state.get("version") != STATE_VERSION:
-                raise StateMismatchError(f"loader state version {state.get('version')} is not "
-                                         f"{STATE_VERSION}")
-            if state["micro_batch_size"] != self.micro_batch_size:
+        """Resume from one state or from the states of all ranks of the saving run (a lane
+        written twice must agree: no stale files)."""
+        found = read_state(states, "the Megatron loader state")
+        for fields in found.framework:
+            if fields.get("micro_batch_size") != self.micro_batch_size:
                 raise StateMismatchError(
                     f"the loader state was written with --micro-batch-size "
-                    f"{state['micro_batch_size']}, this run has {self.micro_batch_size}; the "
-                    "microbatches of every lane would differ")
-            lanes.append(state["pipeline"])
-        merged = merge_states(lanes)  # a lane written twice must agree: no stale files
-        if not merged:
+                    f"{fields.get('micro_batch_size')}, this run has {self.micro_batch_size}; "
+                    "the microbatches of every lane would differ")
+        if not found.entries:
             raise StateMismatchError("restore_state got no loader state")
         self._iterator = None
-        self.session.load_state_dict(merged)
+        self.session.load_state_dict(found.entries)
         self._since_start = 0
         if self.log_every is not None:  # iterations already done, for the metrics' steps
             self.log_every[0].seek(self.consumed_samples)
-
-
-class _EndOfRunReport:
-    """The end-of-run report of a training iterator, printed at most once and only on global
-    rank 0 (the first pipeline stage's reader of data-parallel rank 0; later stages read too).
-    Where the readers end together (the last training microbatch, the end of the data) every
-    reader calls :meth:`print` with ``job=True`` and the report covers the whole job
-    (:mod:`zephon_megatron.run_report`). Otherwise it is printed when the iterator is dropped
-    or at exit (a run stopped by Ctrl-C or an error), for this rank's lanes, saying so. It
-    holds the meter and the pipeline, not the iterator, so that dropping the iterator frees
-    them after the report."""
-
-    def __init__(self, meter: LoaderMeter, pipeline: Any, due: bool, group: Any = None,
-                 rows: int = 1, row_tokens: int = 0):
-        self.meter, self.pipeline, self.due, self.group = meter, pipeline, due, group
-        self.rows, self.row_tokens = rows, row_tokens
-
-    def print(self, why: str, job: bool = False) -> None:
-        if not self.due:
-            return
-        from zephon_megatron.run_report import job_report, report_text
-
-        report, totals = self.pipeline.report(), dict(self.meter.totals)
-        if job:  # every reader is here: no early return before the collective
-            report, totals = job_report(report, totals, self.group)
-        if not totals["microbatches"]:
-            return
-        self.due = False
-        if _global_rank() != 0:
-            return
-        row_tokens = self.row_tokens or int(totals["tokens"] / max(1, totals["microbatches"])
-                                            / max(1, self.rows)) + 1
-        print(report_text(why, totals, report, self.rows, row_tokens), flush=True)
-
-
-def _summarize_at_exit(iterator: weakref.ref) -> None:
-    """At exit, the report of a training iterator still alive (see
-    :class:`_EndOfRunReport`)."""
-    alive = iterator()
-    if alive is not None:
-        alive.summarize("at exit")
-
-
-def _global_rank() -> int:
-    import torch.distributed as dist
-
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else \
-        int(os.environ.get("RANK", "0"))
 
 
 # -- provider ----------------------------------------------------------------------------------
@@ -363,8 +309,9 @@ def build_iterator(recipe: Any, settings: ZephonSettings, topology: Topology, *,
                               log_every=log_every, announce=topology.dp_rank == 0,
                               end=(settings.train_iters, settings.train_samples),
                               row_tokens=settings.seq_length + 1,
-                              metrics_group=_host_group(topology.dp_group),
-                              trace=_open_trace(settings.trace_dir) if role == "train" else None)
+                              metrics_group=host_group(topology.dp_group),
+                              trace=TraceFile.open(settings.trace_dir) if role == "train"
+                              else None)
 
 
 def step_clock(settings: ZephonSettings, dp_size: int) -> StepClock:
@@ -375,24 +322,6 @@ def step_clock(settings: ZephonSettings, dp_size: int) -> StepClock:
                                      settings.micro_batch_size, dp_size, ramp,
                                      settings.decrease_batch_size_if_needed)
     return StepClock(schedule, rows, ramp_samples=ramp[2] if ramp else 0)
-
-
-def _open_trace(trace_dir: str | None) -> Any:
-    if not trace_dir:
-        return None
-    os.makedirs(trace_dir, exist_ok=True)
-    return open(os.path.join(trace_dir, f"rank{_global_rank()}.jsonl"), "a")
-
-
-def _host_group(group: Any) -> Any:
-    """``group`` when it reduces host tensors (gloo), else None: the job's loader figures are
-    summed on the host, and a GPU group would synchronize the device (each reader then logs
-    its own)."""
-    if group is None:
-        return None
-    import torch.distributed as dist
-
-    return group if "gloo" in str(dist.get_backend(group)).lower() else None
 
 
 def restore_for_resume(iterator: ZephonDataIterator, settings: ZephonSettings,
@@ -445,7 +374,7 @@ class ZephonDatasetsProvider:
         except (ConfigError, DataError, StateMismatchError) as exc:
             if not self.exit_on_error:
                 raise
-            if _global_rank() == 0:
+            if global_rank() == 0:
                 import sys
 
                 print(f"zephon_megatron: {exc}", file=sys.stderr, flush=True)
@@ -466,7 +395,7 @@ class ZephonDatasetsProvider:
             return None, None, None
         topology = self._topology()
         recipes = training_recipes(settings)
-        if (settings.data_path or settings.per_split) and _global_rank() == 0:
+        if (settings.data_path or settings.per_split) and global_rank() == 0:
             print(blend_differences(settings), flush=True)
         recipe = run_recipe(recipes["train"], args)
         check_tokenizers(recipe, args, megatron_tokenizer())

@@ -17,9 +17,6 @@ import torch
 
 from zephon.errors import StateMismatchError
 
-STATE_FORMAT = "zephon_megatron.loader"
-STATE_VERSION = 1
-
 
 def state_directories(args: argparse.Namespace) -> tuple[str | None, str | None]:
     """(where checkpoints write the loader state, where a resume reads it)."""
@@ -48,11 +45,13 @@ def saved_lanes(state_dir: str | os.PathLike[str], load_dir: str | os.PathLike[s
     iteration = checkpoint_iteration(load_dir, ckpt_step)
     if not iteration:
         return None
+    from zephon.integration import read_state
+
     try:
-        states = read_dataloader_states(state_dir, iteration)
+        return read_state(read_dataloader_states(state_dir, iteration), str(state_dir)
+                          ).lane_count
     except StateMismatchError:
         return None
-    return int(states[0]["lanes"])
 
 
 def dataloader_state_path(save_dir: str | os.PathLike[str], iteration: int, dp_rank: int, *,

@@ -97,19 +97,15 @@ def check_tokenizers(recipe: Any, args: argparse.Namespace, tokenizer: Any) -> N
     purpose."""
     if recipe.tokenizer is None or tokenizer is None or _is_null(tokenizer):
         return
-    theirs = getattr(tokenizer, "eod", None)
-    from zephon.text.tokenizer import resolve_encoder
+    from zephon.integration import tokenizer_mismatch
 
-    ours = resolve_encoder(recipe.tokenizer, None).special.eos
-    if theirs is None or ours is None or int(theirs) == int(ours):
-        return
     model = getattr(args, "tokenizer_model", None)
     megatron = f"{type(tokenizer).__name__}" + (f" {model!r}" if model else "")
-    raise ZephonArgumentError(
-        f"--tokenizer-model: Megatron's tokenizer ({megatron}) ends documents with id "
-        f"{int(theirs)}, the recipe's tokenizer {recipe.tokenizer!r} ({recipe.source}) with "
-        f"{int(ours)}; they are different tokenizers, and the model would be evaluated and "
-        "exported with ids it was not trained on. Pass the recipe's tokenizer as "
-        "--tokenizer-model, point [tokenize] tokenizer at Megatron's, or leave "
-        "--tokenizer-type/--tokenizer-model out (the entry then sizes a NullTokenizer to the "
-        "recipe's tokenizer)")
+    theirs = getattr(tokenizer, "eod", None)
+    problem = tokenizer_mismatch(
+        recipe, vocab=None, eos=theirs, theirs=f"--tokenizer-model: Megatron's tokenizer "
+        f"({megatron})", fix="Pass the recipe's tokenizer as --tokenizer-model, point "
+        "[tokenize] tokenizer at Megatron's, or leave --tokenizer-type/--tokenizer-model out "
+        "(the entry then sizes a NullTokenizer to the recipe's tokenizer)")
+    if problem:
+        raise ZephonArgumentError(problem)

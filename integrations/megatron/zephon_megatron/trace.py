@@ -113,6 +113,7 @@ def trace_run(flags: Sequence[str], first: int, last: int, world_size: int,
               from_state: str | None = None) -> Iterator[Any]:
     """The traced microbatches (:class:`zephon.trace.TracedMicrobatch`, ``step`` being
     Megatron's iteration) of iterations ``first`` to ``last`` of the run of ``flags``."""
+    from zephon.integration import read_state
     from zephon.trace import trace_steps
     from zephon_megatron.arguments import (
         build_standalone_parser,
@@ -127,9 +128,9 @@ def trace_run(flags: Sequence[str], first: int, last: int, world_size: int,
     args, _ = build_standalone_parser().parse_known_args(list(flags))
     location = state_location(from_state, args)
     if location is not None:  # the run's lanes are the state's
-        states = read_dataloader_states(*location)
+        saved = read_state(read_dataloader_states(*location), str(location[0]))
         if getattr(args, "zephon_lanes", None) is None:
-            args.zephon_lanes = int(states[0]["lanes"])
+            args.zephon_lanes = saved.lane_count
     settings = settings_from_args(args, world_size=world_size)
     dp = data_parallel_size(args, world_size)
     recipe = run_recipe(training_recipes(settings)["train"], args)
@@ -139,9 +140,7 @@ def trace_run(flags: Sequence[str], first: int, last: int, world_size: int,
     state = None
     clock = step_clock(settings, dp)
     if location is not None:
-        from zephon.integration import merge_states
-
-        state = merge_states(s["pipeline"] for s in states)
+        state = saved.entries
         consumed = int(next(iter(state.values()))["consumed_global"]) * \
             settings.micro_batch_size
         done = iteration_of_state(step_clock(settings, dp), consumed)

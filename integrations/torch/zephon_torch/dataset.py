@@ -60,7 +60,6 @@ from zephon.integration import (
     rank_state,
     read_state,
     reader_group,
-    saved_lanes,
 )
 from zephon.recipe import DataRecipe
 
@@ -150,8 +149,7 @@ class ZephonIterableDataset(IterableDataset):
             own, source = self.recipe.lanes, self.recipe.source
         choice = choose_lanes(geometry.dp_size, recipe=own, option=self.lanes,
                               option_name="ZephonIterableDataset(lanes=...)",
-                              saved=None if pending is None else
-                              pending.lanes or saved_lanes(pending.entries), source=source)
+                              saved=pending and pending.lane_count, source=source)
         problem = lanes_problem(choice.lanes, geometry.dp_size)
         if problem:
             raise ConfigError(f"{problem}; the lanes are {choice.why}")
