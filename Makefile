@@ -61,7 +61,7 @@ $(STAMP312): pyproject.toml
 # The loader tour (core), then TorchTitan's debug model trained for 10 steps with it (adapter).
 demo: $(STAMP)
 	$(PY) -m zephon.demo
-	$(PY) -m zephon_torchtitan.demo --steps 10
+	$(PY) -m zephon_torchtitan_tools.demo --steps 10
 
 # The suite runs on TEST_WORKERS pytest-xdist processes, each taking whole test modules (so a
 # module's fixtures, such as a trained run shared by its tests, are made once). The Python 3.12
@@ -122,8 +122,8 @@ clean:
 # TorchTitan's llama3 debug model trained with Zephon on the bundled corpus, on 1 and on 2
 # processes (gloo on CPU); fails unless the loss falls.
 smoke-torchtitan: $(STAMP)
-	$(PY) -m zephon_torchtitan.demo --toml recipes/torchtitan/smoke.toml --nproc 1 --steps 10
-	$(PY) -m zephon_torchtitan.demo --toml recipes/torchtitan/smoke.toml --nproc 2 --steps 10
+	$(PY) -m zephon_torchtitan_tools.demo --toml recipes/torchtitan/smoke.toml --nproc 1 --steps 10
+	$(PY) -m zephon_torchtitan_tools.demo --toml recipes/torchtitan/smoke.toml --nproc 2 --steps 10
 
 # megatron-core's GPTModel (local layer spec) and DistributedDataParallel trained on CPU through
 # the Megatron adapter's provider, iterators and get_batch, on 1 and on 2 processes (gloo);
@@ -133,10 +133,10 @@ SMOKE_MEGATRON_DIR ?= $(or $(TMPDIR),/tmp)/zephon-smoke-megatron
 SMOKE_PY ?= $(PY)
 smoke-megatron: $(if $(filter $(PY),$(SMOKE_PY)),$(STAMP))
 	rm -rf $(SMOKE_MEGATRON_DIR)
-	$(SMOKE_PY) -m zephon_megatron.smoke --nproc 1 --workdir $(SMOKE_MEGATRON_DIR)/1 --check-loss
-	$(SMOKE_PY) -m zephon_megatron.smoke --nproc 2 --workdir $(SMOKE_MEGATRON_DIR)/2 --check-loss
-	$(SMOKE_PY) -m zephon_megatron.smoke --write-indexed-demo $(SMOKE_MEGATRON_DIR)/data
-	$(SMOKE_PY) -m zephon_megatron.smoke --nproc 2 --workdir $(SMOKE_MEGATRON_DIR)/3 --check-loss -- \
+	$(SMOKE_PY) -m zephon_megatron_tools.smoke --nproc 1 --workdir $(SMOKE_MEGATRON_DIR)/1 --check-loss
+	$(SMOKE_PY) -m zephon_megatron_tools.smoke --nproc 2 --workdir $(SMOKE_MEGATRON_DIR)/2 --check-loss
+	$(SMOKE_PY) -m zephon_megatron_tools.smoke --write-indexed-demo $(SMOKE_MEGATRON_DIR)/data
+	$(SMOKE_PY) -m zephon_megatron_tools.smoke --nproc 2 --workdir $(SMOKE_MEGATRON_DIR)/3 --check-loss -- \
 	  --data-path 0.7 $(SMOKE_MEGATRON_DIR)/data/web_text_document \
 	  0.3 $(SMOKE_MEGATRON_DIR)/data/code_text_document --split 98,2,0 \
 	  --dataloader zephon --zephon-lanes 8 --vocab-size 4096 \

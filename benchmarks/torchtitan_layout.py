@@ -5,7 +5,7 @@ recipe's ``[to_training] flatten = true``, its default) or as ``[B, S]`` rows
 (``flatten = false``). Both give the same logits (every row starts at position 0 and
 TorchTitan's document mask follows position resets), so the choice is one of speed: this
 script trains TorchTitan's llama3 debug model on the bundled corpus with each layout (the
-recipe and launch TOML of ``python -m zephon_torchtitan.demo``), alternating runs, and
+recipe and launch TOML of ``python -m zephon_torchtitan_tools.demo``), alternating runs, and
 prints the median seconds a step (steps after ``--warmup``, from the log lines'
 timestamps) and TorchTitan's tokens/s for each.
 
@@ -24,7 +24,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from zephon_torchtitan.demo import run_training, write_demo_recipes
+from zephon_torchtitan_tools.demo import run_training, write_demo_recipes
 
 _STAMP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}).*step:\s*(\d+)\b.*?tps:\s*([\d,]+)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -72,8 +72,21 @@ def test_the_engine_knows_work_sources_only_by_their_protocol():
 
 
 def test_adapters_use_only_the_public_api():
-    assert violations([p for d in ADAPTERS for p in d.rglob("*.py")],
+    assert violations([p for d in [*ADAPTERS, *TOOLS] for p in d.rglob("*.py")],
                       lambda m: m.startswith(("zephon.engine", "zephon.runtime"))) == []
+
+
+def test_a_training_run_imports_no_tool():
+    """The adapters import their tools (CPU shims, demos, smoke runs, tracing, GPU checks)
+    nowhere but where a launch asks for CPU training: TorchTitan's launcher and config
+    registry, inside the function that applies the CPU settings."""
+    importing = sorted(str(path.relative_to(ROOT)) for directory in ADAPTERS
+                       for path in directory.rglob("*.py")
+                       if any(m.split(".")[0] in ("zephon_torchtitan_tools",
+                                                  "zephon_megatron_tools")
+                              for m in imported_modules(path)))
+    assert importing == ["integrations/torchtitan/zephon_torchtitan/config_registry.py",
+                         "integrations/torchtitan/zephon_torchtitan/train.py"]
 
 
 @pytest.mark.parametrize("source, expected", [
@@ -88,8 +101,13 @@ def test_the_checker_sees_nested_imports(tmp_path, source, expected):
     assert imported_modules(path) == expected
 
 
+TOOLS = [ROOT / "integrations" / "torchtitan" / "zephon_torchtitan_tools",
+         ROOT / "integrations" / "megatron" / "zephon_megatron_tools"]
+"""What stands around the adapters (CPU shims, demos, smoke runs, tracing, GPU checks): no
+training run imports them."""
 PACKAGES = {"zephon": CORE, "zephon_torchtitan": ADAPTERS[0], "zephon_megatron": ADAPTERS[1],
-            "zephon_torch": ADAPTERS[2], "zephon_lightning": ADAPTERS[3]}
+            "zephon_torch": ADAPTERS[2], "zephon_lightning": ADAPTERS[3],
+            "zephon_torchtitan_tools": TOOLS[0], "zephon_megatron_tools": TOOLS[1]}
 
 
 def module_files() -> dict[str, Path]:
@@ -206,6 +224,8 @@ def test_the_circle_finder_finds_a_circle(tmp_path, monkeypatch):
     monkeypatch.setitem(PACKAGES, "zephon_megatron", tmp_path / "none")
     monkeypatch.setitem(PACKAGES, "zephon_torch", tmp_path / "none")
     monkeypatch.setitem(PACKAGES, "zephon_lightning", tmp_path / "none")
+    monkeypatch.setitem(PACKAGES, "zephon_torchtitan_tools", tmp_path / "none")
+    monkeypatch.setitem(PACKAGES, "zephon_megatron_tools", tmp_path / "none")
     assert import_circles() == [["zephon.a", "zephon.b", "zephon.c"]]
     (package / "c.py").write_text("")
     assert import_circles() == []
@@ -254,7 +274,8 @@ def unpickling_calls(path: Path) -> list[str]:
 
 
 def test_nothing_read_back_is_unpickled():
-    files = [p for p in [*CORE.rglob("*.py"), *(p for d in ADAPTERS for p in d.rglob("*.py"))]
+    files = [p for p in [*CORE.rglob("*.py"),
+                         *(p for d in [*ADAPTERS, *TOOLS] for p in d.rglob("*.py"))]
              if p not in UNPICKLING_ALLOWED]
     assert [call for path in files for call in unpickling_calls(path)] == []
     assert unpickling_calls(CORE / "engine" / "workers.py"), "the rule test finds nothing"

@@ -7,10 +7,13 @@
   microbatch as a picture (:mod:`zephon.preview`), in the terminal without ``--out``.
 - ``zephon stats RECIPE [--tokens 1T]``: files, documents and tokens per dataset, targets,
   and the epochs each dataset needs for a token budget: what runs out first.
-- ``zephon trace RECIPE --steps N[:M] --world-size W --global-batch-size G
-  [--microbatch-size B] [--seq-len S] [--from-state CHECKPOINT] [--json]``: each microbatch
-  of those steps, row by row: every document's dataset, file, row, tokens and a text excerpt
-  (:mod:`zephon.trace`), from a checkpoint's loader state without replaying earlier steps.
+- ``zephon trace RUN_DIR --steps N[:M] [--json]``: each microbatch of those steps, row by
+  row: every document's dataset, file, row, tokens and a text excerpt (:mod:`zephon.trace`).
+  The run's folder says the recipe and the sizes (the record the adapters write,
+  :mod:`zephon.integration.run_record`), and the trace starts from its newest checkpoint
+  before step N without replaying earlier steps. ``zephon trace RECIPE --steps N[:M]
+  --world-size W --global-batch-size G [--microbatch-size B] [--seq-len S] [--from-state
+  CHECKPOINT]`` does the same for a recipe and sizes given by hand.
 - ``zephon plan RECIPE --out FILE [--lanes L]``: the datasets listed and their units cut once
   for ``L`` lanes, written to ``FILE`` (:mod:`zephon.work.plan_file`); a recipe naming it
   (``plan = "FILE"``) starts every rank of every job from it without listing a file.
@@ -26,12 +29,14 @@ Exit status: 0 when all is well, 1 when the command found problems, 2 for usage 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import re
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 _UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "B": 10**9, "T": 10**12}
@@ -131,7 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     trace = _recipe_command(
         commands, "trace", "the documents of every microbatch of given training steps",
         "What the trainer received at steps N to M: each microbatch's rows and their "
-        "documents (dataset, file, row, tokens, a text excerpt).", "data recipe TOML of the run")
+        "documents (dataset, file, row, tokens, a text excerpt).",
+        "the run's folder (the zephon-run.json the adapters write there gives the recipe and "
+        "the sizes, and its checkpoints the start), or the run's data recipe TOML")
     trace.add_argument("--steps", required=True, type=_steps,
                        help="a step (12) or an inclusive range (11:12), counted from 1")
     for flag, what in (
@@ -336,7 +343,10 @@ def _count(value: float | None, exact: bool) -> str:
 def _trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from zephon.trace import geometry_of, read_loader_state, trace_steps
 
+    seed = _from_run(args, parser) if Path(args.recipe).is_dir() else None
     recipe = _read_recipe(args)
+    if seed is not None:
+        recipe = dataclasses.replace(recipe, seed=seed)
     state = read_loader_state(args.from_state) if args.from_state else None
     run = geometry_of(state, args.from_state) if state is not None else None
     microbatch = args.microbatch_size or recipe.batch.microbatch_size or (
@@ -372,8 +382,38 @@ def _trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def _from_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int | None:
+    """``zephon trace RUN_DIR``: the recipe, preset and sizes from the run's record
+    (:mod:`zephon.integration.run_record`), and (without ``--from-state``) the newest of its
+    checkpoints before the first step asked for. Returns the seed the run chose, if any."""
+    from zephon.integration.run_record import RUN_RECORD, RunRecord, find_record
+
+    folder = Path(args.recipe)
+    if find_record(folder) is None:
+        parser.error(f"{folder} is a folder without {RUN_RECORD}: name the run's folder (the "
+                     "adapters write the record into it when training starts) or its data "
+                     "recipe TOML")
+    run = RunRecord.read(folder)
+    if run.framework == "megatron" or run.recipe is None:
+        # Megatron's flags shape the data beyond the recipe (its seed, the model's
+        # vocabulary, blends, the batch-size ramp): the adapter's tool reads them
+        parser.error(f"{folder} is a {run.framework} run: trace it with python -m "
+                     f"zephon_megatron_tools.trace --run {folder} --steps ...")
+    args.recipe, args.preset = run.recipe, args.preset or run.framework
+    args.world_size = args.world_size or run.dp_size
+    args.microbatch_size = args.microbatch_size or run.microbatch_size
+    args.global_batch_size = args.global_batch_size or (
+        run.microbatches_per_step * args.microbatch_size)
+    args.seq_len, args.lanes = args.seq_len or run.seq_len, args.lanes or run.lanes
+    if args.from_state is None and run.checkpoints:
+        steps = [(int(m.group(1)), path) for path in (folder / run.checkpoints).glob("*")
+                 if (m := re.fullmatch(r"(?:step-|iter_)(\d+)", path.name))
+                 and int(m.group(1)) < args.steps[0]]
+        args.from_state = str(max(steps)[1]) if steps else None
+    return run.seed
+
+
 def _print_traces(traces: Iterator[Any], args: argparse.Namespace) -> None:
-    import dataclasses
     import json
 
     from zephon.trace import row_lines

@@ -19,7 +19,7 @@ def megatron_cpu() -> Iterator[None]:
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    from zephon_megatron import cpu_shims
+    from zephon_megatron_tools import cpu_shims
 
     owns_group = not dist.is_initialized()
     if owns_group:

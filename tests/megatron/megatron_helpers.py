@@ -43,9 +43,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def cpu_pretrain(nproc: int, trace: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    """Megatron-LM's pretrain() on CPU (zephon_megatron.cpu_pretrain), each rank's microbatch
+    """Megatron-LM's pretrain() on CPU (zephon_megatron_tools.cpu_pretrain), each rank's microbatch
     digests written under ``trace``."""
-    command = [sys.executable, "-m", "zephon_megatron.cpu_pretrain", "--nproc", str(nproc),
+    command = [sys.executable, "-m", "zephon_megatron_tools.cpu_pretrain", "--nproc", str(nproc),
                "--trace", str(trace), "--timeout", "400", "--", *flags]
     return subprocess.run(command, capture_output=True, text=True, timeout=450)
 

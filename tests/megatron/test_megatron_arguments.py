@@ -248,7 +248,7 @@ def test_dataloader_save_is_not_added_twice() -> None:
 
 
 def test_smoke_refuses_conflicting_flags_before_starting(tmp_path: Path, capsys) -> None:
-    from zephon_megatron import smoke
+    from zephon_megatron_tools import smoke
 
     argv = ["--workdir", str(tmp_path), "--", *megatron_argv(PACKED, masking=[])]
     assert smoke.main(argv) == 2

@@ -40,7 +40,7 @@ def blend_flags(data: Path, tokenizer: str) -> list[str]:
 @pytest.fixture(scope="module", params=["hf", "null"])
 def saved(request, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Two processes, 6 iterations, checkpoints at 4 and 6 (the latest)."""
-    from zephon_megatron.smoke import write_indexed_demo
+    from zephon_megatron_tools.smoke import write_indexed_demo
 
     tmp = tmp_path_factory.mktemp(f"blend-{request.param}")
     write_indexed_demo(str(tmp / "data"))
@@ -90,10 +90,10 @@ def test_the_end_of_run_report_is_the_jobs(saved: dict) -> None:
 
 
 def test_trace_lists_what_the_readers_trained_on_from_the_runs_own_flags(saved: dict) -> None:
-    """python -m zephon_megatron.trace reads the blend from --data-path, the loader state from
-    the torch_dist checkpoint at --ckpt-step 4 (the latest is 6), and lists iterations 5 and 6
-    as the two readers recorded them."""
-    from zephon_megatron.trace import trace_run
+    """python -m zephon_megatron_tools.trace reads the blend from --data-path, the loader state
+    from the torch_dist checkpoint at --ckpt-step 4 (the latest is 6), and lists iterations 5
+    and 6 as the two readers recorded them."""
+    from zephon_megatron_tools.trace import trace_run
 
     recorded = recorded_microbatches(saved["recorded"])
     assert sorted(recorded) == list(range(ITERATIONS * PER_STEP))
@@ -113,3 +113,30 @@ def test_trace_lists_what_the_readers_trained_on_from_the_runs_own_flags(saved: 
                             from_state=str(saved["ckpt"] / "iter_0000004")))
     assert [m.ids for m in folder] == [recorded[g]["ids"] for g in range(20, 24)]
     assert [m.dp_rank for m in folder] == [0, 0, 0, 0]  # one rank would train on all
+
+
+def test_the_trace_tool_takes_the_runs_folder(saved: dict, capsys) -> None:
+    """The run wrote its record into --save: ``--run SAVE_DIR`` needs no flags, sizes or
+    state typed again, and starts from the newest checkpoint before the iteration asked
+    for; ``zephon trace`` names the tool for a Megatron run."""
+    from zephon.integration import RunRecord
+    from zephon_megatron_tools.trace import main
+
+    record = RunRecord.read(saved["ckpt"])
+    assert (record.framework, record.dp_size, record.microbatch_size, record.seq_len,
+            record.microbatches_per_step, record.recipe) == ("megatron", 2, 2, 64, 4, None)
+    assert "--data-path" in record.flags
+    recorded = recorded_microbatches(saved["recorded"])
+    for steps, first in ((f"{SAVED_AT + 1}:{ITERATIONS}", 16), ("2", 4)):
+        assert main(["--run", str(saved["ckpt"]), "--steps", steps, "--json"]) == 0
+        listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert [m["global_microbatch"] for m in listed] == list(range(first, first + len(
+            listed))) and listed
+        assert all((m["ids"], m["dp_rank"]) == (recorded[m["global_microbatch"]]["ids"],
+                                                recorded[m["global_microbatch"]]["dp_rank"])
+                   for m in listed)
+    from zephon.cli import main as zephon
+
+    with pytest.raises(SystemExit):
+        zephon(["trace", str(saved["ckpt"]), "--steps", "5"])
+    assert "zephon_megatron_tools.trace --run" in capsys.readouterr().err

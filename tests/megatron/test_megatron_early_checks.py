@@ -238,7 +238,7 @@ def test_only_global_rank_0_prints_the_early_error(monkeypatch, capsys) -> None:
 def test_cpu_runs_turn_off_the_fused_rope_kernel() -> None:
     import importlib.util
 
-    from zephon_megatron.cpu_pretrain import CPU_FLAGS
+    from zephon_megatron_tools.cpu_pretrain import CPU_FLAGS
 
     assert "--no-rope-fusion" in CPU_FLAGS
     if importlib.util.find_spec("megatron.training") is not None:  # Megatron-LM knows it

@@ -11,8 +11,9 @@ import pytest
 import torch
 from megatron_helpers import PACKED, REPO, megatron_argv, parse
 
-from zephon_megatron import gpu_check, pretrain_gpt
+from zephon_megatron import pretrain_gpt
 from zephon_megatron.arguments import settings_from_args
+from zephon_megatron_tools import gpu_check
 
 
 def run_module(module: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -48,7 +49,7 @@ def test_entry_defaults_megatron_to_the_recipe_tokenizer() -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: run the real check")
 def test_gpu_check_exits_cleanly_without_cuda() -> None:
     assert gpu_check.unavailable() == "CUDA is not available on this machine"
-    result = run_module("zephon_megatron.gpu_check", "--skip-pretrain")
+    result = run_module("zephon_megatron_tools.gpu_check", "--skip-pretrain")
     assert result.returncode == 0
     assert "CUDA is not available" in result.stdout and "nothing to check" in result.stdout
 
@@ -85,7 +86,7 @@ def test_entry_checks_the_recipes_before_megatron_lm_is_imported(tmp_path, capsy
 def test_smoke_refuses_a_broken_recipe_before_any_process(tmp_path) -> None:
     argv = megatron_argv(tmp_path / "x.toml")
     argv[argv.index("--zephon-recipe") + 1] = broken_recipe(tmp_path)
-    result = run_module("zephon_megatron.smoke", "--nproc", "2", "--workdir",
+    result = run_module("zephon_megatron_tools.smoke", "--nproc", "2", "--workdir",
                         str(tmp_path / "w"), "--", *argv)
     assert result.returncode == 2
     assert "has no field 'text'" in result.stderr and "cannot be shared by 2" in result.stderr
@@ -116,7 +117,7 @@ megatron_training = pytest.mark.skipif(
 
 @megatron_training
 def test_gpu_check_dry_run_passes_megatron_parser() -> None:
-    result = run_module("zephon_megatron.gpu_check", "--dry-run", "--gpus", "4")
+    result = run_module("zephon_megatron_tools.gpu_check", "--dry-run", "--gpus", "4")
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [line for line in result.stdout.splitlines() if "dry run: ok" in line]
     assert len(lines) == 2
@@ -128,7 +129,7 @@ def test_gpu_check_dry_run_passes_megatron_parser() -> None:
 def test_parse_only_refuses_what_megatron_would_trip_on() -> None:
     flags = gpu_check.pretrain_commands("/tmp/x")[0][1]
     cut = flags.index("--eval-interval")
-    result = run_module("zephon_megatron.gpu_check", "--parse-only", "1", "--",
+    result = run_module("zephon_megatron_tools.gpu_check", "--parse-only", "1", "--",
                         *flags[:cut], *flags[cut + 2:])
     assert result.returncode != 0 and "--train-iters needs --eval-interval" in result.stderr
 
@@ -166,6 +167,6 @@ def test_the_cluster_launch_script_passes_the_checks_on_any_node_count(tmp_path,
 def test_the_cluster_launch_script_passes_megatron_parser(tmp_path, monkeypatch) -> None:
     flags = launch_flags(tmp_path, 3)
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # the script exports it
-    result = run_module("zephon_megatron.gpu_check", "--parse-only", "24", "--", *flags)
+    result = run_module("zephon_megatron_tools.gpu_check", "--parse-only", "24", "--", *flags)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert "data-parallel 12, lanes 96" in result.stdout

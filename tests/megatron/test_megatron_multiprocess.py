@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from zephon.distributed import launcher_store
-from zephon_megatron.smoke import DEFAULT_MEGATRON_FLAGS
+from zephon_megatron_tools.smoke import DEFAULT_MEGATRON_FLAGS
 
 pytestmark = pytest.mark.multiprocess
 
@@ -22,7 +22,7 @@ SAVE_AT, STEPS, MICROBATCHES_PER_STEP = 6, 12, 4  # the smoke defaults: gbs 8, m
 
 
 def smoke(workdir: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "zephon_megatron.smoke", "--workdir", str(workdir),
+    command = [sys.executable, "-m", "zephon_megatron_tools.smoke", "--workdir", str(workdir),
                "--timeout", "240", *flags]
     return subprocess.run(command, capture_output=True, text=True, timeout=300)
 
@@ -88,7 +88,7 @@ def test_resume_at_one_process_continues_the_two_process_run(runs) -> None:
 def test_zephon_trace_lists_what_the_ranks_trained_on(runs) -> None:
     """--zephon-trace-dir records each training microbatch; ``zephon trace`` from the loader
     state saved at step 6 of the two-rank run lists the same record ids for steps 7 and 8."""
-    from zephon_megatron.smoke import RECIPE
+    from zephon_megatron_tools.smoke import RECIPE
 
     two = runs["two"]
     recorded = {}
@@ -261,7 +261,7 @@ def test_a_run_stopped_with_ctrl_c_reports_once(tmp_path: Path) -> None:
 
     from megatron_helpers import PACKED, megatron_argv
 
-    command = [sys.executable, "-m", "zephon_megatron.smoke", "--workdir", str(tmp_path),
+    command = [sys.executable, "-m", "zephon_megatron_tools.smoke", "--workdir", str(tmp_path),
                "--nproc", "1", "--timeout", "240", "--", *megatron_argv(PACKED),
                "--train-iters", "100000", "--eval-interval", "100000", "--log-interval", "1"]
     from tests.conftest import killed_after, sigint_default_in_children

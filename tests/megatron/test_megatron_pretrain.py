@@ -109,7 +109,7 @@ def test_your_own_pretrain_gpt_script_trains_on_what_the_entry_trains_on(
     from megatron_helpers import REPO
 
     script = REPO / "integrations" / "megatron" / "examples" / "own_pretrain_gpt.py"
-    command = [sys.executable, "-m", "zephon_megatron.cpu_pretrain", "--nproc", "1",
+    command = [sys.executable, "-m", "zephon_megatron_tools.cpu_pretrain", "--nproc", "1",
                "--trace", str(tmp_path / "own"), "--script", str(script), "--timeout", "400",
                "--", *MODEL, *DATA, "--train-iters", "3", "--my-note", "kept"]
     run = subprocess.run(command, capture_output=True, text=True, timeout=450)

@@ -21,8 +21,8 @@ MODEL = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2
 
 
 def pretrain(*flags: str) -> None:
-    run = subprocess.run([sys.executable, "-m", "zephon_megatron.cpu_pretrain", "--nproc", "1",
-                          "--timeout", "300", "--", *MODEL, *flags],
+    run = subprocess.run([sys.executable, "-m", "zephon_megatron_tools.cpu_pretrain",
+                          "--nproc", "1", "--timeout", "300", "--", *MODEL, *flags],
                          capture_output=True, text=True, timeout=400)
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
 
@@ -42,7 +42,7 @@ def test_a_recipe_is_read_and_listed_once(read_counts):
 
 def test_a_data_path_blend_is_built_and_listed_once(tmp_path: Path, read_counts):
     data = tmp_path / "data"
-    subprocess.run([sys.executable, "-m", "zephon_megatron.smoke", "--write-indexed-demo",
+    subprocess.run([sys.executable, "-m", "zephon_megatron_tools.smoke", "--write-indexed-demo",
                     str(data)], check=True, capture_output=True, timeout=300)
     pretrain("--data-path", "0.7", str(data / "web_text_document"), "0.3",
              str(data / "code_text_document"), "--split", "98,2,0", "--vocab-size", "4096")

@@ -1,4 +1,4 @@
-"""Megatron's iterations as ranges of global microbatches (zephon_megatron.trace), the batch
+"""Megatron's iterations as ranges of global microbatches (zephon_megatron_tools.trace), the batch
 size ramp included, against the clock the loader metrics use."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from megatron_helpers import PACKED, megatron_argv, parse
 from zephon_megatron.args_checks import megatron_ramps
 from zephon_megatron.arguments import settings_from_args
 from zephon_megatron.provider import step_clock
-from zephon_megatron.trace import iteration_ranges, main
+from zephon_megatron_tools.trace import iteration_ranges, main
 
 
 def ranges_by_ticking(settings, dp: int, iterations: int) -> list[tuple[int, int, int]]:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 if not torch.cuda.is_available():
-    from zephon_torchtitan import cpu_shims
+    from zephon_torchtitan_tools import cpu_shims
 
     cpu_shims.install()
 

@@ -18,7 +18,7 @@ from zephon.distributed import launcher_store
 WORKER = r"""
 import hashlib, json, os, sys
 import torch.distributed as dist
-from zephon_torchtitan import cpu_shims
+from zephon_torchtitan_tools import cpu_shims
 cpu_shims.install()
 from zephon_torchtitan.dataloader import ZephonDataLoader
 

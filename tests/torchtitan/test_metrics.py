@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from zephon_torchtitan.demo import run_training
+from zephon_torchtitan_tools.demo import run_training
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +65,7 @@ def test_a_run_stopped_with_ctrl_c_reports_once(tmp_path: Path, recipes):
     import signal
     import subprocess
 
-    from zephon_torchtitan.demo import launch_command
+    from zephon_torchtitan_tools.demo import launch_command
 
     recipes.write(tmp_path / "data.toml", datasets=recipes.demo())
     (tmp_path / "launch.toml").write_text(LAUNCH.replace("steps = 3", "steps = 100000"))

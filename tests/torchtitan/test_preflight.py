@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from zephon_torchtitan.demo import run_training
+from zephon_torchtitan_tools.demo import run_training
 
 pytestmark = pytest.mark.slow
 
@@ -69,7 +69,7 @@ def test_override_route_refuses_a_tokenizer_larger_than_the_model(tmp_path, reci
          "--override.imports", target, "--training.seq_len", "64", "--training.steps", "2",
          "--training.disable_cuda_graphs", "--parallelism.spmd_backend", "partial_dtensor",
          "--validator.no-enable", "--dump_folder", str(tmp_path / "out")],
-        cwd=tmp_path, module="zephon_torchtitan.cpu_shims", torchrun=True, timeout=300)
+        cwd=tmp_path, module="zephon_torchtitan_tools.cpu_shims", torchrun=True, timeout=300)
     assert_refused_before_the_model(code, output, "has 4096 tokens but the model's "
                                     "vocabulary has 2048")
 
@@ -88,7 +88,7 @@ def test_config_registry_route(tmp_path, recipes, monkeypatch):
         ["-m", "torchtitan.train", "--module", "zephon_torchtitan", "--config",
          "zephon_llama3_debugmodel", "--training.seq_len", "64", "--training.steps", "2",
          "--validator.no-enable", "--dump_folder", str(tmp_path / "out")],
-        cwd=tmp_path, module="zephon_torchtitan.cpu_shims", torchrun=True, timeout=300)
+        cwd=tmp_path, module="zephon_torchtitan_tools.cpu_shims", torchrun=True, timeout=300)
     assert_refused_before_the_model(code, output, "a.jsonl: has no field 'text'")
 
 
@@ -155,7 +155,7 @@ def test_the_model_follows_a_recipe_named_on_the_command_line(tmp_path, recipes,
          "zephon_llama3_debugmodel", "--dataloader.recipe", str(small), "--training.seq_len",
          "64", "--training.steps", "2", "--validator.no-enable", "--checkpoint.no-enable",
          "--dump_folder", str(tmp_path / "out")],
-        cwd=tmp_path, module="zephon_torchtitan.cpu_shims", torchrun=True, timeout=300)
+        cwd=tmp_path, module="zephon_torchtitan_tools.cpu_shims", torchrun=True, timeout=300)
     assert code == 0, output[-4000:]
     assert "zephon: model vocabulary 4096 -> 2048" in output
     assert f"zephon: hf_assets_path = {small_tokenizer}" in output

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from zephon_torchtitan.demo import parse_losses
+from zephon_torchtitan_tools.demo import parse_losses
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "integrations" / "torchtitan" / "README.md"

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 
-from zephon_torchtitan.demo import run_training
+from zephon_torchtitan_tools.demo import run_training
 
 SMOKE = Path(__file__).resolve().parents[2] / "recipes" / "torchtitan" / "smoke.toml"
 # Rows of 64 tokens keep the CPU time down (the smoke recipe itself uses 128).
@@ -115,7 +116,7 @@ def test_override_route_on_a_stock_config(tmp_path, small_tokenizer, recipes):
                             "--training.steps", "2", "--training.disable_cuda_graphs",
                             "--parallelism.spmd_backend", "partial_dtensor",
                             "--validator.no-enable", "--dump_folder", str(tmp_path / "out")],
-                           tmp_path, module="zephon_torchtitan.cpu_shims", torchrun=True)
+                           tmp_path, module="zephon_torchtitan_tools.cpu_shims", torchrun=True)
     assert sorted(losses) == [1, 2]
     assert "[Override] zephon_torchtitan.override.zephon_dataloader" in output
     assert "zephon: recipe" in output
@@ -152,3 +153,18 @@ def test_zephon_trace_lists_what_the_ranks_trained_on(two_process_run):
         capture_output=True, text=True, timeout=300)
     assert alone.returncode == 0, alone.stderr[-3000:]
     assert [json.loads(line) for line in alone.stdout.splitlines()] == listed
+    # The run's folder tells everything: the recipe, the sizes and the checkpoint to start at.
+    timed = time.perf_counter()
+    from_run = subprocess.run(
+        [sys.executable, "-m", "zephon.cli", "trace", str(tmp / "out"), "--steps", "6:7",
+         "--json"], capture_output=True, text=True, timeout=300)
+    print(f"zephon trace RUN_DIR for two steps: {time.perf_counter() - timed:.1f} s")
+    assert from_run.returncode == 0, from_run.stderr[-3000:]
+    assert [json.loads(line) for line in from_run.stdout.splitlines()] == listed
+    # before the first checkpoint it replays from the start, still matching what trained
+    early = subprocess.run(
+        [sys.executable, "-m", "zephon.cli", "trace", str(tmp / "out"), "--steps", "2",
+         "--json"], capture_output=True, text=True, timeout=300)
+    assert early.returncode == 0, early.stderr[-3000:]
+    assert [(m["global_microbatch"], m["ids"]) for m in map(json.loads, early.stdout.split(
+        "\n")[:-1])] == [(g, recorded[g]["ids"]) for g in (2, 3)]

@@ -3,7 +3,7 @@
 Prints the first batch's tensor shapes, one packed row laid out token by token (where each
 document starts, its positions, and which labels count toward the loss), the loader's throughput
 and report. ``make demo`` follows it with a short TorchTitan training
-(``python -m zephon_torchtitan.demo``); the core itself imports no adapter.
+(``python -m zephon_torchtitan_tools.demo``); the core itself imports no adapter.
 """
 
 from __future__ import annotations

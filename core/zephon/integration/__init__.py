@@ -19,6 +19,8 @@ from a loader whatever the framework is here, each in one module:
 - :mod:`~zephon.integration.trace_file`: the per-rank trace file (:class:`TraceFile`);
 - :mod:`~zephon.integration.tokenizer_check`: the framework's tokenizer against the recipe's
   (:func:`tokenizer_mismatch`);
+- :mod:`~zephon.integration.run_record`: what a run's folder says about its data
+  (:class:`RunRecord`), so that tools take the run (``zephon trace RUN_DIR``);
 - the recipe against the run before the model is built: :class:`FrameworkValues` and
   :func:`check_recipe`, with each framework's ``[to_training]`` preset
   (:data:`~zephon.recipe.presets.PRESETS`, :meth:`TrainingPreset.training_options
@@ -38,6 +40,7 @@ from zephon.integration.geometry import (
     reader_group,
 )
 from zephon.integration.lanes import LaneChoice, choose_lanes, lanes_problem, saved_lanes
+from zephon.integration.run_record import RunRecord
 from zephon.integration.run_report import EndOfRunReport
 from zephon.integration.session import LoaderSession
 from zephon.integration.state_envelope import (
@@ -55,7 +58,8 @@ from zephon.recipe import FrameworkValues, ResolvedRecipe
 from zephon.recipe.checks import check_recipe
 
 __all__ = ["EndOfRunReport", "FrameworkValues", "LaneChoice", "LoaderSession", "LoaderState",
-           "ResolvedRecipe", "RunGeometry", "TraceFile", "check_recipe", "choose_lanes",
-           "distributed", "global_rank", "host_group", "job_state", "lanes_problem",
-           "merge_states", "metrics_group", "rank_state", "read_state", "reader_group",
-           "saved_lanes", "state_as_text", "state_from_text", "tokenizer_mismatch"]
+           "ResolvedRecipe", "RunGeometry", "RunRecord", "TraceFile", "check_recipe",
+           "choose_lanes", "distributed", "global_rank", "host_group", "job_state",
+           "lanes_problem", "merge_states", "metrics_group", "rank_state", "read_state",
+           "reader_group", "saved_lanes", "state_as_text", "state_from_text",
+           "tokenizer_mismatch"]

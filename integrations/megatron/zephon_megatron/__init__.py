@@ -17,11 +17,7 @@ Modules, one concern each:
   Megatron-LM checkout on PYTHONPATH), and ``zephon_pretrain_parts()`` for one's own script.
 - the end-of-run report, trace files, the state envelope and the tokenizer check come from
   the integration kit (:mod:`zephon.integration`).
-- :mod:`~zephon_megatron.trace`: ``python -m zephon_megatron.trace``, what was in an
-  iteration, from the run's own flags.
-- :mod:`~zephon_megatron.smoke` and :mod:`~zephon_megatron.cpu_shims`: CPU training of
-  megatron-core through the same objects (``make smoke-megatron``); the shims live only there.
-- :mod:`~zephon_megatron.gpu_check`: checks for machines with CUDA and Transformer Engine.
+- Tools (tracing a run, CPU training, GPU checks) live apart, in :mod:`zephon_megatron_tools`.
 
 Importing the package imports neither torch nor Megatron.
 """

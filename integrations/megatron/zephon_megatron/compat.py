@@ -15,7 +15,7 @@
   ``pretrain_cfg_container_from_args``) and builds the GPT model from it, so megatron-core
   0.19's own ``megatron.training`` suffices.
 - megatron-core 0.19's gradient buffers wait on ``torch.cuda.current_stream()``; the CPU runs
-  cover that in :mod:`zephon_megatron.cpu_shims`.
+  cover that in :mod:`zephon_megatron_tools.cpu_shims`.
 - Megatron-LM 0.19 spells document masking ``--dataloader-inter-document-masking`` as well as
   ``--reset-attention-mask``; :mod:`zephon_megatron.arguments` reads either.
 """

@@ -177,8 +177,8 @@ ALSO_READ: dict[str, tuple[str, str]] = {k: (READ, v) for k, v in {
     "--micro-batch-size": "rows per microbatch",
     "--global-batch-size": "microbatches per step: micro batch x data-parallel size must "
                            "divide it (checked before the model)",
-    "--rampup-batch-size": "the batch-size ramp: the loader metrics' and zephon_megatron.trace's "
-                           "iterations follow it",
+    "--rampup-batch-size": "the batch-size ramp: the loader metrics' and "
+                           "zephon_megatron_tools.trace's iterations follow it",
     "--decrease-batch-size-if-needed": "as Megatron rounds the global batch size",
     "--train-iters": "with --train-samples, the data a run needs (checked when it does not "
                      "repeat)",

@@ -27,7 +27,7 @@ TE 2-D cu_seqlens), so this module calls ``pretrain()`` itself
 
 The command line is validated against the recipe before Megatron initializes
 (:func:`preflight`), so a bad recipe or a conflicting flag fails in a second, naming the
-problem. On CPU the same entry runs under :mod:`zephon_megatron.cpu_pretrain`.
+problem. On CPU the same entry runs under :mod:`zephon_megatron_tools.cpu_pretrain`.
 
 Megatron-LM's own ``pretrain_gpt.py`` rejects ``--dataloader zephon`` (its parser does not
 know the flag). A script of one's own keeps its ``pretrain()`` call and takes the adapter's
@@ -189,11 +189,12 @@ def zephon_pretrain_parts(argv: Sequence[str] | None = None,
         raise SystemExit(2) from None
     if dataloader != "zephon":
         return None
-    return _zephon_parts(args_defaults, extra_args_provider)
+    return _zephon_parts(args_defaults, extra_args_provider, argv)
 
 
 def _zephon_parts(args_defaults: dict[str, Any],
-                  extra_args_provider: Callable[[Any], Any] | None = None) -> ZephonPretrain:
+                  extra_args_provider: Callable[[Any], Any] | None = None,
+                  argv: Sequence[str] = ()) -> ZephonPretrain:
     from megatron.training import get_args
 
     from zephon_megatron.arguments import make_extra_args_provider
@@ -204,6 +205,7 @@ def _zephon_parts(args_defaults: dict[str, Any],
     install_checkpoint_hook()  # virtual pipelining's per-chunk iterator lists
     provider = ZephonDatasetsProvider(get_args)
     provider.exit_on_error = True
+    provider.command_line = tuple(argv)
     adapter = make_extra_args_provider("zephon")
 
     def extra_args(parser: Any) -> Any:
@@ -238,7 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pretrain_gpt import get_embedding_ranks as embedding_ranks
     except ImportError:  # Megatron's default: the first and the last pipeline stage
         embedding_ranks = None
-    zephon = _zephon_parts(args_defaults) if dataloader == "zephon" else None
+    zephon = _zephon_parts(args_defaults, argv=argv) if dataloader == "zephon" else None
     if zephon is not None:
         dataset_provider: Any = zephon.dataset_provider
         forward_step: Any = zephon.forward_step

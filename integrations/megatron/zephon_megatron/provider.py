@@ -360,6 +360,11 @@ class ZephonDatasetsProvider:
         self._topology = topology
         self._stage_reads = stage_reads
 
+    command_line: tuple[str, ...] | None = None
+    """The run's Megatron flags (the entry sets them): global rank 0 writes them with the
+    recipe and sizes into the run record of ``--save``, for ``zephon trace``
+    (:class:`zephon.integration.RunRecord`). None: no record."""
+
     exit_on_error = False
     """Under ``pretrain()`` (the entry sets it): a problem found here is printed by global
     rank 0 alone, without a traceback, and every rank that finds it exits with status 2.
@@ -379,6 +384,24 @@ class ZephonDatasetsProvider:
 
                 print(f"zephon_megatron: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
+
+    def _record(self, args: argparse.Namespace, settings: ZephonSettings,
+                train: ZephonDataIterator) -> None:
+        """The run record in ``--save`` (global rank 0; see :attr:`command_line`)."""
+        save = getattr(args, "save", None)
+        if self.command_line is None or not save or global_rank() != 0:
+            return
+        import os
+
+        from zephon.integration import RunRecord
+
+        mbs, dp = settings.micro_batch_size, train.pipeline.loader_options.dp_world_size
+        RunRecord(framework="megatron", lanes=train.pipeline.lanes, dp_size=dp,
+                  recipe=os.path.abspath(settings.recipe) if settings.recipe and not (
+                      settings.data_path or settings.per_split) else None,
+                  microbatch_size=mbs, seq_len=settings.seq_length,
+                  microbatches_per_step=(settings.global_batch_size or mbs * dp) // mbs,
+                  checkpoints=".", flags=self.command_line).write(save)
 
     def _iterators(self, vp_stage: int | None) -> tuple[ZephonDataIterator | None,
                                                          ZephonDataIterator | None,
@@ -400,6 +423,7 @@ class ZephonDatasetsProvider:
         recipe = run_recipe(recipes["train"], args)
         check_tokenizers(recipe, args, megatron_tokenizer())
         train = build_iterator(recipe, settings, topology)
+        self._record(args, settings, train)
         restore_for_resume(train, settings, int(getattr(args, "iteration", 0) or 0),
                            int(getattr(args, "consumed_train_samples", 0) or 0))
         evaluation: dict[str, ZephonDataIterator | None] = {"valid": None, "test": None}

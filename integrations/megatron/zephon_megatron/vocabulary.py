@@ -5,8 +5,8 @@ vocab_size``) is checked against the vocabulary of the model Megatron builds: ev
 have an embedding row. That bound is an option of the ``pretokenized`` operator, so it is part
 of the pipeline's fingerprint, which a resume must find unchanged. :func:`run_recipe` is the
 one place that puts it there: the preflight (before Megatron-LM is imported), the provider
-(inside ``pretrain()``) and ``python -m zephon_megatron.trace`` all read the recipe through it,
-so they build the same fingerprint.
+(inside ``pretrain()``) and ``python -m zephon_megatron_tools.trace`` all read the recipe
+through it, so they build the same fingerprint.
 
 The vocabulary (:func:`model_vocabulary`) is Megatron's ``padded_vocab_size`` where Megatron
 has set it; before that it is computed the way Megatron computes it: the tokenizer's size

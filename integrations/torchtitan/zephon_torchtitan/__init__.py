@@ -8,7 +8,8 @@
   the config registry (``--module zephon_torchtitan --config zephon_llama3_debugmodel``), and
   an override on any stock config (``--override.imports
   'zephon_torchtitan.override.zephon_dataloader={"recipe": ...}'``).
-- ``zephon_torchtitan.cpu_shims``: CPU smoke runs only; GPU runs never import it.
+- Tools (CPU shims for smoke runs, the demo) live apart, in :mod:`zephon_torchtitan_tools`;
+  GPU runs never import them.
 
 Exports are resolved lazily, so that importing this package does not import TorchTitan:
 the CPU shims must be installed before TorchTitan picks its device type.
@@ -25,7 +26,6 @@ _EXPORTS = {
     "fit_vocab_size": "zephon_torchtitan.vocab",
     "zephon_llama3_debugmodel": "zephon_torchtitan.config_registry",
     "zephon_llama3_debugmodel_continuous": "zephon_torchtitan.config_registry",
-    "run_demo_training": "zephon_torchtitan.demo",
 }
 
 __all__ = sorted(_EXPORTS)

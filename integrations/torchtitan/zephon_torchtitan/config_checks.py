@@ -108,6 +108,8 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None, *,
         found = [f"[{where}] {p}" for p in check_recipe(recipe, values=run)]
         if lanes is not None and recipe.lanes is None:
             recipe = replace(recipe, lanes=lanes)
+        if where == "dataloader":
+            values["lanes"] = recipe.lanes
         if where == "dataloader" and not found:
             found = [f"[{where}] {p}" for p in resume_problems(root, loader, recipe, values)]
         if where == "dataloader" and loader.check_tokenizer:
@@ -124,7 +126,28 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None, *,
     logger.info("zephon: preflight passed for %s (%s)", ", ".join(checked),
                 ", ".join(f"{k} {v}" for k, v in values.items() if v is not None)
                 or "recipe only")
+    if loaders and loaders[0][0] == "dataloader" and loaders[0][1].recipe:
+        record_run(root, loaders[0][1], values)
     return dict(loaders)
+
+
+def record_run(root: Any, loader: Any, values: dict[str, Any]) -> None:
+    """Write the run record into ``dump_folder`` (global rank 0), so that ``zephon trace
+    DUMP_FOLDER --steps N`` needs nothing typed again (:mod:`zephon.integration.run_record`)."""
+    from zephon.integration import RunRecord, global_rank
+
+    if root is None or global_rank() != 0 or not values.get("lanes") \
+            or not values.get("world_size"):
+        return
+    local, dp = root.training.local_batch_size, values["world_size"]
+    global_batch = root.training.global_batch_size
+    global_batch = global_batch if global_batch > 0 else local * dp
+    checkpoint = root.checkpoint if getattr(root.checkpoint, "enable", False) else None
+    RunRecord(framework="torchtitan", recipe=os.path.abspath(loader.recipe),
+              lanes=values["lanes"], dp_size=dp, microbatch_size=local,
+              seq_len=root.training.seq_len, microbatches_per_step=global_batch // local,
+              seed=loader.seed, checkpoints=checkpoint.folder if checkpoint else None,
+              start_step=loader.data_restart_step).write(root.dump_folder)
 
 
 def _tokenizer_problem(root: Any, recipe: Any) -> str | None:

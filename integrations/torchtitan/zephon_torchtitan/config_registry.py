@@ -18,8 +18,8 @@ Use the returned config: ``with_zephon`` turns a ``Trainer.Config`` into a
 ``ZephonTrainer.Config``.
 
 On CPU, run TorchTitan's entry point through the shims (the debug functions then apply the
-CPU settings of :func:`zephon_torchtitan.cpu_shims.apply_cpu_config` themselves):
-``python -m zephon_torchtitan.cpu_shims -m torchtitan.train --module zephon_torchtitan
+CPU settings of :func:`zephon_torchtitan_tools.cpu_shims.apply_cpu_config` themselves):
+``python -m zephon_torchtitan_tools.cpu_shims -m torchtitan.train --module zephon_torchtitan
 --config zephon_llama3_debugmodel`` (one process as written: the shims' entry point sets the
 one-process rendezvous variables that torchrun would; under torchrun for several).
 """
@@ -85,7 +85,7 @@ def _debug(recipe: str, **training: Any) -> Any:
     from torchtitan.tools import utils
 
     if utils.device_type == "cpu":  # only true with the CPU shims installed
-        from zephon_torchtitan.cpu_shims import apply_cpu_config
+        from zephon_torchtitan_tools.cpu_shims import apply_cpu_config
 
         apply_cpu_config(config)
     return config

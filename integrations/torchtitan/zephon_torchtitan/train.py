@@ -30,7 +30,8 @@ line is parsed by TorchTitan's ConfigManager and the run, torchrun included, is 
 
 Run without torchrun, it sets the single-process rendezvous variables (RANK=0, WORLD_SIZE=1,
 MASTER_PORT=0: a port the kernel picks). ``--cpu`` forces the CPU shims
-(:mod:`zephon_torchtitan.cpu_shims`); nothing imports them on a machine with CUDA unless asked.
+(:mod:`zephon_torchtitan_tools.cpu_shims`); nothing imports them on a machine with CUDA
+unless asked.
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def prepare(data: dict[str, Any], source: str, cpu: bool) -> Any:
     elif vocab not in (None, "tokenizer"):
         raise ConfigError(f"{source}: [base] vocab_size must be \"tokenizer\" or an integer")
     if cpu:
-        from zephon_torchtitan.cpu_shims import apply_cpu_config
+        from zephon_torchtitan_tools.cpu_shims import apply_cpu_config
 
         apply_cpu_config(config)
     from zephon_torchtitan.config_checks import add_preflight
@@ -224,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
     data = read_launch_recipe(args.toml)
     cpu = wants_cpu(data["base"].get("cpu", "auto"), args.cpu)
     if cpu:
-        from zephon_torchtitan import cpu_shims
+        from zephon_torchtitan_tools import cpu_shims
 
         cpu_shims.install()
     single_process_env()

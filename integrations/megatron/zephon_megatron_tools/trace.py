@@ -1,6 +1,6 @@
 """What was in iteration N of a Megatron run, from the run's own command line.
 
-``python -m zephon_megatron.trace --steps 11:12 --world-size W [--from-state DIR] [--json]
+``python -m zephon_megatron_tools.trace --steps 11:12 --world-size W [--from-state DIR] [--json]
 -- <the run's Megatron flags>`` lists every training microbatch of Megatron's iterations 11
 and 12, the data-parallel rank that trained on it and each row's documents, as ``zephon
 trace`` does for a recipe, but for any run of the adapter: a ``--zephon-recipe``, a
@@ -158,6 +158,32 @@ def trace_run(flags: Sequence[str], first: int, last: int, world_size: int,
         yield dataclasses.replace(traced, step=iteration_of[traced.global_microbatch])
 
 
+def _from_run(folder: str, flags: Sequence[str], first: int, from_state: str | None
+              ) -> tuple[list[str], int, str | None]:
+    """(flags, world size, state to start from) of the run whose ``--save`` is
+    ``folder``, from its run record (:class:`zephon.integration.RunRecord`)."""
+    from zephon.integration import RunRecord
+    from zephon_megatron.arguments import build_standalone_parser
+    from zephon_megatron.geometry import model_ways
+
+    if flags:
+        raise ConfigError("--run reads the run's flags from its record: give no flags after --")
+    run = RunRecord.read(folder)
+    if run.framework != "megatron":
+        raise ConfigError(f"{folder} is a {run.framework} run: trace it with zephon trace "
+                          f"{folder} --steps ...")
+    args, _ = build_standalone_parser().parse_known_args(list(run.flags))
+    flags = list(run.flags)
+    if from_state is None:
+        done = [int(p.name[5:]) for p in Path(folder).glob("iter_*")
+                if p.name[5:].isdigit() and int(p.name[5:]) < first]
+        from_state = str(Path(folder) / f"iter_{max(done):07d}") if done else None
+        if from_state is None and "--load" in flags:  # from the start: not the run's --load
+            at = flags.index("--load")
+            del flags[at:at + 2]
+    return flags, run.dp_size * model_ways(args), from_state
+
+
 def _steps(text: str) -> tuple[int, int]:
     first, _, last = text.partition(":")
     try:
@@ -171,10 +197,14 @@ def _steps(text: str) -> tuple[int, int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     own, flags = split_command_line(argv)
-    parser = argparse.ArgumentParser(prog="python -m zephon_megatron.trace",
+    parser = argparse.ArgumentParser(prog="python -m zephon_megatron_tools.trace",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--steps", required=True, type=_steps,
                         help="a Megatron iteration (12) or an inclusive range (11:12)")
+    parser.add_argument("--run", default=None, metavar="SAVE_DIR",
+                        help="the run's --save directory: its zephon-run.json gives the flags "
+                        "and sizes, and its newest iter_ folder before the first iteration "
+                        "the start (no flags after --)")
     parser.add_argument("--world-size", type=int, default=int(os.environ.get(
         "WORLD_SIZE", "1")), help="processes of the run (data-parallel size x tensor x "
         "pipeline x context parallel sizes)")
@@ -185,6 +215,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = parser.parse_args(own)
     first, last = options.steps
     try:
+        if options.run is not None:
+            flags, options.world_size, options.from_state = _from_run(
+                options.run, flags, first, options.from_state)
         for traced in trace_run(flags, first, last, options.world_size, options.from_state):
             if options.json:
                 print(json.dumps(dataclasses.asdict(traced)), flush=True)
@@ -193,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{traced.lane}, dp rank {traced.dp_rank})")
             print("\n".join(row_lines(traced)), flush=True)
     except (ConfigError, StateMismatchError) as exc:
-        print(f"zephon_megatron.trace: {exc}", file=sys.stderr)
+        print(f"zephon_megatron_tools.trace: {exc}", file=sys.stderr)
         return 2
     return 0
 

@@ -19,7 +19,7 @@ megatron-core DDP with ``overlap_grad_reduce=False`` and a plain torch optimizer
 
 :func:`install_for_pretrain` goes further, for Megatron-LM's own ``pretrain()`` (initialize,
 training loop, evaluation, Megatron's optimizer wrapper, checkpoints; see
-:mod:`zephon_megatron.cpu_pretrain`). The same rule holds: a module in :data:`PRETRAIN_SHIMS`
+:mod:`zephon_megatron_tools.cpu_pretrain`). The same rule holds: a module in :data:`PRETRAIN_SHIMS`
 gets its own ``torch`` view in which only the listed ``torch.cuda`` names are replaced (every
 other CUDA call still fails loudly), and, for modules in :data:`PRETRAIN_DEVICE_REMAP`, tensor
 factories given ``device="cuda"`` allocate on the CPU. Megatron's own RNG tracker runs with the
@@ -145,8 +145,8 @@ def install(seed: int = 1234) -> CpuRngTracker:
     """
     global _installed
     if torch.cuda.is_available():
-        raise RuntimeError("zephon_megatron.cpu_shims is for CPU-only runs; CUDA is available "
-                           "here, so use megatron-core unpatched")
+        raise RuntimeError("zephon_megatron_tools.cpu_shims is for CPU-only runs; CUDA is "
+                           "available here, so use megatron-core unpatched")
     if not _installed:
         for name in SHIMMED_MODULES:
             module = importlib.import_module(name)
@@ -342,11 +342,11 @@ def _import_if_present(name: str) -> types.ModuleType | None:
 def install_for_pretrain() -> None:
     """Apply the shims Megatron-LM's ``pretrain()`` needs on CPU (idempotent); call before
     ``pretrain()``. Megatron's flags must ask for a CPU run: see
-    :data:`zephon_megatron.cpu_pretrain.CPU_FLAGS`."""
+    :data:`zephon_megatron_tools.cpu_pretrain.CPU_FLAGS`."""
     global _pretrain_installed
     if torch.cuda.is_available():
-        raise RuntimeError("zephon_megatron.cpu_shims is for CPU-only runs; CUDA is available "
-                           "here, so use Megatron-LM unpatched")
+        raise RuntimeError("zephon_megatron_tools.cpu_shims is for CPU-only runs; CUDA is "
+                           "available here, so use Megatron-LM unpatched")
     if _pretrain_installed:
         return
     names = set(PRETRAIN_SHIMS) | PRETRAIN_DEVICE_REMAP | PRETRAIN_TENSOR_CUDA_NOOP

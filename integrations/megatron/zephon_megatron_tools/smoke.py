@@ -14,12 +14,12 @@ per-token loss) runs every microbatch. What stands in for Megatron-LM:
 - checkpoints: the model and optimizer (rank 0), ``latest_checkpointed_iteration.txt``, and
   each reader's loader state in the file layout of Megatron-LM's ``--dataloader-save``.
 
-CUDA-only calls are shimmed by :mod:`zephon_megatron.cpu_shims`, nowhere else. Every rank is a
+CUDA-only calls are shimmed by :mod:`zephon_megatron_tools.cpu_shims`, nowhere else. Every rank is a
 subprocess (``RANK``/``WORLD_SIZE``, gloo on 127.0.0.1). Each reader logs, per microbatch, its
 global index and tokens to ``trace_<tag>_rank<r>.json``; rank 0 writes the per-step losses to
 ``summary_<tag>.json``. Usage::
 
-    python -m zephon_megatron.smoke --nproc 2 --workdir /tmp/smoke [-- <Megatron flags>]
+    python -m zephon_megatron_tools.smoke --nproc 2 --workdir /tmp/smoke [-- <Megatron flags>]
 
 Exit status 0 when every rank finished and, with ``--check-loss``, the loss fell.
 """
@@ -52,7 +52,7 @@ DEFAULT_MEGATRON_FLAGS = [
 
 def smoke_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m zephon_megatron.smoke", allow_abbrev=False,
+        prog="python -m zephon_megatron_tools.smoke", allow_abbrev=False,
         description="CPU smoke training of megatron-core with the zephon adapter. Megatron "
         "flags go after '--' (default: " + " ".join(DEFAULT_MEGATRON_FLAGS[:-1]) + " ...).")
     parser.add_argument("--nproc", type=int, default=1, help="data-parallel processes")
@@ -141,7 +141,7 @@ def _padded_vocab(args: argparse.Namespace, settings: Any) -> int:
     if size is None:
         tokenizer = training_recipes(settings)["train"].tokenizer
         if tokenizer is None:
-            raise SystemExit("zephon_megatron.smoke: token-id data (--data-path) needs "
+            raise SystemExit("zephon_megatron_tools.smoke: token-id data (--data-path) needs "
                              "--vocab-size")
         size = len(load_tokenizer(tokenizer))
     return -(-size // 128) * 128
@@ -151,11 +151,11 @@ def run_worker(options: argparse.Namespace, megatron_argv: list[str]) -> None:
     import torch
     import torch.distributed as dist
 
-    from zephon_megatron import cpu_shims
     from zephon_megatron.arguments import build_standalone_parser, settings_from_args
     from zephon_megatron.loss import make_forward_step
     from zephon_megatron.provider import ZephonDatasetsProvider
     from zephon_megatron.state_files import write_dataloader_state
+    from zephon_megatron_tools import cpu_shims
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     args = build_standalone_parser().parse_args(megatron_argv)
@@ -295,7 +295,7 @@ def launch(options: argparse.Namespace, own_argv: list[str], megatron_argv: list
     _store, rendezvous = launcher_store(options.nproc)  # hosts the rendezvous until the ranks exit
     env = {**os.environ, **rendezvous, "OMP_NUM_THREADS": "1",
            "PYTHONWARNINGS": "ignore::UserWarning"}
-    command = [sys.executable, "-m", "zephon_megatron.smoke", "--worker", *own_argv, "--",
+    command = [sys.executable, "-m", "zephon_megatron_tools.smoke", "--worker", *own_argv, "--",
                *megatron_argv]
     ranks = [subprocess.Popen(command, env={**env, "RANK": str(r)})
              for r in range(options.nproc)]

@@ -1,4 +1,5 @@
-"""GPU checks for CUDA machines with Transformer Engine: ``python -m zephon_megatron.gpu_check``.
+"""GPU checks for CUDA machines with Transformer Engine:
+``python -m zephon_megatron_tools.gpu_check``.
 
 1. THD equivalence: a tiny megatron-core GPTModel with the Transformer Engine layer spec runs a
    packed microbatch from the document-masking recipe through the adapter's get_batch
@@ -179,7 +180,7 @@ def dry_run(megatron_lm: str | None = None, gpus: int = 2) -> list[str]:
     env = _with_megatron_lm(dict(os.environ), megatron_lm)
     lines = []
     for nproc, flags in pretrain_commands("/tmp/zephon-gpu-check", gpus=gpus):
-        command = [sys.executable, "-m", "zephon_megatron.gpu_check", "--parse-only",
+        command = [sys.executable, "-m", "zephon_megatron_tools.gpu_check", "--parse-only",
                    str(nproc), "--", *flags]
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, (f"Megatron-LM refused {' '.join(flags)}:\n"
@@ -214,7 +215,7 @@ def parse_with_megatron(nproc: int, flags: list[str]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m zephon_megatron.gpu_check",
+    parser = argparse.ArgumentParser(prog="python -m zephon_megatron_tools.gpu_check",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--megatron-lm", default=None, help="Megatron-LM checkout directory")
     parser.add_argument("--steps", type=int, default=4)

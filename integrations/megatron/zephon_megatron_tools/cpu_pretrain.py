@@ -1,8 +1,8 @@
 """Megatron-LM's own ``pretrain()`` on CPU with ``--dataloader zephon``: the adapter's real path.
 
-``python -m zephon_megatron.cpu_pretrain --nproc N [--trace DIR] [--script PATH] --
+``python -m zephon_megatron_tools.cpu_pretrain --nproc N [--trace DIR] [--script PATH] --
 <Megatron flags>`` starts ``N`` ranks on gloo (127.0.0.1), each applying
-:func:`zephon_megatron.cpu_shims.install_for_pretrain` and running
+:func:`zephon_megatron_tools.cpu_shims.install_for_pretrain` and running
 :func:`zephon_megatron.pretrain_gpt.main` (or your own ``pretrain_gpt.py``, ``--script``) with
 :data:`CPU_FLAGS` added: Megatron-LM's initialization, training loop, evaluation, optimizer and
 checkpoints run as on a cluster, only on a tiny fp32 model. It needs a Megatron-LM checkout
@@ -75,7 +75,7 @@ def worker(flags: list[str], trace: str | None, script: str | None = None) -> in
     if missing:
         report(missing_message(missing))
         return 2
-    from zephon_megatron import cpu_shims
+    from zephon_megatron_tools import cpu_shims
 
     cpu_shims.install_for_pretrain()
     if trace:
@@ -100,7 +100,7 @@ def launch(nproc: int, flags: Sequence[str], *, trace: str | None = None,
         env = {**os.environ, **rendezvous, "RANK": str(rank), "LOCAL_RANK": str(rank),
                "LOCAL_WORLD_SIZE": str(nproc), "OMP_NUM_THREADS": "1",
                "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
-        command = [sys.executable, "-m", "zephon_megatron.cpu_pretrain", "--worker",
+        command = [sys.executable, "-m", "zephon_megatron_tools.cpu_pretrain", "--worker",
                    *(["--trace", trace] if trace else []),
                    *(["--script", script] if script else []), "--", *flags]
         shown = rank in (0, nproc - 1)
@@ -126,7 +126,7 @@ def launch(nproc: int, flags: Sequence[str], *, trace: str | None = None,
 
 def main(argv: Sequence[str] | None = None) -> int:
     own, flags = split_command_line(argv)
-    parser = argparse.ArgumentParser(prog="python -m zephon_megatron.cpu_pretrain",
+    parser = argparse.ArgumentParser(prog="python -m zephon_megatron_tools.cpu_pretrain",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=1, help="data-parallel ranks (gloo)")
     parser.add_argument("--trace", default=None, metavar="DIR",

@@ -25,7 +25,7 @@ the order a run meets it, and nothing else:
 
 Limits: the debug models only; no torch.compile, no CUDA graphs, no ``--debug.deterministic``
 (it recompiles flex), no varlen attention (CUDA-only). Use :func:`install` before anything
-imports ``torchtitan``; ``python -m zephon_torchtitan.cpu_shims -m MODULE ARGS`` does that
+imports ``torchtitan``; ``python -m zephon_torchtitan_tools.cpu_shims -m MODULE ARGS`` does that
 and then runs ``MODULE`` (for example ``torchtitan.train``) as ``__main__``.
 """
 
@@ -50,7 +50,7 @@ def install() -> None:
         return
     if "torchtitan.tools.utils" in sys.modules:
         raise RuntimeError(
-            "zephon_torchtitan.cpu_shims.install() must run before torchtitan is imported "
+            "zephon_torchtitan_tools.cpu_shims.install() must run before torchtitan is imported "
             "(torchtitan.tools.utils has already chosen its device type)")
     import torch
 
@@ -81,7 +81,8 @@ def apply_cpu_config(config: Any) -> None:
 
 def _stub_triton_kernels() -> None:
     module = types.ModuleType(_KERNELS)
-    module.__doc__ = "Placeholder installed by zephon_torchtitan.cpu_shims (no triton on CPU)."
+    module.__doc__ = ("Placeholder installed by zephon_torchtitan_tools.cpu_shims (no triton "
+                      "on CPU).")
 
     def __getattr__(name: str) -> Any:
         if name.startswith("__"):
@@ -166,13 +167,13 @@ def _eager_flex_attention() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m zephon_torchtitan.cpu_shims -m MODULE [ARGS...]``: shims, then MODULE."""
+    """``python -m zephon_torchtitan_tools.cpu_shims -m MODULE [ARGS...]``: shims, then MODULE."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) < 2 or argv[0] != "-m":
-        raise SystemExit("usage: python -m zephon_torchtitan.cpu_shims -m MODULE [ARGS...]")
+        raise SystemExit("usage: python -m zephon_torchtitan_tools.cpu_shims -m MODULE [ARGS...]")
     module = argv[1]
     from zephon.distributed import single_process_env
-    from zephon_torchtitan import cpu_shims
+    from zephon_torchtitan_tools import cpu_shims
 
     cpu_shims.install()
     single_process_env()  # without torchrun: one process
