@@ -105,8 +105,9 @@ def test_a_pipeline_fixes_its_rows_and_a_recipe_its_tensors(tmp_path, two_datase
 
 
 def test_the_example_loop_resumes_model_optimizer_and_data_exactly(tmp_path, capsys):
-    from zephon_torch.example import main
+    import runpy
 
+    main = runpy.run_path(str(REPO / "examples" / "torch" / "plain_loop.py"))["main"]
     recipe = str(REPO / "recipes" / "torch" / "pretrain.toml")
     assert main(["--recipe", recipe, "--steps", "7"]) == 0
     straight = capsys.readouterr().out.splitlines()

@@ -344,3 +344,43 @@ def test_a_data_restart_is_named_by_the_preflight_and_kept_in_the_state(demo_rec
     assert {e["start_step"] for e in entries.values()} == {6}
     root.checkpoint.exclude_from_loading = []
     assert preflight(root)["dataloader"].data_restart_step == 0  # a resume: no restart
+
+
+def test_the_preflight_names_data_that_runs_out_and_records_the_run(docs_dir, tmp_path,
+                                                                     recipes):
+    """A dataset that does not repeat and ends before training.steps is named before the
+    model is built, with the rows it yields and the steps it fills; the run's folder then
+    holds the record ``zephon trace`` reads."""
+    from types import SimpleNamespace
+
+    from zephon.integration import RunRecord
+
+    texts = [f"Document {i} " + "kalo mishi rune tashi " * 30 for i in range(40)]
+    recipe = recipes.write(tmp_path / "small.toml", lanes=2, datasets=(
+        f'[[datasets]]\nname = "small"\npath = "{docs_dir(texts)}"\n'))
+
+    def root(steps: int, **loader) -> SimpleNamespace:
+        return SimpleNamespace(
+            dump_folder=str(tmp_path / "run"), validator=None,
+            dataloader=ZephonDataLoader.Config(recipe=str(recipe), **loader),
+            checkpoint=SimpleNamespace(enable=False),
+            parallelism=SimpleNamespace(tensor_parallel_degree=1, pipeline_parallel_degree=1,
+                                        context_parallel_degree=1),
+            training=SimpleNamespace(seq_len=64, local_batch_size=2, global_batch_size=8,
+                                     steps=steps))
+
+    rows = sum(len(b.records) for b in build(recipe, seq_len=64, rows=2)._pipeline)
+    with pytest.raises(ConfigError) as refused:
+        preflight.preflight(root(1000))
+    message = str(refused.value)
+    assert "the training data runs out before the run ends: training.steps 1000 x the " \
+           "global batch of 8 rows needs 8,000 rows" in message
+    assert "dataset 'small' is not repeated" in message and 'repeat = ["small"]' in message
+    estimated = int(message.split("yields about ")[1].split(" rows")[0].replace(",", ""))
+    assert 0.8 * rows <= estimated <= 1.25 * rows, (estimated, rows)
+    preflight.preflight(root(1000, infinite=True))  # an infinite loader starts over
+    preflight.preflight(root(rows // 8))  # what the data fills
+    record = RunRecord.read(tmp_path / "run")
+    assert (record.framework, record.recipe, record.lanes, record.dp_size,
+            record.microbatch_size, record.seq_len, record.microbatches_per_step,
+            record.checkpoints) == ("torchtitan", str(recipe), 2, 1, 2, 64, 4, None)

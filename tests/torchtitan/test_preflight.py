@@ -130,7 +130,7 @@ def test_a_changed_lane_count_or_seed_at_resume_is_refused_before_the_model(tmp_
                                     "--training.steps", "4", "--dataloader.lanes", "4"],
                                    cwd=tmp_path, timeout=300)
     assert_refused_before_the_model(code, output,
-                                    "holds loader state for 2 lanes, this run has 4")
+                                    "the lane count changed (lanes: checkpoint 2, now 4)")
     assert "Missing key" not in output
     code, output, _ = run_training(["--toml", str(tmp_path / "launch.toml"),
                                     "--training.steps", "4", "--dataloader.seed", "8"],

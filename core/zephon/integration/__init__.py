@@ -19,6 +19,10 @@ from a loader whatever the framework is here, each in one module:
 - :mod:`~zephon.integration.trace_file`: the per-rank trace file (:class:`TraceFile`);
 - :mod:`~zephon.integration.tokenizer_check`: the framework's tokenizer against the recipe's
   (:func:`tokenizer_mismatch`);
+- :mod:`~zephon.integration.data_supply`: whether the training data lasts the run
+  (:func:`data_supply`);
+- :mod:`~zephon.integration.preflight`: the resume checked before the model is built
+  (:func:`resume_problems`) and one list of problems for the job (:func:`refusal`);
 - :mod:`~zephon.integration.run_record`: what a run's folder says about its data
   (:class:`RunRecord`), so that tools take the run (``zephon trace RUN_DIR``);
 - the recipe against the run before the model is built: :class:`FrameworkValues` and
@@ -31,6 +35,7 @@ Nothing here changes the environment; adapters pass what their framework knows.
 
 from __future__ import annotations
 
+from zephon.integration.data_supply import DataSupply, data_supply
 from zephon.integration.geometry import (
     RunGeometry,
     distributed,
@@ -40,6 +45,7 @@ from zephon.integration.geometry import (
     reader_group,
 )
 from zephon.integration.lanes import LaneChoice, choose_lanes, lanes_problem, saved_lanes
+from zephon.integration.preflight import refusal, resume_problems
 from zephon.integration.run_record import RunRecord
 from zephon.integration.run_report import EndOfRunReport
 from zephon.integration.session import LoaderSession
@@ -57,9 +63,9 @@ from zephon.integration.trace_file import TraceFile
 from zephon.recipe import FrameworkValues, ResolvedRecipe
 from zephon.recipe.checks import check_recipe
 
-__all__ = ["EndOfRunReport", "FrameworkValues", "LaneChoice", "LoaderSession", "LoaderState",
-           "ResolvedRecipe", "RunGeometry", "RunRecord", "TraceFile", "check_recipe",
-           "choose_lanes", "distributed", "global_rank", "host_group", "job_state",
-           "lanes_problem", "merge_states", "metrics_group", "rank_state", "read_state",
-           "reader_group", "saved_lanes", "state_as_text", "state_from_text",
-           "tokenizer_mismatch"]
+__all__ = ["DataSupply", "EndOfRunReport", "FrameworkValues", "LaneChoice", "LoaderSession",
+           "LoaderState", "ResolvedRecipe", "RunGeometry", "RunRecord", "TraceFile",
+           "check_recipe", "choose_lanes", "data_supply", "distributed", "global_rank",
+           "host_group", "job_state", "lanes_problem", "merge_states", "metrics_group",
+           "rank_state", "read_state", "reader_group", "refusal", "resume_problems",
+           "saved_lanes", "state_as_text", "state_from_text", "tokenizer_mismatch"]

@@ -18,21 +18,10 @@ after the model is built:
   (megatron-core <= 0.18, which applies the ramp) every batch size of the ramp must be too,
   i.e. START and INCREMENT. ``--decrease-batch-size-if-needed`` rounds them down instead;
   then only a batch size below one microbatch per reader is refused.
-- the amount of training data (:func:`data_shortfall`): a dataset that does not repeat
-  (``[mixture] repeat``; a ``--data-path`` blend repeats every dataset) can run out before
-  ``--train-iters`` (or ``--train-samples``). The samples needed are those Megatron's loop
-  consumes, the ramp included. The rows available come from the tokens of the datasets that
-  end the data (``on_exhausted = "stop"``: the first non-repeated dataset to run out at its
-  mixture share; ``"drain"``: all of them). Exact for one Megatron indexed dataset packed with
-  ``wrap`` and no ``[[ops]]``: the tokens of each lane's units are counted from the ``.idx``
-  (plus the BOS/EOS ``pretokenized`` adds per document; reading the index only), ``wrap``
-  pads only a lane's last row, and every microbatch is handed out but fewer than one per
-  data-parallel rank (:func:`_indexed_rows`): a run needing more rows is refused. Otherwise (text
-  data, whose tokens ``zephon stats`` estimates from a tokenized sample; a mixture of several
-  datasets; bin packing, which pads; ``[[ops]]`` that may drop or change documents) the rows
-  are an estimate, ``tokens / (seq_length + 1)`` over all lanes, and the run is refused only
-  when that is below 90% (:data:`SHORT_ESTIMATE`) of what it needs. Remote datasets
-  (``hf://``) are not estimated here.
+- the amount of training data (:func:`data_shortfall`): a dataset that does not repeat can run
+  out before ``--train-iters`` (or ``--train-samples``): the samples Megatron's loop consumes,
+  the ramp included, against the rows the data yields
+  (:mod:`zephon.integration.data_supply`, counted for one indexed dataset, else estimated).
 - Megatron-LM's tokenizer (:func:`tokenizer_problems`), where it loads without Megatron-LM:
   ``--tokenizer-type HuggingFaceTokenizer`` with a local ``--tokenizer-model`` directory. It
   must have at least the ids of the recipe's tokenizer and end documents with the same EOS id
@@ -68,10 +57,6 @@ from zephon_megatron.state_files import (
     state_directories,
 )
 from zephon_megatron.tokenizer_checks import check_tokenizers
-
-SHORT_ESTIMATE = 0.9
-"""An estimated row count below this share of the rows a run needs is refused."""
-
 
 FLAGS = {"seq_len": "--seq-length", "microbatch_size": "--micro-batch-size",
          "vocab_size": "--vocab-size"}
@@ -310,109 +295,29 @@ def training_samples(args: argparse.Namespace, dp: int) -> tuple[int, str] | Non
     return consumed, f"--train-iters {iters}"
 
 
-def _remote(recipe: Any, names: list[str]) -> bool:
-    return any("://" in str(e.path) for e in recipe.datasets if e.name in names)
-
-
 def data_shortfall(args: argparse.Namespace, recipe: Any, pipeline: Any,
                    dp: int) -> str | None:
-    """Why the training data runs out before the run ends, or None (see the module
-    docstring for the rule)."""
+    """Why the training data runs out before the run ends, or None
+    (:mod:`zephon.integration.data_supply`: the rows the data yields against the samples
+    Megatron's loop consumes, the batch-size ramp included)."""
+    from zephon.integration import data_supply
+
     need = training_samples(args, dp)
     if need is None:
         return None
     needed, flag = need
-    source = pipeline.work_source
-    names = list(source.names())
-    once = [n for n, repeats in zip(names, source.repeated, strict=True) if not repeats]
-    if not once or (source.on_exhausted == "drain" and len(once) < len(names)):
-        return None  # every dataset repeats (or the repeating ones go on): endless
-    if _remote(recipe, once):
-        return None
-    from zephon.ops.pretokenized import PretokenizedSpec
-
-    estimates = {e.name: e for e in pipeline.estimate()}
-    tokens: dict[str, float] = {}
-    for name in names:
-        estimate = estimates[name]
-        if estimate.tokens is None:
-            return None
-        extra = sum((spec.bos_token_id is not None) + (spec.eos_token_id is not None)
-                    for spec in pipeline.operators if isinstance(spec, PretokenizedSpec)
-                    and name in (getattr(spec, "datasets", None) or names))
-        tokens[name] = estimate.tokens + extra * (estimate.documents or 0)
-    exact = all(estimates[n].tokens_exact for n in names) and not (
-        recipe.ops or recipe.ops_after_tokenize)
-    shares = dict(zip(names, (float(w) for w in source.weights), strict=True))
-    if source.on_exhausted == "drain":
-        available, limiting = sum(tokens.values()), once
-    else:
-        if source.by_tokens:
-            totals = {n: tokens[n] / shares[n] for n in once}
-        else:  # documents: the documents read until it ends, at the mean tokens per document
-            per_doc = sum(shares[n] * tokens[n] / max(1, estimates[n].documents or 1)
-                          for n in names)
-            totals = {n: (estimates[n].documents or 0) / shares[n] * per_doc for n in once}
-        first = min(totals, key=totals.__getitem__)
-        available, limiting = totals[first], [first]
-        exact = exact and len(names) == 1
     pack = recipe.pack
     row = int((pack.max_length if pack is not None else None) or args.seq_length + 1)
-    exact = exact and pack is not None and pack.algorithm == "wrap"
-    if exact:
-        rows = _indexed_rows(pipeline, row, args.micro_batch_size, dp)
-        if rows >= needed:
-            return None
-        counted = (f"{rows:,} rows ({int(available):,} tokens counted from the index, split "
-                   f"over {pipeline.lanes} lanes)")
-    else:
-        rows = int(available / row)
-        if rows >= SHORT_ESTIMATE * needed:
-            return None
-        counted = f"about {rows:,} rows (about {int(available):,} tokens, estimated)"
+    supply = data_supply(recipe, pipeline, row, args.micro_batch_size, dp)
+    if supply is None or not supply.short_of(needed):
+        return None
     clock = _schedule(args, dp)
-    clock.seek(rows + 1)
+    clock.seek(supply.rows + 1)
     fits = max(0, clock.iteration - 1)
-    which = ", ".join(repr(n) for n in limiting)
-    fix = f"repeat = [{', '.join(repr(n) for n in once)}]".replace("'", '"')
     lower = (f"lower {flag.split()[0]} (to {fits} iterations or fewer)" if fits else
              "lower --global-batch-size (the data does not fill one iteration of it)")
-    return (f"{recipe.source}: the training data runs out before the run ends: {flag} x the "
-            f"global batch size needs {needed:,} samples (rows of {row} tokens), but "
-            f"{'dataset' if len(limiting) == 1 else 'datasets'} {which} "
-            f"{'is' if len(limiting) == 1 else 'are'} not repeated and the data yields "
-            f"{counted}; training would stop with an error near iteration {clock.iteration}, "
-            f"without a checkpoint. Add {fix} to [mixture], give more data, or {lower}")
-
-
-def _indexed_rows(pipeline: Any, row: int, mbs: int, dp: int) -> int:
-    """The rows one non-repeated indexed dataset, packed with ``wrap``, hands to Megatron at
-    ``dp`` data-parallel ranks: each lane's units
-    (:meth:`~zephon.work.static_mixture.StaticMixtureWorkSource.unit_at`) give it ``T_l``
-    tokens, so ``ceil(T_l / row)`` rows (only the last is padded) and ``k_l = rows // mbs``
-    microbatches. Every one of them is handed out but the last ``(sum(k_l) - min(k_l) L) %
-    dp``: the rounds end at ``min(k_l) L`` and the last round hands the rest out ``dp`` at a
-    time (:mod:`zephon.engine.last_round`)."""
-    from zephon.io.indexed import open_indexed
-    from zephon.ops.pretokenized import PretokenizedSpec
-
-    source = pipeline.work_source
-    lanes = pipeline.lanes
-    files = source.datasets[0].files()
-    lengths = [open_indexed(f.path).document_lengths() for f in files]
-    extra = sum((spec.bos_token_id is not None) + (spec.eos_token_id is not None)
-                for spec in pipeline.operators if isinstance(spec, PretokenizedSpec))
-    ends = []
-    for lane in range(lanes):
-        tokens, k = 0, 0
-        while (found := source.unit_at(0, lane, k, lanes)) is not None:
-            file_index, unit = found[2]
-            tokens += int(lengths[file_index][unit.start:unit.stop].sum()) \
-                + extra * (unit.stop - unit.start)
-            k += 1
-        ends.append((-(-tokens // row)) // mbs)
-    last_round = sum(ends) - min(ends) * lanes
-    return (sum(ends) - last_round % dp) * mbs
+    return supply.shortfall(recipe.source, f"{flag} x the global batch size needs {needed:,} "
+                            f"samples (near iteration {clock.iteration})", lower, row)
 
 
 # -- resume ------------------------------------------------------------------------------------
@@ -437,6 +342,7 @@ def resume_problems(args: argparse.Namespace, pipeline: Any, recipe: Any) -> lis
         return []
     from zephon.errors import StateMismatchError
     from zephon.integration import read_state
+    from zephon.integration import resume_problems as resume_problems_of
     from zephon_megatron.vocabulary import model_vocabulary, needs_model_vocabulary
 
     if needs_model_vocabulary(recipe) and model_vocabulary(args) is None:
@@ -449,20 +355,10 @@ def resume_problems(args: argparse.Namespace, pipeline: Any, recipe: Any) -> lis
         return []  # the provider says it (a resume without a loader state), with the counters
     restart = (f"To start over instead, write to a new --save directory (and drop --load); "
                f"to resume, keep the lanes, seed and recipe of the run that wrote {state_dir}")
-    problems = []
+    where = f"{state_dir} (iteration {iteration})"
     try:
-        saved = read_state(states, f"the loader state in {state_dir}")
+        saved = read_state(states, f"the loader state in {where}")
     except StateMismatchError as exc:
         return [f"{exc} {restart}"]
-    saved_mbs = next((f.get("micro_batch_size") for f in saved.framework), None)
-    if saved_mbs is not None and saved_mbs != args.micro_batch_size:
-        problems.append(
-            f"the loader state was written with --micro-batch-size {saved_mbs}, this run "
-            f"has {args.micro_batch_size}; the microbatches of every lane would differ "
-            f"(checkpoint {state_dir}, iteration {iteration}). {restart}")
-    if saved.entries:
-        try:
-            pipeline.check_state(saved.entries)
-        except StateMismatchError as exc:
-            problems.append(f"{exc} (checkpoint {state_dir}, iteration {iteration}) {restart}")
-    return problems
+    return resume_problems_of(pipeline, saved, where=where, restart=restart,
+                              microbatch_size=args.micro_batch_size, flag="--micro-batch-size")

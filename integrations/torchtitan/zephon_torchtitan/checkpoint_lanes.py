@@ -55,9 +55,8 @@ def checkpointed_entry(path: str, lane: int) -> dict | None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "assuming the intent is to load in a single process"
         found = _load_state_dict_from_keys({f"dataloader.lane_{lane}"}, checkpoint_id=path)
-    value = found.get("dataloader", {}).get(f"lane_{lane}")
+    key = f"lane_{lane}"
     try:
-        value = state_from_text({"entry": value}, path)["entry"]
+        return state_from_text({key: found.get("dataloader", {}).get(key)}, path)[key]
     except StateMismatchError:
         return None  # not plain data from Zephon: the restore names what it holds
-    return value if isinstance(value, dict) else None

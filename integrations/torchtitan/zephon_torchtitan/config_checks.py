@@ -23,7 +23,8 @@ import os
 from dataclasses import replace
 from typing import Any
 
-from zephon import ConfigError, StateMismatchError
+from zephon import ConfigError
+from zephon.integration import refusal
 from zephon_torchtitan import checkpoint_lanes
 
 PREFLIGHT_IMPORT = "zephon_torchtitan.override.zephon_preflight"
@@ -111,17 +112,14 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None, *,
         if where == "dataloader":
             values["lanes"] = recipe.lanes
         if where == "dataloader" and not found:
-            found = [f"[{where}] {p}" for p in resume_problems(root, loader, recipe, values)]
+            found = [f"[{where}] {p}" for p in resume_problems(root, loader, recipe, values)
+                     + data_problems(root, loader, recipe, values)]
         if where == "dataloader" and loader.check_tokenizer:
             mismatch = _tokenizer_problem(root, recipe)
             found += [f"[{where}] {mismatch}"] if mismatch else []
         problems += found
     if problems:
-        if os.environ.get("RANK", "0") != "0":  # every rank finds them: rank 0 lists them
-            raise ConfigError(f"zephon preflight found {len(problems)} problem(s) before the "
-                              "model is built; global rank 0 lists them")
-        raise ConfigError("zephon preflight found problems before the model is built:\n"
-                          + "\n".join(f"  - {p}" for p in problems))
+        raise ConfigError(refusal(problems))
     checked = [loader.recipe for _, loader in loaders if loader.recipe]
     logger.info("zephon: preflight passed for %s (%s)", ", ".join(checked),
                 ", ".join(f"{k} {v}" for k, v in values.items() if v is not None)
@@ -137,12 +135,13 @@ def record_run(root: Any, loader: Any, values: dict[str, Any]) -> None:
     from zephon.integration import RunRecord, global_rank
 
     if root is None or global_rank() != 0 or not values.get("lanes") \
-            or not values.get("world_size"):
+            or not values.get("world_size") or not getattr(root, "dump_folder", None):
         return
     local, dp = root.training.local_batch_size, values["world_size"]
-    global_batch = root.training.global_batch_size
+    global_batch = getattr(root.training, "global_batch_size", -1)
     global_batch = global_batch if global_batch > 0 else local * dp
-    checkpoint = root.checkpoint if getattr(root.checkpoint, "enable", False) else None
+    checkpoint = getattr(root, "checkpoint", None)
+    checkpoint = checkpoint if getattr(checkpoint, "enable", False) else None
     RunRecord(framework="torchtitan", recipe=os.path.abspath(loader.recipe),
               lanes=values["lanes"], dp_size=dp, microbatch_size=local,
               seq_len=root.training.seq_len, microbatches_per_step=global_batch // local,
@@ -173,9 +172,13 @@ def _tokenizer_problem(root: Any, recipe: Any) -> str | None:
 
 def resume_problems(root: Any, loader: Any, recipe: Any, values: dict[str, Any]) -> list[str]:
     """The loader state of the checkpoint this run resumes from, against the loader it will
-    build: its lane count and fingerprint (seed, datasets, mixture, operators), read before
-    the model is built (the checkpointer would load it after). Nothing to say without a
-    checkpoint, with the dataloader excluded from loading, or without the run's shape."""
+    build (:func:`zephon.integration.resume_problems`), read before the model is built (the
+    checkpointer would load it after): one lane's entry, read alone from DCP. Nothing to say
+    without a checkpoint, with the dataloader excluded from loading, or without the run's
+    shape."""
+    from zephon.integration import LoaderState
+    from zephon.integration import resume_problems as resume_problems_of
+
     checkpoint = getattr(root, "checkpoint", None)
     if not loader.checkpoint_folder \
             or "dataloader" in getattr(checkpoint, "exclude_from_loading", []) \
@@ -186,11 +189,6 @@ def resume_problems(root: Any, loader: Any, recipe: Any, values: dict[str, Any])
     if found is None or not found[1]:
         return []
     path, saved = found
-    advice = ("resume with the recipe, seed and lanes that wrote it, or start the data over "
-              "with --checkpoint.exclude_from_loading dataloader")
-    if recipe.lanes is not None and recipe.lanes != max(saved) + 1:
-        return [f"{recipe.source}: the checkpoint {path} holds loader state for "
-                f"{max(saved) + 1} lanes, this run has {recipe.lanes}; {advice}"]
     entry = checkpoint_lanes.checkpointed_entry(path, min(saved))
     if entry is None:
         return []
@@ -199,13 +197,41 @@ def resume_problems(root: Any, loader: Any, recipe: Any, values: dict[str, Any])
     # one reader: the fingerprint does not depend on the data-parallel size, and a build of
     # the whole job on every rank must not take part in the ranks' cross-check
     pipeline = recipe.build(seq_len=values["seq_len"], microbatch_size=values["microbatch_size"],
-                            lanes=max(saved) + 1, prefetch=0)
-    try:
-        pipeline.check_state({f"lane_{min(saved)}": entry})
-    except StateMismatchError as exc:
-        return [f"cannot resume the Zephon dataloader from {path}: {exc} To keep the model "
-                "and start the data over: --checkpoint.exclude_from_loading dataloader"]
-    return []
+                            lanes=recipe.lanes or max(saved) + 1, prefetch=0)
+    return resume_problems_of(pipeline, LoaderState({f"lane_{min(saved)}": entry},
+                                                    max(saved) + 1), where=path,
+                              restart="To keep the model and start the data over: "
+                                      "--checkpoint.exclude_from_loading dataloader")
+
+
+def data_problems(root: Any, loader: Any, recipe: Any, values: dict[str, Any]) -> list[str]:
+    """The training data against ``training.steps`` x the global batch
+    (:func:`zephon.integration.data_supply`): a dataset that does not repeat and runs out
+    first is named before the model is built. Nothing to say for an ``infinite`` loader or
+    without the run's shape."""
+    from zephon.integration import data_supply
+
+    training = getattr(root, "training", None)
+    steps, dp = getattr(training, "steps", None), values.get("world_size")
+    if loader.infinite or not steps or not dp or not values.get("seq_len"):
+        return []
+    local = values["microbatch_size"]
+    global_batch = getattr(training, "global_batch_size", -1)
+    needed = steps * (global_batch if global_batch > 0 else local * dp)
+    if loader.seed is not None:
+        recipe = replace(recipe, seed=loader.seed)
+    pipeline = recipe.build(seq_len=values["seq_len"], microbatch_size=local,
+                            lanes=recipe.lanes, prefetch=0)
+    row = values["seq_len"] + 1
+    supply = data_supply(recipe, pipeline, row, local, dp)
+    if supply is None or not supply.short_of(needed):
+        return []
+    fits = supply.rows // (needed // steps)
+    return [supply.shortfall(recipe.source, f"training.steps {steps} x the global batch of "
+                             f"{needed // steps} rows needs {needed:,} rows", "lower "
+                             f"--training.steps (to {fits} or fewer)" if fits else "lower "
+                             "--training.global_batch_size (the data does not fill one "
+                             "step of it)", row)]
 
 
 def install_loaders(root: Any, replacing: dict[str, Any] | None = None, *,

@@ -1,13 +1,13 @@
-"""A plain PyTorch training loop on a data recipe: ``python -m zephon_torch.example``.
+"""A plain PyTorch training loop on a data recipe: ``python examples/torch/plain_loop.py``.
 
 A two-layer token model (an embedding and a linear head) trained with AdamW on the recipe's
 microbatches, the data state saved with the model and resumed from it: the loop any trainer
 writes, with :class:`ZephonIterableDataset` as its data. Under ``torchrun`` every process is a
 data-parallel reader (gloo); the model is not synchronised, the data is what is shown.
 
-    python -m zephon_torch.example --recipe recipes/torch/pretrain.toml --steps 20 \\
+    python examples/torch/plain_loop.py --recipe recipes/torch/pretrain.toml --steps 20 \\
         --save /tmp/run/step20.pt
-    python -m zephon_torch.example --recipe recipes/torch/pretrain.toml --steps 10 \\
+    python examples/torch/plain_loop.py --recipe recipes/torch/pretrain.toml --steps 10 \\
         --resume /tmp/run/step20.pt
 
 Prints one line a step: the step, the loss and the microbatch's tokens that carry a label.
@@ -24,11 +24,11 @@ from torch.utils.data import DataLoader
 
 from zephon.recipe import DataRecipe
 from zephon.text.tokenizer import load_tokenizer
-from zephon_torch.dataset import ZephonIterableDataset
+from zephon_torch import ZephonIterableDataset
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m zephon_torch.example",
+    parser = argparse.ArgumentParser(prog="examples/torch/plain_loop.py",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default="recipes/torch/pretrain.toml")
     parser.add_argument("--steps", type=int, default=20)
