@@ -151,8 +151,8 @@ def test_a_plain_dataloader_workers_state_is_refused_rather_than_replayed(recipe
     dataset = ZephonIterableDataset(recipe, seq_len=SEQ_LEN)
     assert digests(islice(DataLoader(dataset, batch_size=None, num_workers=1), 4)) == \
         whole_run(recipe)[:4]
-    with pytest.raises(ConfigError, match=r"the items were handed out by a "
-                                          r"DataLoader worker.*StatefulDataLoader"):
+    with pytest.raises(ConfigError, match=r"a DataLoader worker handed the items out and "
+                                          r"holds the state.*StatefulDataLoader"):
         dataset.state_dict()
     in_process = ZephonIterableDataset(recipe, seq_len=SEQ_LEN)
     assert len(list(islice(DataLoader(in_process, batch_size=None), 3))) == 3

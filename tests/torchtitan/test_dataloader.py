@@ -346,11 +346,12 @@ def test_a_data_restart_is_named_by_the_preflight_and_kept_in_the_state(demo_rec
     assert preflight(root)["dataloader"].data_restart_step == 0  # a resume: no restart
 
 
-def test_the_preflight_names_data_that_runs_out_and_records_the_run(docs_dir, tmp_path,
-                                                                     recipes):
+def test_the_preflight_says_where_the_data_ends_and_records_the_run(docs_dir, tmp_path,
+                                                                    recipes, caplog):
     """A dataset that does not repeat and ends before training.steps is named before the
-    model is built, with the rows it yields and the steps it fills; the run's folder then
-    holds the record ``zephon trace`` reads."""
+    model is built, with the rows it yields and the steps they fill (TorchTitan then ends the
+    run there); the run's folder holds the record ``zephon trace`` reads."""
+    import logging
     from types import SimpleNamespace
 
     from zephon.integration import RunRecord
@@ -369,17 +370,21 @@ def test_the_preflight_names_data_that_runs_out_and_records_the_run(docs_dir, tm
             training=SimpleNamespace(seq_len=64, local_batch_size=2, global_batch_size=8,
                                      steps=steps))
 
+    def said(steps: int, **loader) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            preflight.preflight(root(steps, **loader))
+        return [r.getMessage() for r in caplog.records if "data ends" in r.getMessage()]
+
     rows = sum(len(b.records) for b in build(recipe, seq_len=64, rows=2)._pipeline)
-    with pytest.raises(ConfigError) as refused:
-        preflight.preflight(root(1000))
-    message = str(refused.value)
-    assert "the training data runs out before the run ends: training.steps 1000 x the " \
-           "global batch of 8 rows needs 8,000 rows" in message
-    assert "dataset 'small' is not repeated" in message and 'repeat = ["small"]' in message
+    [message] = said(1000)
+    assert "the training data ends before training.steps 1000: 'small' not repeated" in message
+    assert 'add repeat = ["small"] to [mixture]' in message and "--dataloader.infinite" in message
     estimated = int(message.split("yields about ")[1].split(" rows")[0].replace(",", ""))
     assert 0.8 * rows <= estimated <= 1.25 * rows, (estimated, rows)
-    preflight.preflight(root(1000, infinite=True))  # an infinite loader starts over
-    preflight.preflight(root(rows // 8))  # what the data fills
+    assert f"about {estimated // 8} steps of 8 rows" in message
+    assert said(1000, infinite=True) == []  # an infinite loader starts over
+    assert said(rows // 8) == []  # what the data fills
     record = RunRecord.read(tmp_path / "run")
     assert (record.framework, record.recipe, record.lanes, record.dp_size,
             record.microbatch_size, record.seq_len, record.microbatches_per_step,

@@ -4,37 +4,28 @@ of microbatches, with state.
 Each item is one microbatch of this reader: the dict ``SampleBatch.to_training`` returns under
 the recipe's ``[to_training]`` options, or a pipeline's ``to_training`` argument
 (``input_ids``, ``labels``, ... as ``[microbatch_size, seq_len]`` tensors unless the options
-flatten). The recipe batches, so a
-``DataLoader`` takes it with ``batch_size=None``. Microbatch ``m`` of the job goes to reader
-``m % dp_size``: the same global microbatches at every data-parallel size dividing the lanes.
+flatten); a ``DataLoader`` takes it with ``batch_size=None``. Microbatch ``m`` of the job goes
+to reader ``m % dp_size``: the same global microbatches at every size dividing the lanes.
 
-The translation to :mod:`zephon.integration`:
+- readers: ``geometry``, else :meth:`RunGeometry.from_environment`; several readers need
+  ``torch.distributed`` initialized (they agree on the end of the data, sum the metrics);
+- lanes: :func:`choose_lanes` (the recipe's or pipeline's, ``lanes=``, a loaded state's);
+- the pipeline is built on first use, in the process that iterates (a worker builds its own);
+- state: :meth:`ZephonIterableDataset.state_dict`, the kit's envelope of what was handed out
+  (:mod:`zephon.integration.state_envelope`). ``state_scope="rank"`` (default): this reader's
+  lanes, for per-rank checkpoints (``StatefulDataLoader``, DCP; resume at another size from
+  the list of every rank's). ``"job"``: every reader's lanes on each rank, gathered as JSON (a
+  collective), for one file from the main process (``accelerate``'s ``save_state``);
+- ``len()``: microbatches per reader in one pass, where the data makes it exact.
 
-- readers: ``geometry``, else :meth:`RunGeometry.from_environment` (the default process group,
-  else ``RANK``/``WORLD_SIZE``); several readers need ``torch.distributed`` initialized, whose
-  ranks agree on the end of the data and sum the metrics over a gloo group;
-- lanes: :func:`choose_lanes` (the recipe's or the pipeline's, ``lanes=``, a loaded state's,
-  else 8 per reader);
-- the pipeline is built on first use, in the process that iterates: a ``DataLoader`` worker
-  builds its own;
-- state: :meth:`ZephonIterableDataset.state_dict` describes the microbatches handed out, in
-  the kit's envelope (:mod:`zephon.integration.state_envelope`: plain data, sealed).
-  ``state_scope="rank"`` (default) gives this reader's lanes, for frameworks that save a state
-  per rank (torchdata's ``StatefulDataLoader``, DCP); to resume at another size, load the
-  list of every rank's states. ``state_scope="job"`` gathers every reader's lanes on each
-  rank as JSON (a collective: call it on all ranks at once), for frameworks that save one
-  file from the main process (``accelerate``'s ``save_state``).
-
-Where the state lives: the pipeline runs in the process that iterates, so with a
-``DataLoader`` worker its state is in the worker. torchdata's ``StatefulDataLoader`` asks the
-worker for it; a plain ``DataLoader`` cannot, so :meth:`ZephonIterableDataset.state_dict` in
-the main process, once a worker has handed out items, is an error naming the fix (a state of
-position 0 there would replay the run from its start).
+Where the state lives: with a ``DataLoader`` worker, in the worker. torchdata's
+``StatefulDataLoader`` asks the worker for it; a plain ``DataLoader`` cannot, so
+:meth:`ZephonIterableDataset.state_dict` in the main process, once a worker handed out items,
+is an error naming the fix (a state of position 0 would replay the run from its start).
 
 Limits: one ``DataLoader`` worker at most (the recipe's ``workers`` runs the document
 operators in processes); model-parallel layouts pass their ``geometry``; ``accelerate``'s
-``prepare`` on the ``DataLoader`` is refused (it would dispatch or shard the microbatches a
-second time, and with dispatching only process 0 reads, leaving the others' readers waiting).
+``prepare`` is refused (it would dispatch or shard the microbatches a second time).
 """
 
 from __future__ import annotations
@@ -55,6 +46,7 @@ from zephon.integration import (
     LoaderSession,
     RunGeometry,
     choose_lanes,
+    data_supply,
     job_state,
     lanes_problem,
     rank_state,
@@ -82,8 +74,7 @@ class ZephonIterableDataset(IterableDataset):
         max_length`` fixes it; ``microbatch_size``: rows per item unless ``[batch]
         microbatch_size`` does (given both, they must agree); a pipeline fixes both itself.
         ``to_training``: ``SampleBatch.to_training`` options of a pipeline's items (a recipe
-        has its ``[to_training]``). ``infinite``: start the data over at its end instead of
-        ending the iteration."""
+        has its ``[to_training]``). ``infinite``: start the data over at its end."""
         if state_scope not in STATE_SCOPES:
             raise ConfigError(f"state_scope must be one of {STATE_SCOPES}, got {state_scope!r}")
         self.pipeline: Pipeline | None = recipe if isinstance(recipe, Pipeline) else None
@@ -109,28 +100,21 @@ class ZephonIterableDataset(IterableDataset):
         self._pending: Any = None
         """A state loaded before the pipeline exists, as given."""
         self._handed: Any = multiprocessing.RawValue("q", 0)
-        """Items handed out by whichever process iterates this dataset (a DataLoader
-        worker's copy shares it): lets the main process see that its own state is not the
-        state of what was delivered."""
+        """Items handed out by whichever process iterates this dataset (a worker's copy
+        shares it): the main process sees that its own state is not what was delivered."""
 
     # -- iteration -------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:
         _refuse_accelerate_prepare()
-        session = self._open()
-        while True:
-            for item in session:
-                if self._handed is not None:
-                    self._handed.value += 1
-                yield item
-            if not self.infinite:
-                return
+        for _, item in self._open().batches(cycle=self.infinite):  # infinite: start over
+            if self._handed is not None:
+                self._handed.value += 1
+            yield item
 
     def _open(self) -> LoaderSession:
-        if self._session is not None:
-            return self._session
-        # The readers start together: a reader failing here is named to the others.
-        with startup():
-            self._session = self._start()
+        if self._session is None:
+            with startup():  # the readers start together: a failure is named to the others
+                self._session = self._start()
         return self._session
 
     def _start(self) -> LoaderSession:
@@ -174,19 +158,37 @@ class ZephonIterableDataset(IterableDataset):
         several readers a collective: call it on every rank at the same step."""
         return self._open().metrics()
 
+    def __len__(self) -> int:
+        """Microbatches this reader hands out in one pass where the data makes it exact: one
+        Megatron indexed dataset, not repeated, packed with ``wrap``, no ``[[ops]]``
+        (:func:`zephon.integration.data_supply`). Otherwise a TypeError, as for any iterable
+        without a length (progress bars then count without a total)."""
+        if self.infinite or self.recipe is None:
+            raise TypeError("ZephonIterableDataset has no length: " + (
+                "infinite=True starts over at the end" if self.infinite else
+                "a pipeline built in Python is not counted (a recipe of one indexed dataset is)"))
+        dp = (self.geometry or RunGeometry.from_environment()).dp_size
+        lanes = choose_lanes(dp, recipe=self.recipe.lanes, option=self.lanes).lanes
+        mbs = self.recipe.batch.microbatch_size or self.microbatch_size
+        pipeline = self.recipe.build(seq_len=self.seq_len, microbatch_size=mbs, lanes=lanes,
+                                     prefetch=0)  # names a size left open
+        row = (self.recipe.pack.max_length if self.recipe.pack else None) or self.seq_len + 1
+        supply = data_supply(self.recipe, pipeline, row, mbs, dp)
+        if supply is None or not supply.exact:
+            raise TypeError("ZephonIterableDataset has no length: the data repeats, or its "
+                            "size is only estimated (one indexed dataset read once is counted)")
+        return supply.rows // mbs // dp
+
     # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The state envelope of the microbatches handed out: this reader's lanes, or every
         reader's under ``state_scope="job"`` (a collective)."""
         if self._session is None and self._handed is not None and self._handed.value:
             raise ConfigError(
-                "ZephonIterableDataset.state_dict(): the items were handed out by a "
-                "DataLoader worker process, where the pipeline and its state live (reading "
-                "ahead of the loop); this process's copy has read nothing, and its state "
-                "would replay the "
-                "run from its start. Use torchdata's StatefulDataLoader(dataset, "
-                "batch_size=None, num_workers=1), whose state_dict() carries the worker's, or "
-                "num_workers=0")
+                "ZephonIterableDataset.state_dict(): a DataLoader worker handed the items out "
+                "and holds the state; this process's copy has read nothing, and its state would "
+                "replay the run from its start. Use torchdata's StatefulDataLoader(dataset, "
+                "batch_size=None, num_workers=1), which carries the worker's, or num_workers=0")
         if self._session is None and self._pending is not None and self.state_scope == "rank":
             return self._pending
         session = self._open()
@@ -219,9 +221,6 @@ class ZephonIterableDataset(IterableDataset):
         return copied
 
 
-_ACCELERATE = "accelerate.data_loader"
-
-
 def _refuse_accelerate_prepare() -> None:
     """A ConfigError when the caller is ``accelerate``'s prepared DataLoader (its dispatcher
     or its shard of an iterable dataset), found among the calling frames."""
@@ -229,7 +228,7 @@ def _refuse_accelerate_prepare() -> None:
     for _ in range(40):
         if frame is None:
             return
-        if frame.f_globals.get("__name__", "").startswith(_ACCELERATE):
+        if frame.f_globals.get("__name__", "").startswith("accelerate.data_loader"):
             raise ConfigError(
                 "ZephonIterableDataset in a DataLoader passed to accelerator.prepare: the "
                 "dataset already reads this process's share of the microbatches, and prepare "

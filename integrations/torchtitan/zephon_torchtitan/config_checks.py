@@ -24,7 +24,7 @@ from dataclasses import replace
 from typing import Any
 
 from zephon import ConfigError
-from zephon.integration import refusal
+from zephon.integration import global_rank, refusal
 from zephon_torchtitan import checkpoint_lanes
 
 PREFLIGHT_IMPORT = "zephon_torchtitan.override.zephon_preflight"
@@ -112,8 +112,10 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None, *,
         if where == "dataloader":
             values["lanes"] = recipe.lanes
         if where == "dataloader" and not found:
-            found = [f"[{where}] {p}" for p in resume_problems(root, loader, recipe, values)
-                     + data_problems(root, loader, recipe, values)]
+            found = [f"[{where}] {p}" for p in resume_problems(root, loader, recipe, values)]
+            ends = None if found else data_ends(root, loader, recipe, values)
+            if ends and global_rank() == 0:
+                logger.warning(f"zephon: {ends}")
         if where == "dataloader" and loader.check_tokenizer:
             mismatch = _tokenizer_problem(root, recipe)
             found += [f"[{where}] {mismatch}"] if mismatch else []
@@ -132,7 +134,7 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None, *,
 def record_run(root: Any, loader: Any, values: dict[str, Any]) -> None:
     """Write the run record into ``dump_folder`` (global rank 0), so that ``zephon trace
     DUMP_FOLDER --steps N`` needs nothing typed again (:mod:`zephon.integration.run_record`)."""
-    from zephon.integration import RunRecord, global_rank
+    from zephon.integration import RunRecord
 
     if root is None or global_rank() != 0 or not values.get("lanes") \
             or not values.get("world_size") or not getattr(root, "dump_folder", None):
@@ -204,34 +206,36 @@ def resume_problems(root: Any, loader: Any, recipe: Any, values: dict[str, Any])
                                       "--checkpoint.exclude_from_loading dataloader")
 
 
-def data_problems(root: Any, loader: Any, recipe: Any, values: dict[str, Any]) -> list[str]:
-    """The training data against ``training.steps`` x the global batch
-    (:func:`zephon.integration.data_supply`): a dataset that does not repeat and runs out
-    first is named before the model is built. Nothing to say for an ``infinite`` loader or
-    without the run's shape."""
+def data_ends(root: Any, loader: Any, recipe: Any, values: dict[str, Any]) -> str | None:
+    """Where the training data ends before ``training.steps`` x the global batch
+    (:func:`zephon.integration.data_supply`), said before the model is built: TorchTitan then
+    ends the run at the end of the data ("Ran out of data"), which may be the plan (one
+    epoch) or a surprise. None for an ``infinite`` loader, data that lasts, or without the
+    run's shape."""
     from zephon.integration import data_supply
 
     training = getattr(root, "training", None)
     steps, dp = getattr(training, "steps", None), values.get("world_size")
     if loader.infinite or not steps or not dp or not values.get("seq_len"):
-        return []
+        return None
     local = values["microbatch_size"]
     global_batch = getattr(training, "global_batch_size", -1)
-    needed = steps * (global_batch if global_batch > 0 else local * dp)
+    per_step = global_batch if global_batch > 0 else local * dp
     if loader.seed is not None:
         recipe = replace(recipe, seed=loader.seed)
     pipeline = recipe.build(seq_len=values["seq_len"], microbatch_size=local,
                             lanes=recipe.lanes, prefetch=0)
     row = values["seq_len"] + 1
     supply = data_supply(recipe, pipeline, row, local, dp)
-    if supply is None or not supply.short_of(needed):
-        return []
-    fits = supply.rows // (needed // steps)
-    return [supply.shortfall(recipe.source, f"training.steps {steps} x the global batch of "
-                             f"{needed // steps} rows needs {needed:,} rows", "lower "
-                             f"--training.steps (to {fits} or fewer)" if fits else "lower "
-                             "--training.global_batch_size (the data does not fill one "
-                             "step of it)", row)]
+    if supply is None or not supply.short_of(steps * per_step):
+        return None
+    names = ", ".join(repr(n) for n in supply.limiting)
+    return (f"{recipe.source}: the training data ends before training.steps {steps}: "
+            f"{names} not repeated, it yields {supply.described(row)}, about "
+            f"{supply.rows // per_step} steps of {per_step} rows; the run will end there "
+            f"(\"Ran out of data\"). To train all {steps} steps, add repeat = "
+            f"[{', '.join(chr(34) + n + chr(34) for n in supply.once)}] to [mixture] or set "
+            "--dataloader.infinite")
 
 
 def install_loaders(root: Any, replacing: dict[str, Any] | None = None, *,
