@@ -94,26 +94,6 @@ class MaskingChoices:
     eos_mask_loss: bool
     """The label predicted from an EOS token (the next document's first) is ignored."""
 
-    def to_training_kwargs(self, *, eos_token_id: int | None,
-                           ignore_index: int | None = None) -> dict[str, Any]:
-        """``SampleBatch.to_training`` keyword arguments for the Megatron preset."""
-        options: dict[str, Any] = {
-            "return_labels": True,
-            "return_loss_mask": True,
-            "return_cu_seqlens": self.document_masking,
-            "position_mode": self.position_mode,
-            "eos_mask_loss": self.eos_mask_loss,
-            "rename_fields": {"input_ids": "tokens", "positions": "position_ids"},
-        }
-        if ignore_index is not None:
-            options["ignore_index"] = ignore_index
-        if self.eos_mask_loss:
-            if eos_token_id is None:
-                raise ZephonArgumentError("--eod-mask-loss needs an EOS token; the recipe's "
-                                          "tokenizer has none (set [to_training] eos_token_id)")
-            options["eos_token_id"] = eos_token_id
-        return options
-
 
 @dataclass(frozen=True)
 class ZephonSettings:

@@ -173,7 +173,7 @@ class ZephonDataIterator:
         if self.restart_every and self._since_start >= self.restart_every:
             self._restart()
         if self._iterator is None:
-            self._iterator = self.session.batches()
+            self._iterator = self.session.batches(cycle=self.cycle)
         try:
             return next(self._iterator)
         except StopIteration:
@@ -183,15 +183,7 @@ class ZephonDataIterator:
                     f"microbatches on this reader, but one evaluation reads {self.restart_every}"
                     " (--eval-iters x --global-batch-size / (--micro-batch-size x data-parallel"
                     " size)); give more data or lower --eval-iters") from None
-            if not self.cycle:
-                raise
-        self._restart()
-        self._iterator = self.session.batches()
-        try:
-            return next(self._iterator)
-        except StopIteration:
-            raise ConfigError(f"{self.source}: the {self.role} recipe yields no microbatch of "
-                              f"{self.micro_batch_size} rows") from None
+            raise
 
     def __next__(self) -> dict[str, torch.Tensor]:
         try:
@@ -281,11 +273,17 @@ class ZephonDataIterator:
 
 # -- provider ----------------------------------------------------------------------------------
 def preset_options(settings: ZephonSettings, recipe: Any) -> dict[str, Any]:
-    """The ``to_training`` arguments of the Megatron preset under this run's masking."""
-    eos = eod_id(recipe, megatron_tokenizer()) if settings.masking.eos_mask_loss else None
-    return settings.masking.to_training_kwargs(
-        eos_token_id=eos,
-        ignore_index=recipe.to_training.get("ignore_index"))
+    """The ``to_training`` arguments of the Megatron preset under this run's masking: the
+    recipe's table completed by the preset (:data:`zephon.recipe.presets.MEGATRON`), the
+    masking Megatron's flags chose, and Megatron's tensor names."""
+    from zephon.recipe.presets import MEGATRON
+
+    masking = settings.masking
+    eos = eod_id(recipe, megatron_tokenizer()) if masking.eos_mask_loss else None
+    return MEGATRON.training_options(recipe, {
+        "position_mode": masking.position_mode, "return_cu_seqlens": masking.document_masking,
+        "eos_mask_loss": masking.eos_mask_loss, "eos_token_id": eos,
+        "rename_fields": {"input_ids": "tokens", "positions": "position_ids"}})
 
 
 def build_iterator(recipe: Any, settings: ZephonSettings, topology: Topology, *,

@@ -47,6 +47,7 @@ from zephon.integration import (
     EndOfRunReport,
     LoaderSession,
     TraceFile,
+    check_training_batch,
     choose_lanes,
     metrics_group,
     reader_group,
@@ -243,7 +244,7 @@ class ZephonDataLoader(BaseDataLoader):
                  ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         rows, width = len(batch), self._seq_len
         if self.config.check_batches:
-            _check_batch(out, rows, width)
+            check_training_batch(out, rows, width)
         inputs, positions, labels = out["input_ids"], out["positions"], out["labels"]
         if self._flat_api:
             shape: tuple[int, ...] = (rows * width,)
@@ -388,27 +389,3 @@ def _forward_keys() -> frozenset[str]:
 
     params = inspect.signature(Decoder.forward).parameters
     return frozenset(name for name in params if name not in ("self", "tokens"))
-
-
-def _check_batch(out: dict[str, torch.Tensor], rows: int, width: int) -> None:
-    labels = out["labels"].view(rows, width)
-    positions = out["positions"].view(rows, width)
-    padding = out["padding_mask"].view(rows, width)
-    problems = []
-    if labels.shape != positions.shape or labels.numel() != rows * width:
-        problems.append(f"shape {tuple(labels.shape)} is not {rows} x {width}")
-    if bool((labels[padding] != -100).any()):
-        problems.append("a padding position has a label that counts")
-    valid = int((labels != -100).sum())
-    if valid != int(out["num_valid_tokens"].sum()):
-        problems.append(f"num_valid_tokens={int(out['num_valid_tokens'].sum())} but {valid} "
-                        "labels count")
-    if bool((positions[:, 0] != 0).any()):
-        problems.append("a row does not start at position 0")
-    step_ok = (positions[:, 1:] == positions[:, :-1] + 1) | (positions[:, 1:] == 0)
-    if not bool(step_ok.all()):
-        problems.append("positions neither grow by one nor restart at 0")
-    if bool((positions >= width).any()) or bool((positions < 0).any()):
-        problems.append(f"a position is outside [0, {width})")
-    if problems:
-        raise RuntimeError("zephon: malformed training batch: " + "; ".join(problems))
