@@ -21,7 +21,7 @@ from a loader whatever the framework is here, each in one module:
 - :mod:`~zephon.integration.trace_file`: the per-rank trace file (:class:`TraceFile`);
 - :mod:`~zephon.integration.tokenizer_check`: the framework's tokenizer against the recipe's
   (:func:`tokenizer_mismatch`);
-- :mod:`~zephon.integration.data_supply`: whether the training data lasts the run
+- :mod:`~zephon.integration.data_amount`: whether the training data lasts the run
   (:func:`data_supply`);
 - :mod:`~zephon.integration.preflight`: the resume checked before the model is built
   (:func:`resume_problems`) and one list of problems for the job (:func:`refusal`);
@@ -38,7 +38,7 @@ Nothing here changes the environment; adapters pass what their framework knows.
 from __future__ import annotations
 
 from zephon.integration.batch_checks import check_training_batch, training_batch_problems
-from zephon.integration.data_supply import DataSupply, data_supply
+from zephon.integration.data_amount import DataSupply, data_supply
 from zephon.integration.geometry import (
     RunGeometry,
     distributed,

@@ -21,7 +21,7 @@ after the model is built:
 - the amount of training data (:func:`data_shortfall`): a dataset that does not repeat can run
   out before ``--train-iters`` (or ``--train-samples``): the samples Megatron's loop consumes,
   the ramp included, against the rows the data yields
-  (:mod:`zephon.integration.data_supply`, counted for one indexed dataset, else estimated).
+  (:mod:`zephon.integration.data_amount`, counted for one indexed dataset, else estimated).
 - Megatron-LM's tokenizer (:func:`tokenizer_problems`), where it loads without Megatron-LM:
   ``--tokenizer-type HuggingFaceTokenizer`` with a local ``--tokenizer-model`` directory. It
   must have at least the ids of the recipe's tokenizer and end documents with the same EOS id
@@ -298,7 +298,7 @@ def training_samples(args: argparse.Namespace, dp: int) -> tuple[int, str] | Non
 def data_shortfall(args: argparse.Namespace, recipe: Any, pipeline: Any,
                    dp: int) -> str | None:
     """Why the training data runs out before the run ends, or None
-    (:mod:`zephon.integration.data_supply`: the rows the data yields against the samples
+    (:mod:`zephon.integration.data_amount`: the rows the data yields against the samples
     Megatron's loop consumes, the batch-size ramp included)."""
     from zephon.integration import data_supply
 
