@@ -122,6 +122,8 @@ def test_the_trace_tool_takes_the_runs_folder(saved: dict, capsys) -> None:
     from zephon.integration import RunRecord
     from zephon_megatron_tools.trace import main
 
+    if saved["tokenizer"] != "hf":
+        pytest.skip("the record is the same for both tokenizers: one run of the tool is enough")
     record = RunRecord.read(saved["ckpt"])
     assert (record.framework, record.dp_size, record.microbatch_size, record.seq_len,
             record.microbatches_per_step, record.recipe) == ("megatron", 2, 2, 64, 4, None)
