@@ -389,3 +389,42 @@ def test_the_preflight_says_where_the_data_ends_and_records_the_run(docs_dir, tm
     assert (record.framework, record.recipe, record.lanes, record.dp_size,
             record.microbatch_size, record.seq_len, record.microbatches_per_step,
             record.checkpoints) == ("torchtitan", str(recipe), 2, 1, 2, 64, 4, None)
+
+
+@pytest.mark.parametrize("eos, named", [
+    (7, "no sampled document of this dataset ends with it; they end with 2 (300 of 300)"),
+    (5000, "the data's ids are 0..999 ([tokenize] vocab_size), so none is ever masked"),
+    (2, None)])
+def test_an_eos_that_token_id_data_never_ends_with_is_named_before_the_model(tmp_path, eos,
+                                                                             named):
+    """eos_mask_loss (TorchTitan's default) on token-id data masks after the id the recipe
+    names: one the documents of an indexed dataset never end with, or one beyond the data's
+    ids, would mask nothing, silently."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from zephon.io.indexed import write_indexed_dataset
+
+    rng = np.random.default_rng(0)
+    prefix = write_indexed_dataset(tmp_path / "web_text_document", [
+        np.append(rng.integers(5, 900, size=int(rng.integers(10, 200))), 2) for _ in range(300)])
+    recipe = tmp_path / "ids.toml"
+    recipe.write_text(f'seed = 1\nlanes = 2\n[[datasets]]\nname = "web"\npath = "{prefix}"\n'
+                      'fmt = "megatron"\n[mixture]\nrepeat = ["web"]\n[tokenize]\n'
+                      'kind = "pretokenized"\nvocab_size = 1000\n[pack]\nalgorithm = "wrap"\n'
+                      f'[to_training]\neos_token_id = {eos}\n')
+    root = SimpleNamespace(
+        dump_folder=str(tmp_path / "run"), validator=None,
+        dataloader=ZephonDataLoader.Config(recipe=str(recipe), tokenizer_from_recipe=False),
+        checkpoint=SimpleNamespace(enable=False),
+        parallelism=SimpleNamespace(tensor_parallel_degree=1, pipeline_parallel_degree=1,
+                                    context_parallel_degree=1),
+        training=SimpleNamespace(seq_len=64, local_batch_size=2, steps=10))
+    if named is None:
+        preflight.preflight(root)
+        return
+    with pytest.raises(ConfigError, match="preflight found problems") as refused:
+        preflight.preflight(root)
+    assert named in str(refused.value) and "eos_mask_loss masks the label after EOS id" in \
+        str(refused.value)

@@ -16,6 +16,8 @@ from a loader whatever the framework is here, each in one module:
   for all of them (:func:`read_state`);
 - :mod:`~zephon.integration.run_report`: the end-of-run report, job-wide where the readers
   end together, printed once by global rank 0 (:class:`EndOfRunReport`);
+- :mod:`~zephon.integration.eos_checks`: the EOS id a loss mask masks after, against
+  token-id data (:func:`eos_range_problem`, :func:`document_end_problems`);
 - :mod:`~zephon.integration.batch_checks`: every training batch checked on its way to the
   trainer (:func:`check_training_batch`);
 - :mod:`~zephon.integration.trace_file`: the per-rank trace file (:class:`TraceFile`);
@@ -39,6 +41,11 @@ from __future__ import annotations
 
 from zephon.integration.batch_checks import check_training_batch, training_batch_problems
 from zephon.integration.data_amount import DataSupply, data_supply
+from zephon.integration.eos_checks import (
+    document_end_problems,
+    eos_range_problem,
+    indexed_prefixes,
+)
 from zephon.integration.geometry import (
     RunGeometry,
     distributed,
@@ -66,9 +73,39 @@ from zephon.integration.trace_file import TraceFile
 from zephon.recipe import FrameworkValues, ResolvedRecipe
 from zephon.recipe.checks import check_recipe
 
-__all__ = ["DataSupply", "EndOfRunReport", "FrameworkValues", "LaneChoice", "LoaderSession",
-           "LoaderState", "ResolvedRecipe", "RunGeometry", "RunRecord", "TraceFile", "check_recipe",
-           "check_training_batch", "choose_lanes", "data_supply", "distributed", "global_rank",
-           "host_group", "job_state", "lanes_problem", "merge_states", "metrics_group",
-           "rank_state", "read_state", "reader_group", "refusal", "resume_problems", "saved_lanes",
-           "state_as_text", "state_from_text", "tokenizer_mismatch", "training_batch_problems"]
+__all__ = [
+    "DataSupply",
+    "EndOfRunReport",
+    "FrameworkValues",
+    "LaneChoice",
+    "LoaderSession",
+    "LoaderState",
+    "ResolvedRecipe",
+    "RunGeometry",
+    "RunRecord",
+    "TraceFile",
+    "check_recipe",
+    "check_training_batch",
+    "choose_lanes",
+    "data_supply",
+    "distributed",
+    "document_end_problems",
+    "eos_range_problem",
+    "global_rank",
+    "host_group",
+    "indexed_prefixes",
+    "job_state",
+    "lanes_problem",
+    "merge_states",
+    "metrics_group",
+    "rank_state",
+    "read_state",
+    "reader_group",
+    "refusal",
+    "resume_problems",
+    "saved_lanes",
+    "state_as_text",
+    "state_from_text",
+    "tokenizer_mismatch",
+    "training_batch_problems",
+]

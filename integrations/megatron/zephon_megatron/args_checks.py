@@ -49,7 +49,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from zephon_megatron.eod_checks import eod_problems, indexed_prefixes
+from zephon.integration import indexed_prefixes
+from zephon_megatron.eod_checks import eod_problems
 from zephon_megatron.geometry import data_parallel_size, model_ways, rampup
 from zephon_megatron.state_files import (
     checkpoint_iteration,

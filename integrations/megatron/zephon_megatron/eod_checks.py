@@ -13,31 +13,20 @@ line says it:
 - other tokenizers are built by Megatron only: the provider checks their EOD, before the
   first step.
 
-:func:`document_end_problems` then reads how the documents of each Megatron indexed dataset
-end (``preprocess_data.py --append-eod`` ends every one with its tokenizer's EOD): the last
-token of up to :data:`SAMPLED_DOCUMENTS` documents spread over the dataset, found from the
-``.idx`` (sequence pointers and lengths, the document index) and read one token each from the
-memory-mapped ``.bin``. A dataset none of whose sampled documents ends with the EOD is refused,
-naming the ids they do end with: the mask would hit no label (Megatron's loader does the same
-silently). Documents that end otherwise now and then (truncated ones) do not matter; a
-``pretokenized`` operator that appends its own ``eos_token_id`` skips the check (its EOS ends
-every document).
+:func:`eod_problems` then checks the id against the data with the kit's
+:mod:`zephon.integration.eos_checks` (the ids the data holds; the ids an indexed dataset's
+documents end with), in Megatron's words.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from collections import Counter
 from typing import Any
-
-import numpy as np
 
 from zephon_megatron.adapter_error import ZephonArgumentError
 from zephon_megatron.vocabulary import tokenizer_type
 
-SAMPLED_DOCUMENTS = 4096
-"""Documents per dataset whose last token is read."""
 
 def null_tokenizer_eod(eod: int | None = None) -> str:
     """Why a NullTokenizer's EOD (``eod`` where known) is refused for --eod-mask-loss (here
@@ -87,56 +76,16 @@ def command_line_eod(args: argparse.Namespace, recipe: Any) -> tuple[int, str] |
     return None
 
 
-def document_end_ids(prefix: str, sample: int = SAMPLED_DOCUMENTS) -> Counter[int]:
-    """How often each id ends one of up to ``sample`` documents of an indexed dataset, spread
-    evenly over it (empty documents left out)."""
-    from zephon.io.indexed import open_indexed
-
-    data = open_indexed(prefix)
-    last = data.doc_index[1:] - 1  # each document's last sequence
-    last = last[last >= data.doc_index[:-1]]  # documents with at least one sequence
-    lengths = data.lengths[last]
-    last = last[lengths > 0]
-    if len(last) > sample:
-        last = last[np.linspace(0, len(last) - 1, sample).astype(np.int64)]
-    ends = data.starts[last] + data.lengths[last].astype(np.int64) - 1
-    return Counter(int(i) for i in data.tokens[ends])
-
-
-def indexed_prefixes(recipe: Any) -> list[str]:
-    """The prefixes of the Megatron indexed datasets ``recipe`` reads, each once."""
-    from zephon.io.indexed import prefix_of
-
-    prefixes: list[str] = []
-    for entry in recipe.datasets:
-        prefix = prefix_of(str(entry.path)) if entry.fmt in (None, "megatron") else None
-        if prefix is not None and prefix not in prefixes:
-            prefixes.append(prefix)
-    return prefixes
-
-
-def _appends_eos(recipe: Any) -> bool:
-    return recipe.tokenize.get("eos_token_id") is not None
+EOD_FIX = ("The data was written with another tokenizer's EOD: name that tokenizer "
+           "(--tokenizer-type/--tokenizer-model), set [to_training] eos_token_id to the id the "
+           "documents end with, or drop --eod-mask-loss")
 
 
 def document_end_problems(recipe: Any, eod: int, source: str) -> list[str]:
     """Indexed datasets of ``recipe`` whose sampled documents never end with ``eod``."""
-    if recipe.tokenizer is not None or _appends_eos(recipe):
-        return []
-    problems = []
-    for prefix in indexed_prefixes(recipe):
-        ends = document_end_ids(prefix)
-        if not ends or eod in ends:
-            continue
-        common = ", ".join(f"{token} ({count} of {sum(ends.values())})"
-                           for token, count in ends.most_common(3))
-        problems.append(
-            f"{prefix}: --eod-mask-loss masks the label after EOD id {eod} ({source}), but no "
-            f"sampled document of this dataset ends with it; they end with {common}. The data "
-            "was written with another tokenizer's EOD: name that tokenizer (--tokenizer-type/"
-            "--tokenizer-model), set [to_training] eos_token_id to the id the documents end "
-            "with, or drop --eod-mask-loss")
-    return problems
+    from zephon.integration import document_end_problems as ends_problems
+
+    return ends_problems(recipe, eod, source, flag="--eod-mask-loss", fix=EOD_FIX, name="EOD")
 
 
 def eod_problems(args: argparse.Namespace, recipe: Any) -> list[str]:
@@ -154,17 +103,11 @@ def eod_problems(args: argparse.Namespace, recipe: Any) -> list[str]:
 
 
 def check_eod_occurs(eod: int, recipe: Any) -> None:
-    """Refuse an EOD id outside the ids the data holds: below 0, or not below the recipe
-    tokenizer's size (text) or ``[tokenize] vocab_size`` (token ids)."""
-    if recipe.tokenizer is not None:
-        from zephon.text.tokenizer import load_tokenizer
+    """Refuse an EOD id outside the ids the data holds (the kit's
+    :func:`~zephon.integration.eos_range_problem`)."""
+    from zephon.integration import eos_range_problem
 
-        limit, what = len(load_tokenizer(recipe.tokenizer)), f"tokenizer {recipe.tokenizer!r}"
-    else:
-        limit, what = recipe.tokenize.get("vocab_size"), "[tokenize] vocab_size"
-    if eod < 0 or (limit is not None and eod >= limit):
-        raise ZephonArgumentError(
-            f"{recipe.source}: --eod-mask-loss masks the label after EOD id {eod}, but the "
-            f"data's ids are 0..{'?' if limit is None else limit - 1} ({what}), so none is "
-            "ever masked. Set [to_training] eos_token_id to the EOD id the data holds, or "
-            "drop --eod-mask-loss")
+    problem = eos_range_problem(recipe, eod, flag="--eod-mask-loss", name="EOD", fix=(
+        "Set [to_training] eos_token_id to the EOD id the data holds, or drop --eod-mask-loss"))
+    if problem:
+        raise ZephonArgumentError(problem)

@@ -112,7 +112,8 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None, *,
         if where == "dataloader":
             values["lanes"] = recipe.lanes
         if where == "dataloader" and not found:
-            found = [f"[{where}] {p}" for p in resume_problems(root, loader, recipe, values)]
+            found = [f"[{where}] {p}" for p in eos_problems(loader, recipe)
+                     + resume_problems(root, loader, recipe, values)]
             ends = None if found else data_ends(root, loader, recipe, values)
             if ends and global_rank() == 0:
                 logger.warning(f"zephon: {ends}")
@@ -170,6 +171,31 @@ def _tokenizer_problem(root: Any, recipe: Any) -> str | None:
         return None  # TorchTitan names what is wrong with its own tokenizer
     return tokenizer_mismatch(recipe, vocab=len(theirs), eos=theirs.eos_token_id,
                               theirs=f"TorchTitan's tokenizer ({path})", fix=TOKENIZER_FIX)
+
+
+def eos_problems(loader: Any, recipe: Any) -> list[str]:
+    """With ``eos_mask_loss`` on token-id data, the EOS id against the data
+    (:mod:`zephon.integration.eos_checks`): one the data cannot hold, or one no sampled
+    document of an indexed dataset ends with, would mask nothing."""
+    from zephon.integration import document_end_problems, eos_range_problem
+    from zephon.recipe.presets import TORCHTITAN
+    from zephon_torchtitan.dataloader import RECIPE_CHOICES
+
+    if recipe.tokenizer is not None:
+        return []  # the recipe's tokenizer makes the ids and ends every document
+    try:
+        options = TORCHTITAN.training_options(recipe, {"eos_mask_loss": loader.eos_mask_loss},
+                                              choices=RECIPE_CHOICES)
+    except ConfigError as exc:
+        return [str(exc)]
+    if not options.get("eos_mask_loss"):
+        return []
+    eos, fix = options["eos_token_id"], ("Set [to_training] eos_token_id to the id the "
+                                         "documents end with, or eos_mask_loss = false")
+    problem = eos_range_problem(recipe, eos, flag="eos_mask_loss", fix=fix)
+    return [problem] if problem else document_end_problems(
+        recipe, eos, f"[to_training] eos_token_id of {recipe.source}", flag="eos_mask_loss",
+        fix=fix)
 
 
 def resume_problems(root: Any, loader: Any, recipe: Any, values: dict[str, Any]) -> list[str]:
