@@ -4,39 +4,10 @@
 ``--dataloader {megatron,zephon}`` (``megatron`` stays the default), ``--zephon-recipe``,
 ``--zephon-valid-recipe``, ``--zephon-test-recipe``, ``--zephon-lanes``, ``--zephon-prefetch``
 and, because Megatron-LM only reads it, ``--dataloader-save``. Megatron's own flags keep their
-meaning or are refused before the model is built:
-
-=========================  ==========================================================
-``--seq-length``           context length; rows are packed to ``seq_length + 1`` tokens
-``--micro-batch-size``     rows per microbatch
-``--reset-position-ids``   ``position_mode = "preserve"`` (absent: ``"sequence"``)
-``--reset-attention-mask`` document masking: ``return_cu_seqlens = true`` (Megatron-LM 0.19's
-                           ``--dataloader-inter-document-masking`` means the same)
-``--eod-mask-loss``        ``eos_mask_loss = true`` (the EOS -> next document label)
-``--transformer-impl``     ``transformer_engine``: THD packed attention; ``local``: a
-                           dense per-document causal mask
-``--eval-iters``           iterations per evaluation; > 0 needs validation data
-                           (``--zephon-valid-recipe`` or a ``--split`` share)
-``--eval-interval``        required with ``--train-iters`` (Megatron-LM 0.16 divides by it)
-``--save``/``--load``      without ``--dataloader-save`` the loader state is written into
-                           the checkpoint itself (``iter_N/mp_rank_*/``) and read from
-                           ``--load``
-``--data-path``            Megatron's blend (weights and prefixes, or prefixes weighted by
-                           size): see :mod:`zephon_megatron.blend`
-``--data-args-path``       a file holding the ``--data-path`` values
-``--per-split-data-args-path``  a JSON file of train/valid/test blends (as
-                           ``--train-data-path``, ``--valid-data-path``, ``--test-data-path``)
-``--split``                with ``--data-path``: each dataset's train/valid/test documents
-``--rampup-batch-size``    the global batch size ramp: the loader metrics' iterations follow
-                           it (the data order does not depend on batch sizes)
-``--num-workers``          processes per reader running the document operators (decode,
-                           tokenize): ``workers`` of the loader; absent: the recipe's, or 0
-``--data-cache-path``      refused: there is no index cache to place
-=========================  ==========================================================
-
-Every other data flag of Megatron-LM is listed in :mod:`zephon_megatron.flags`, with what it
-does here; the refused ones are refused by name (:func:`~zephon_megatron.flags.
-refused_flag_problems`).
+meaning or are refused before the model is built: :data:`zephon_megatron.flags.TABLE` says
+what each data flag of Megatron-LM does here (the README carries the same table, and a test
+checks both against Megatron-LM's parser); the refused ones are refused by name
+(:func:`~zephon_megatron.flags.refused_flag_problems`).
 
 Lanes: a recipe's ``lanes``, else ``--zephon-lanes``, else (on resume) the lanes of the loader
 state, else ``DEFAULT_LANES_PER_READER`` (8) times the data-parallel size of the first launch.
