@@ -12,7 +12,7 @@ Usage: ``python -m benchmarks.trace_step [--steps 10000]``.
 from __future__ import annotations
 
 import argparse
-import pickle
+import json
 import subprocess
 import sys
 import tempfile
@@ -53,8 +53,8 @@ def main() -> None:
             pass
         print(f"trained {args.steps:,} steps ({args.steps * 4:,} microbatches) in "
               f"{time.perf_counter() - start:.1f} s")
-        state = Path(scratch) / "state.pkl"
-        state.write_bytes(pickle.dumps(pipeline.state_dict()))
+        state = Path(scratch) / "state.json"  # plain data: a loader state is never unpickled
+        state.write_text(json.dumps(pipeline.state_dict()))
         common = [sys.executable, "-m", "zephon.cli", "trace", str(recipe), "--seq-len", "128",
                   "--global-batch-size", "16", "--json"]
         timings = {}
