@@ -41,9 +41,10 @@ def test_the_report_is_printed_once_by_global_rank_0_only(data, tokenizer_dir, m
     assert not report.print("last step")  # nothing handed out yet: nothing to report
     for _ in zip(range(3), session, strict=False):
         pass
-    monkeypatch.setenv("RANK", "1")
+    # the global rank as the kit reads it (torch.distributed's, else RANK)
+    monkeypatch.setattr("zephon.integration.run_report.global_rank", lambda: 1)
     assert not report.print("last step") and said == []  # rank 1 never prints...
-    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr("zephon.integration.run_report.global_rank", lambda: 0)
     assert not report.print("last step") and said == []  # ...and the run counts as reported
     fresh = EndOfRunReport(session.meter, session.pipeline, rows=2, row_tokens=33,
                            say=said.append)
@@ -122,3 +123,24 @@ def test_cycling_data_that_yields_nothing_is_an_error_not_a_loop(tmp_path, token
     session = LoaderSession(pipeline(tmp_path / "d", tokenizer_dir), {})
     with pytest.raises(DataError, match="no microbatch could be made"):
         next(session.batches(cycle=True))
+
+
+def test_the_exit_hook_keeps_no_dropped_loader_alive(data, tokenizer_dir):
+    """The exit hook holds the loader and its report weakly: a dropped loader frees its
+    pipeline (its worker processes and shared memory with it) at once, not at exit."""
+    import gc
+    import weakref
+
+    class Loader:  # what an adapter holds
+        pass
+
+    loader = Loader()
+    loader.pipeline = pipeline(data, tokenizer_dir)
+    loader.session = LoaderSession(loader.pipeline, {})
+    loader.report = EndOfRunReport(loader.session.meter, loader.pipeline)
+    loader.report.at_exit(loader)
+    next(iter(loader.session))
+    gone = weakref.ref(loader.pipeline)
+    del loader
+    gc.collect()
+    assert gone() is None

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from megatron_helpers import PACKED, megatron_argv, parse
 
+from tests.kit.token_ids import token_id_recipe
 from zephon.io.indexed import write_indexed_dataset
 from zephon.recipe import DataRecipe
 from zephon_megatron.args_checks import build_pipeline, megatron_ramps
@@ -85,14 +86,7 @@ def test_text_data_estimated_short_of_the_train_iters_is_refused(tmp_path: Path)
 
 @pytest.fixture
 def indexed_recipe(tmp_path: Path) -> Path:
-    rng = np.random.default_rng(0)
-    prefix = write_indexed_dataset(tmp_path / "web_text_document", [
-        np.append(rng.integers(5, 900, size=int(rng.integers(10, 200))), 2) for _ in range(300)])
-    path = tmp_path / "ids.toml"
-    path.write_text(f'seed = 1\n[[datasets]]\nname = "web"\npath = "{prefix}"\n'
-                    'fmt = "megatron"\n[tokenize]\nkind = "pretokenized"\nvocab_size = 1000\n'
-                    '[pack]\nalgorithm = "wrap"\n')
-    return path
+    return token_id_recipe(tmp_path)
 
 
 def test_indexed_data_is_counted_exactly_from_its_index(indexed_recipe: Path) -> None:

@@ -6,27 +6,18 @@ from __future__ import annotations
 
 import operator
 
-import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
+from tests.kit.token_ids import token_id_recipe
 from zephon.integration import RunGeometry
-from zephon.io.indexed import write_indexed_dataset
 from zephon_torch import ZephonIterableDataset
 
 
 @pytest.fixture
 def indexed_recipe(tmp_path):
-    rng = np.random.default_rng(0)
-    prefix = write_indexed_dataset(tmp_path / "web_text_document", [
-        np.append(rng.integers(5, 900, size=int(rng.integers(10, 200))), 2)
-        for _ in range(300)])
-    path = tmp_path / "ids.toml"
-    path.write_text(f'seed = 1\nlanes = 4\nprefetch = 0\n[[datasets]]\nname = "web"\n'
-                    f'path = "{prefix}"\nfmt = "megatron"\n[tokenize]\nkind = "pretokenized"\n'
-                    'vocab_size = 1000\n[pack]\nalgorithm = "wrap"\n[to_training]\n'
-                    'return_labels = true\n')
-    return path
+    return token_id_recipe(tmp_path, "lanes = 4\nprefetch = 0\n",
+                           "[to_training]\nreturn_labels = true\n")
 
 
 def test_one_indexed_dataset_read_once_has_the_exact_length(indexed_recipe):

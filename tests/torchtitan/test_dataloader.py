@@ -402,18 +402,10 @@ def test_an_eos_that_token_id_data_never_ends_with_is_named_before_the_model(tmp
     ids, would mask nothing, silently."""
     from types import SimpleNamespace
 
-    import numpy as np
+    from tests.kit.token_ids import token_id_recipe
 
-    from zephon.io.indexed import write_indexed_dataset
-
-    rng = np.random.default_rng(0)
-    prefix = write_indexed_dataset(tmp_path / "web_text_document", [
-        np.append(rng.integers(5, 900, size=int(rng.integers(10, 200))), 2) for _ in range(300)])
-    recipe = tmp_path / "ids.toml"
-    recipe.write_text(f'seed = 1\nlanes = 2\n[[datasets]]\nname = "web"\npath = "{prefix}"\n'
-                      'fmt = "megatron"\n[mixture]\nrepeat = ["web"]\n[tokenize]\n'
-                      'kind = "pretokenized"\nvocab_size = 1000\n[pack]\nalgorithm = "wrap"\n'
-                      f'[to_training]\neos_token_id = {eos}\n')
+    recipe = token_id_recipe(tmp_path, "lanes = 2\n", '[mixture]\nrepeat = ["web"]\n'
+                             f'[to_training]\neos_token_id = {eos}\n')
     root = SimpleNamespace(
         dump_folder=str(tmp_path / "run"), validator=None,
         dataloader=ZephonDataLoader.Config(recipe=str(recipe), tokenizer_from_recipe=False),

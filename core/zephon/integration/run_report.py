@@ -65,16 +65,18 @@ class EndOfRunReport:
         return True
 
     def at_exit(self, owner: Any, why: str = "at exit") -> None:
-        """Report at exit a run whose ``owner`` (the adapter's loader, held weakly) is still
-        alive then: one stopped by Ctrl-C or an error before its last step."""
+        """Report at exit a run whose ``owner`` (the adapter's loader) is still alive then:
+        one stopped by Ctrl-C or an error before its last step. The exit hook holds both
+        weakly: a dropped loader frees its pipeline (and its worker processes) at once."""
         if not self.due:
             return
-        atexit.register(_report_if_alive, weakref.ref(owner), self, why)
+        atexit.register(_report_if_alive, weakref.ref(owner), weakref.ref(self), why)
 
 
-def _report_if_alive(owner: weakref.ref, report: EndOfRunReport, why: str) -> None:
-    if owner() is not None:
-        report.print(why)
+def _report_if_alive(owner: weakref.ref, report: weakref.ref, why: str) -> None:
+    alive = report()
+    if owner() is not None and alive is not None:
+        alive.print(why)
 
 
 def report_text(why: str, totals: dict[str, float], report: PipelineReport, rows_per_mb: int,
