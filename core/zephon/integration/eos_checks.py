@@ -10,7 +10,7 @@ every adapter's preflight:
   or ``[tokenize] vocab_size`` (token ids), is never in the data;
 - :func:`document_end_problems`: for each Megatron indexed dataset of a token-id recipe, the
   last token of up to :data:`SAMPLED_DOCUMENTS` documents spread over it, found from the
-  ``.idx`` and read one token each from the memory-mapped ``.bin`` (milliseconds a dataset).
+  ``.idx`` and read one token each from the memory-mapped ``.bin`` (the index and 4,096 tokens).
   A dataset none of whose sampled documents ends with the id is named, with the ids they do
   end with (Megatron's ``preprocess_data.py --append-eod`` ends every document with its
   tokenizer's EOD). Documents that end otherwise now and then (truncated ones) do not matter;
