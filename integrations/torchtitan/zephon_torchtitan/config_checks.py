@@ -114,8 +114,8 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None, *,
         if where == "dataloader" and not found:
             found = [f"[{where}] {p}" for p in eos_problems(loader, recipe)
                      + resume_problems(root, loader, recipe, values)]
-            ends = None if found else data_ends(root, loader, recipe, values)
-            if ends and global_rank() == 0:
+            ends = None if found or global_rank() else data_ends(root, loader, recipe, values)
+            if ends:  # said once, by global rank 0, which alone estimates the data for it
                 logger.warning(f"zephon: {ends}")
         if where == "dataloader" and loader.check_tokenizer:
             mismatch = _tokenizer_problem(root, recipe)
