@@ -68,7 +68,7 @@ demo: $(STAMP)
 # environment installs (mostly a download) while the Python 3.11 suite runs. The smoke runs
 # (make smoke-megatron, smoke-torchtitan) are what tests/megatron and tests/torchtitan train.
 TEST_WORKERS ?= 2
-PYTEST_ARGS := -q -n $(TEST_WORKERS) --dist loadscope
+PYTEST_ARGS := -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 test: $(STAMP) $(AZURITE)
 	$(PY) -m ruff check .

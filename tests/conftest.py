@@ -14,6 +14,27 @@ import pytest
 
 from zephon.demo.assets import build_demo_assets, make_documents
 
+SLOW_TEST_S = 20.0
+"""About what a test marked ``slow`` or ``multiprocess`` takes on 2 cores (a trainer launched,
+processes started): 10 to 50 s."""
+OTHER_TEST_S = 0.3
+"""About what any other test takes."""
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Longest test modules first, so that the pytest-xdist process that finishes last is
+    not left running one long module alone while the other waits (the Makefile passes
+    ``--no-loadscope-reorder``, which keeps this order; xdist's own reordering puts modules
+    with many tests first, which put the few long trainer modules last and left one core idle
+    for minutes at the end). A module's length is estimated from its tests' markers
+    (:data:`SLOW_TEST_S`, :data:`OTHER_TEST_S`); the order within a module is kept."""
+    cost: dict[str, float] = {}
+    for test in items:
+        heavy = test.get_closest_marker("slow") or test.get_closest_marker("multiprocess")
+        scope = test.nodeid.rsplit("::", 1)[0]
+        cost[scope] = cost.get(scope, 0.0) + (SLOW_TEST_S if heavy else OTHER_TEST_S)
+    items.sort(key=lambda test: -cost[test.nodeid.rsplit("::", 1)[0]])
+
 
 @pytest.fixture(scope="session")
 def demo_assets(tmp_path_factory) -> dict[str, str]:

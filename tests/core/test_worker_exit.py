@@ -204,13 +204,32 @@ def test_the_default_action_returns_once_the_workers_are_gone(tokenizer_dir, tmp
     pipeline = (Pipeline(StaticMixtureWorkSource([Dataset.from_path("d", data)]))
                 .options(workers=1, prefetch=0).tokenize(tokenizer_id=tokenizer_dir)
                 .pack_flat(65).batch(2))
-    gc.collect()  # pipelines with workers left by earlier tests in this process
     from zephon.engine import workers
 
-    assert not workers._USERS
+    assert no_workers_left(workers), workers_holders(workers)
     before = signal.getsignal(signal.SIGTERM)
     next(iter(pipeline))
     assert signal.getsignal(signal.SIGTERM) is not before
     del pipeline
     gc.collect()
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def no_workers_left(workers, patience_s: float = 60.0) -> bool:
+    """Whether the worker pools of earlier tests in this process are gone: collected, once
+    the threads that still held their pipelines (a read-ahead thread winding down) have
+    ended. Waits up to ``patience_s`` for them; a pool still alive then is a leak."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        gc.collect()
+        if not workers._USERS or time.monotonic() > deadline:
+            return not workers._USERS
+        time.sleep(0.05)
+
+
+def workers_holders(workers) -> str:
+    """What holds the worker pools still alive (for the failure message)."""
+    alive = [o for o in gc.get_objects() if isinstance(o, workers.DocumentWorkers)]
+    return "; ".join(f"{len(alive)} pool(s) alive, held by "
+                     f"{sorted({type(r).__name__ for r in gc.get_referrers(o)})}"
+                     for o in alive[:3]) or f"{len(workers._USERS)} registered, none alive"
