@@ -19,7 +19,9 @@ the model's vocabulary, and raises one ConfigError listing every problem.
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -112,9 +114,11 @@ def preflight(root: Any = None, replacing: dict[str, Any] | None = None, *,
         if where == "dataloader":
             values["lanes"] = recipe.lanes
         if where == "dataloader" and not found:
+            pipeline = functools.cache(functools.partial(one_reader, loader, recipe, values))
             found = [f"[{where}] {p}" for p in eos_problems(loader, recipe)
-                     + resume_problems(root, loader, recipe, values)]
-            ends = None if found or global_rank() else data_ends(root, loader, recipe, values)
+                     + resume_problems(root, loader, values, pipeline)]
+            ends = None if found or global_rank() else data_ends(root, loader, recipe, values,
+                                                                 pipeline)
             if ends:  # said once, by global rank 0, which alone estimates the data for it
                 logger.warning(f"zephon: {ends}")
         if where == "dataloader" and loader.check_tokenizer:
@@ -198,12 +202,25 @@ def eos_problems(loader: Any, recipe: Any) -> list[str]:
         fix=fix)
 
 
-def resume_problems(root: Any, loader: Any, recipe: Any, values: dict[str, Any]) -> list[str]:
+def one_reader(loader: Any, recipe: Any, values: dict[str, Any]) -> Any:
+    """The training loader's pipeline as one reader of the job builds it (``recipe`` with its
+    lanes; the loader's seed), for the preflight's checks. One reader: the fingerprint and
+    the data's length do not depend on the data-parallel size, and a build of the whole job
+    on every rank must not take part in the ranks' cross-check. Built once for every check
+    (planning reads every file's footer)."""
+    if loader.seed is not None:
+        recipe = replace(recipe, seed=loader.seed)
+    return recipe.build(seq_len=values["seq_len"], microbatch_size=values["microbatch_size"],
+                        lanes=recipe.lanes, prefetch=0)
+
+
+def resume_problems(root: Any, loader: Any, values: dict[str, Any],
+                    pipeline: Callable[[], Any]) -> list[str]:
     """The loader state of the checkpoint this run resumes from, against the loader it will
-    build (:func:`zephon.integration.resume_problems`), read before the model is built (the
-    checkpointer would load it after): one lane's entry, read alone from DCP. Nothing to say
-    without a checkpoint, with the dataloader excluded from loading, or without the run's
-    shape."""
+    build (``pipeline()``: :func:`one_reader`; :func:`zephon.integration.resume_problems`),
+    read before the model is built (the checkpointer would load it after): one lane's entry,
+    read alone from DCP. Nothing to say without a checkpoint, with the dataloader excluded from
+    loading, or without the run's shape."""
     from zephon.integration import LoaderState
     from zephon.integration import resume_problems as resume_problems_of
 
@@ -220,21 +237,17 @@ def resume_problems(root: Any, loader: Any, recipe: Any, values: dict[str, Any])
     entry = checkpoint_lanes.checkpointed_entry(path, min(saved))
     if entry is None:
         return []
-    if loader.seed is not None:
-        recipe = replace(recipe, seed=loader.seed)
-    # one reader: the fingerprint does not depend on the data-parallel size, and a build of
-    # the whole job on every rank must not take part in the ranks' cross-check
-    pipeline = recipe.build(seq_len=values["seq_len"], microbatch_size=values["microbatch_size"],
-                            lanes=recipe.lanes or max(saved) + 1, prefetch=0)
-    return resume_problems_of(pipeline, LoaderState({f"lane_{min(saved)}": entry},
+    return resume_problems_of(pipeline(), LoaderState({f"lane_{min(saved)}": entry},
                                                     max(saved) + 1), where=path,
                               restart="To keep the model and start the data over: "
                                       "--checkpoint.exclude_from_loading dataloader")
 
 
-def data_ends(root: Any, loader: Any, recipe: Any, values: dict[str, Any]) -> str | None:
+def data_ends(root: Any, loader: Any, recipe: Any, values: dict[str, Any],
+              pipeline: Callable[[], Any]) -> str | None:
     """Where the training data ends before ``training.steps`` x the global batch
-    (:func:`zephon.integration.data_supply`), said before the model is built: TorchTitan then
+    (:func:`zephon.integration.data_supply`; ``pipeline()``: :func:`one_reader`), said before
+    the model is built: TorchTitan then
     ends the run at the end of the data ("Ran out of data"), which may be the plan (one
     epoch) or a surprise. None for an ``infinite`` loader, data that lasts, or without the
     run's shape."""
@@ -247,12 +260,8 @@ def data_ends(root: Any, loader: Any, recipe: Any, values: dict[str, Any]) -> st
     local = values["microbatch_size"]
     global_batch = getattr(training, "global_batch_size", -1)
     per_step = global_batch if global_batch > 0 else local * dp
-    if loader.seed is not None:
-        recipe = replace(recipe, seed=loader.seed)
-    pipeline = recipe.build(seq_len=values["seq_len"], microbatch_size=local,
-                            lanes=recipe.lanes, prefetch=0)
     row = values["seq_len"] + 1
-    supply = data_supply(recipe, pipeline, row, local, dp)
+    supply = data_supply(recipe, pipeline(), row, local, dp)
     if supply is None or not supply.short_of(steps * per_step):
         return None
     names = ", ".join(repr(n) for n in supply.limiting)
