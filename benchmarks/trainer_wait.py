@@ -20,8 +20,11 @@ time: counted in, they added 0.3-0.5 points to every row of a 400-step run.
 Rows run at loads of the capacity of ``--rates-engine`` (``hf`` by default) with pipelines
 that tokenize with ``--engine``, so engines compare at the same absolute data rates.
 
+``--prefetch 0,4`` compares the thread layouts: the loader on the training loop's thread
+(``prefetch=0``) or on its background thread, at the same step times.
+
 Usage: ``python -m benchmarks.trainer_wait [--steps 400] [--docs 4000] [--workers N]
-[--engine auto[,hf]] [--rates-engine hf] [--loads 0.25,0.5,0.8]``.
+[--engine auto[,hf]] [--rates-engine hf] [--prefetch 4[,0]] [--loads 0.25,0.5,0.8]``.
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ def pipeline_for(paths: dict[str, str], rank: int = 0, world: int = 1, prefetch:
 
 
 def capacity(paths: dict[str, str], batches: int, workers: int = 0, rank: int = 0,
-             world: int = 1, port: int | None = None, engine: str = "auto") -> float:
+             world: int = 1, port: int | None = None, engine: str = "auto",
+             prefetch: int = 4) -> float:
     """Microbatches per second of a tight loop, read ahead as in training, after a warm-up
     of 100 (torch imported first, as a trainer has it). Long enough (1500 microbatches, 12M
     tokens, split between the ranks) that what the sources read ahead at the start (up to
@@ -64,7 +68,7 @@ def capacity(paths: dict[str, str], batches: int, workers: int = 0, rank: int = 
     import torch  # noqa: F401
 
     barrier = _join(rank, world, port)
-    iterator = iter(pipeline_for(paths, rank, world, workers=workers, engine=engine))
+    iterator = iter(pipeline_for(paths, rank, world, prefetch, workers, engine))
     for _ in range(100 // world):
         next(iterator).to_training(return_labels=True)
         barrier()
@@ -88,7 +92,7 @@ def _join(rank: int, world: int, port: int | None):
 
 def trainer(paths: dict[str, str], step_s: float, steps: int, rank: int, world: int,
             port: int | None, workers: int = 0, loader: bool = True,
-            engine: str = "auto") -> dict[str, float]:
+            engine: str = "auto", prefetch: int = 4) -> dict[str, float]:
     import torch  # noqa: F401 - a trainer has torch loaded before it builds its loader
 
     made: list = []
@@ -96,7 +100,7 @@ def trainer(paths: dict[str, str], step_s: float, steps: int, rank: int, world: 
         made = list(itertools.islice(pipeline_for(paths, prefetch=0), steps))
     barrier = _join(rank, world, port)
     start = time.perf_counter()
-    iterator = iter(pipeline_for(paths, rank, world, workers=workers, engine=engine) if loader
+    iterator = iter(pipeline_for(paths, rank, world, prefetch, workers, engine) if loader
                     else made)
     waits, tenth, steady = [], None, 0.0
     for step in range(steps):
@@ -125,17 +129,20 @@ def trainer(paths: dict[str, str], step_s: float, steps: int, rank: int, world: 
 
 
 def run_child(paths: dict[str, str], step_s: float, steps: int, world: int,
-              workers: int = 0, loader: bool = True, engine: str = "auto") -> list[dict]:
+              workers: int = 0, loader: bool = True, engine: str = "auto",
+              prefetch: int = 4) -> list[dict]:
     return _run_ranks(world, {"paths": paths, "step_s": step_s, "steps": steps,
-                              "workers": workers, "loader": loader, "engine": engine})
+                              "workers": workers, "loader": loader, "engine": engine,
+                              "prefetch": prefetch})
 
 
 def ranks_capacity(paths: dict[str, str], batches: int, world: int, workers: int = 0,
-                   engine: str = "auto") -> float:
+                   engine: str = "auto", prefetch: int = 4) -> float:
     """:func:`capacity` of ``world`` ranks in step, in processes of their own: the sum of
     their rates."""
     return sum(r["rate"] for r in _run_ranks(world, {"paths": paths, "capacity": batches,
-                                                     "workers": workers, "engine": engine}))
+                                                     "workers": workers, "engine": engine,
+                                                     "prefetch": prefetch}))
 
 
 def _run_ranks(world: int, spec: dict) -> list[dict]:
@@ -164,6 +171,10 @@ def main() -> None:
     parser.add_argument("--rates-engine", default="hf",
                         help="engine whose capacity sets the rows' data rates: with the "
                         "default, every engine is measured at the same absolute rates")
+    parser.add_argument("--prefetch", default="4",
+                        help="options(prefetch=N) of the trainers' pipelines, comma-separated "
+                        "(0: the loader runs on the training loop's thread): each row runs "
+                        "once per value, and the capacity is measured with each")
     parser.add_argument("--loads", default="0.25,0.5,0.8",
                         help="comma-separated loads (shares of the capacity) of the rows")
     parser.add_argument("--child")
@@ -173,30 +184,34 @@ def main() -> None:
         if "capacity" in spec:
             print(json.dumps({"rate": capacity(spec["paths"], spec["capacity"], spec["workers"],
                                                spec["rank"], spec["world"], spec["port"],
-                                               spec["engine"])}))
+                                               spec["engine"], spec.get("prefetch", 4))}))
             return
         print(json.dumps(trainer(spec["paths"], spec["step_s"], spec["steps"], spec["rank"],
                                  spec["world"], spec["port"], spec.get("workers", 0),
-                                 spec.get("loader", True), spec.get("engine", "auto"))))
+                                 spec.get("loader", True), spec.get("engine", "auto"),
+                                 spec.get("prefetch", 4))))
         return
     from benchmarks.throughput import build_corpus
 
     paths = build_corpus(Path(args.root), args.docs, 8)
     engines = args.engine.split(",")
-    measured = {engine: {world: ranks_capacity(paths, 1500, world, args.workers, engine)
-                         for world in (1, 2)}
-                for engine in dict.fromkeys((args.rates_engine, *engines))}
-    for engine, by_world in measured.items():
+    prefetches = [int(x) for x in args.prefetch.split(",")]
+    measured = {(engine, prefetch): {world: ranks_capacity(paths, 1500, world, args.workers,
+                                                           engine, prefetch)
+                                     for world in (1, 2)}
+                for engine in dict.fromkeys((args.rates_engine, *engines))
+                for prefetch in prefetches}
+    for (engine, prefetch), by_world in measured.items():
         for world, rate in by_world.items():
-            print(f"capacity, engine {engine}, {world} rank{'s' if world > 1 else ''}: "
-                  f"{rate:.1f} microbatches/s of 4 x 2049 tokens ({rate * 4 * 2049:,.0f} "
-                  "tokens/s), tight loop with read-ahead"
+            print(f"capacity, engine {engine}, prefetch {prefetch}, {world} "
+                  f"rank{'s' if world > 1 else ''}: {rate:.1f} microbatches/s of 4 x 2049 "
+                  f"tokens ({rate * 4 * 2049:,.0f} tokens/s), tight loop"
                   + (f", {rate / by_world[1]:.2f}x one rank's" if world > 1 else ""))
-    rates = measured[args.rates_engine]
-    print(f"rows: loads of engine {args.rates_engine}'s capacity; trainers' pipelines use "
-          f"engine {', '.join(engines)}")
-    print(f"{'load':>6}{'ranks':>7}{'engine':>11}{'step ms':>9}{'p50 ms':>9}{'p99 ms':>9}"
-          f"{'max ms':>9}{'wait %':>8}{'first s':>9}{'10th s':>8}{'wait<10':>9}"
+    rates = measured[args.rates_engine, prefetches[0]]
+    print(f"rows: loads of engine {args.rates_engine}'s capacity (prefetch {prefetches[0]}); "
+          f"trainers' pipelines use engine {', '.join(engines)}")
+    print(f"{'load':>6}{'ranks':>7}{'engine':>11}{'prefetch':>9}{'step ms':>9}{'p50 ms':>9}"
+          f"{'p99 ms':>9}{'max ms':>9}{'wait %':>8}{'first s':>9}{'10th s':>8}{'wait<10':>9}"
           f"{'inflation':>11}")
     for load in (float(x) for x in args.loads.split(",")):
         for world, engine in itertools.product((1, 2), (None, *engines)):
@@ -205,20 +220,20 @@ def main() -> None:
             if engine is None:  # the loop alone: what the ranks' steps take without a loader
                 bare = max(run_child(paths, step_s, args.steps, world, loader=False),
                            key=lambda r: r["inflation"])
-                print(f"{load:>6.0%}{world:>7}{'none':>11}{1000 * step_s:>9.1f}{'':>9}"
+                print(f"{load:>6.0%}{world:>7}{'none':>11}{'':>9}{1000 * step_s:>9.1f}{'':>9}"
                       f"{'':>9}{'':>9}{'':>8}{'':>9}{'':>8}{'':>9}"
                       f"{100 * bare['inflation']:>10.1f}%")
                 continue
-            results = run_child(paths, step_s, args.steps, world, args.workers,
-                                engine=engine)
-            worst = max(results, key=lambda r: r["wait_share"])
-            print(f"{load:>6.0%}{world:>7}{engine:>11}{1000 * step_s:>9.1f}"
-                  f"{worst['p50_ms']:>9.2f}"
-                  f"{worst['p99_ms']:>9.2f}{worst['max_ms']:>9.1f}"
-                  f"{100 * worst['wait_share']:>7.2f}%{worst['first_s']:>9.2f}"
-                  f"{worst['tenth_s']:>8.2f}{worst['first10_wait_s']:>9.2f}"
-                  f"{100 * worst['inflation']:>10.1f}%")
-
+            for prefetch in prefetches:
+                results = run_child(paths, step_s, args.steps, world, args.workers,
+                                    engine=engine, prefetch=prefetch)
+                worst = max(results, key=lambda r: r["wait_share"])
+                print(f"{load:>6.0%}{world:>7}{engine:>11}{prefetch:>9}{1000 * step_s:>9.1f}"
+                      f"{worst['p50_ms']:>9.2f}"
+                      f"{worst['p99_ms']:>9.2f}{worst['max_ms']:>9.1f}"
+                      f"{100 * worst['wait_share']:>7.2f}%{worst['first_s']:>9.2f}"
+                      f"{worst['tenth_s']:>8.2f}{worst['first10_wait_s']:>9.2f}"
+                      f"{100 * worst['inflation']:>10.1f}%")
 
 if __name__ == "__main__":
     main()

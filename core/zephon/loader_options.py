@@ -41,7 +41,10 @@ class LoaderOptions:
     thread runs them ahead, within ``read_ahead_tokens``, and (with ``workers=0``) one or two
     more run the document operators a batch ahead of it, so the tokenizer encodes while the
     lanes pack: two when this rank has two cores to itself (its cores divided among
-    ``LOCAL_WORLD_SIZE`` ranks). Never changes the data."""
+    ``LOCAL_WORLD_SIZE`` ranks). Never changes the data. The thread pays whenever the
+    trainer waits for its device: its steps then took no longer than without a loader, against
+    3-10 points longer with 0; only a single process that does nothing but read is faster
+    with 0, by 7-36% (measured: docs/measurements.md)."""
     read_ahead_tokens: int = 1 << 24
     """Tokens the background thread may hold ahead of the consumer (with ``prefetch > 0``), in
     whole rounds (a round is one microbatch of every lane this rank owns), at most 64 rounds.
