@@ -54,9 +54,12 @@ def test_type_checkers_see_the_builder_methods_signatures(tmp_path):
         "    p.pack_flat(33, flat=False)\n"
         "    p.tokenize('tok', feild='body')\n"
         "    p.shuffle(buffer_size='8')\n")
-    config = tmp_path / "mypy.ini"  # the source tree, since an editable install hides it
-    config.write_text(f"[mypy]\nmypy_path = {Path(zephon.__file__).resolve().parents[1]}\n")
-    out, _, _ = mypy.run(["--config-file", str(config), "--follow-imports=silent",
+    # the source tree, since an editable install hides it; zephon's modules followed, the
+    # libraries it imports taken as Any (following torch and numpy took 18 s, not 2.5)
+    config = tmp_path / "mypy.ini"
+    config.write_text(f"[mypy]\nmypy_path = {Path(zephon.__file__).resolve().parents[1]}\n"
+                      "follow_imports = skip\n\n[mypy-zephon.*]\nfollow_imports = silent\n")
+    out, _, _ = mypy.run(["--config-file", str(config),
                           "--ignore-missing-imports", "--no-incremental",
                           "--cache-dir=/dev/null", str(tmp_path / "use.py")])
     assert ('def (max_length: int | None, algorithm: str =, pad_token_id: int | None =, '
