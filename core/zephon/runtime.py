@@ -31,6 +31,7 @@ from zephon.engine.loader_state import (
 from zephon.engine.rank import RankStream, rounds_ahead
 from zephon.engine.rank_check import check_ranks_agree, plan_digests
 from zephon.engine.transform import transform_documents
+from zephon.engine.unit_reads import UnitReads
 from zephon.engine.workers import DocumentWorkers
 from zephon.errors import ConfigError, StateMismatchError
 from zephon.loader_options import LoaderOptions, lanes_problem
@@ -103,6 +104,7 @@ class Loader:
             self.workers = DocumentWorkers(ops_by_dataset, options.workers)
         elif options.prefetch > 0:
             self.workers = DocumentThreads(ops_by_dataset)
+        self.unit_reads = UnitReads()
         self._use_source(work_source.bound(options.io_options))
         # The ranks must also agree on the mixture, which the resume fingerprint leaves to
         # the lanes (a resume may change its future).
@@ -114,7 +116,8 @@ class Loader:
         """Plan the lanes over ``source`` and start a fresh stream."""
         self.source = source
         self.plan = LanePlan(source, self.document_ops, self._row_ops,
-                             any(s.makes_rows for s in self.specs), self.lanes, self.workers)
+                             any(s.makes_rows for s in self.specs), self.lanes, self.workers,
+                             self.unit_reads)
         source.work(self.lanes)
         self._fingerprint = {
             "version": STATE_VERSION,

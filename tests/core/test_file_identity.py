@@ -104,21 +104,26 @@ def test_a_same_size_edit_in_the_middle_of_a_parquet_file_is_caught(tmp_path, to
     folder.mkdir()
     path = folder / "a.parquet"
     groups = [[f"group {g} text {i} " + "abcd " * (20 + i % 7) for i in range(64)]
-              for g in range(3)]
+              for g in range(8)]
     write_groups(path, groups)
     before = path.read_bytes()
     listed = Dataset.from_path("web", str(folder)).fingerprint()
     pipeline = pipeline_over(folder, tokenizer_dir)
     iterator = iter(pipeline)
     next(iterator)
-    # the middle row group rewritten, each text as long as before
-    write_groups(path, [groups[0], [t.replace("abcd", "dcba") for t in groups[1]], groups[2]])
+    # the middle row groups rewritten, each text as long as before; each lane has read one of
+    # its 4 units and may have read the next ahead: its third is read after the edit
+    # (written whole, then put in place: a unit read ahead meanwhile reads one or the other)
+    edited = path.with_suffix(".new")
+    write_groups(edited, [groups[0], *([t.replace("abcd", "dcba") for t in g]
+                                       for g in groups[1:-1]), groups[-1]])
+    edited.replace(path)
     after = path.read_bytes()
     assert len(after) == len(before) and after != before
     assert after[-identity.TAIL_BYTES:] == before[-identity.TAIL_BYTES:]
     with pytest.raises(DataError, match=r"a\.parquet: changed during the run \(its bytes "
                                         r"before its last 4 KiB differ"):
-        for _ in range(200):
+        for _ in range(2000):  # about 125 microbatches a unit; 8 units
             next(iterator)
     now = Dataset.from_path("web", str(folder)).fingerprint()  # and a resume is refused
     assert now["files"] == listed["files"] and now["versions"] != listed["versions"]
@@ -137,3 +142,21 @@ def test_a_checkpoint_from_before_sampled_versions_is_refused_saying_so(tmp_path
                                                  r"checkpoint None, now 'size, last 4 KiB and "
                                                  r"5 blocks of 256 bytes'"):
         pipeline_over(folder, tokenizer_dir).load_state_dict(resealed(state))
+
+
+def test_a_read_failing_on_a_file_changed_meanwhile_says_that_it_changed(tmp_path):
+    """A unit read ahead may be read while the file is rewritten: the reader's error (bytes of
+    two versions) is reported as the change it is; an unchanged file's error is left as it
+    is."""
+    folder = tmp_path / "data"
+    write_lines(folder / "part-0.jsonl", 50)
+    write_lines(folder / "part-1.jsonl", 50)
+    dataset = Dataset.from_path("web", str(folder))
+    changed, unchanged = dataset.files()
+    cut_short = r"part-0\.jsonl: changed during the run \(\d+ bytes when listed, 9 now\)"
+    with pytest.raises(DataError, match=cut_short), dataset.local_file(changed) as local:
+        Path(local).write_text("truncated")
+        raise ValueError("a line cut short")
+    with pytest.raises(ValueError, match="a line cut short"), \
+            dataset.local_file(unchanged):
+        raise ValueError("a line cut short")

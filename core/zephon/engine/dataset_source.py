@@ -37,6 +37,7 @@ sequence is a unit, even with fewer units than lanes), so an empty pass is alway
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -48,6 +49,7 @@ import numpy as np
 from zephon.engine.document_threads import DocumentThreads
 from zephon.engine.loader_state import lane_key
 from zephon.engine.transform import transform_documents
+from zephon.engine.unit_reads import PendingUnit, UnitReads
 from zephon.engine.workers import DocumentWorkers
 from zephon.errors import DataError, StateMismatchError
 from zephon.field_checks import StateFieldError, item, need_counts, need_fields, need_int, need_list
@@ -147,7 +149,8 @@ class DatasetSource:
     """Documents of dataset ``index`` for ``lane`` of ``lanes``; see the module docstring."""
 
     def __init__(self, work: DatasetWork, index: int, lane: int, lanes: int,
-                 ops: Sequence[DocumentOperator], workers: Offload | None = None):
+                 ops: Sequence[DocumentOperator], workers: Offload | None = None,
+                 unit_reads: UnitReads | None = None):
         self.work = work
         self.index = index
         self.name = work.name
@@ -163,6 +166,10 @@ class DatasetSource:
         self._read: Position = (0, 0, 0)
         self._ahead: deque[_Ahead | _LazyRow] = deque()
         self._unit: _LoadedUnit | None = None
+        self._next_unit: tuple[int, PendingUnit] | None = None
+        """The unit (its k) read ahead for this source (:mod:`zephon.engine.unit_reads`)."""
+        self._unit_reads = unit_reads
+        self._reads_off_gil = getattr(work, "reads_off_gil", None) if unit_reads else None
         self._exhausted = False
         self.workers = workers if workers is not None and workers.takes(self.ops) else None
         self._in_flight: deque[tuple[list[tuple[int, int, int, int]], Future]] = deque()
@@ -241,7 +248,10 @@ class DatasetSource:
         self.discard_in_flight()
 
     def discard_in_flight(self) -> None:
-        """Drop the batches sent to workers and not taken yet."""
+        """Drop the batches sent to workers and not taken yet, and the unit read ahead."""
+        if self._next_unit is not None:
+            self._next_unit[1].drop()
+            self._next_unit = None
         while self._in_flight:
             _, future = self._in_flight.popleft()
             self.workers.discard(future)
@@ -297,7 +307,13 @@ class DatasetSource:
         if found is None:
             return None
         self._fetch_ahead(k, found)
-        rows: UnitRows = self.work.read(found.index, self.columns)
+        pending, self._next_unit = self._next_unit, None
+        if pending is not None and pending[0] == k:
+            rows: UnitRows = pending[1].rows()
+        else:
+            if pending is not None:
+                pending[1].drop()
+            rows = self.work.read(found.index, self.columns)
         order = np.asarray(self.work.row_order(found, len(rows.keys))).tolist()
         self._unit = _LoadedUnit(k, found.epoch, rows.columns, rows.keys, order,
                                  found.container, rows.label)
@@ -388,9 +404,32 @@ class DatasetSource:
             if row >= n:
                 k, row = k + 1, 0
         self._read = (k, row, 0)
+        if not self._exhausted:
+            self._read_next_unit(k, row)
         if not docs:
             return None
         return docs, labels, where
+
+    def _read_next_unit(self, k: int, row: int) -> None:
+        """Have the unit after the one being read read ahead (:mod:`zephon.engine.unit_reads`):
+        unit ``k + 1`` once the batches gather from unit ``k``, unit ``k`` when the batch just
+        gathered ended with unit ``k - 1``. Asked as soon as a unit is begun: asked one batch
+        before it was needed, the unit was often not read in time."""
+        if row:
+            if self._unit is None or self._unit.k != k:
+                return
+            k += 1
+        if self._reads_off_gil is None or (self._next_unit is not None
+                                           and self._next_unit[0] == k):
+            return
+        found = self.work.unit_at(self.lane, k)
+        if found is None or not self._reads_off_gil(found.index):
+            return
+        if self._next_unit is not None:
+            self._next_unit[1].drop()
+        pending = self._unit_reads.ask(  # type: ignore[union-attr]
+            functools.partial(self.work.read, found.index, self.columns))
+        self._next_unit = (k, pending) if pending is not None else None
 
     def _settle(self, where: list[tuple[int, int, int, int]],
                 rows: list[tuple[list[Doc], list[str]]]) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 from zephon.engine.dataset_source import DatasetSource, Offload
 from zephon.engine.loader_state import from_portable
 from zephon.engine.mixer import MixNode
+from zephon.engine.unit_reads import UnitReads
 from zephon.field_checks import (
     StateFieldError,
     item,
@@ -72,6 +73,8 @@ class LanePlan:
     workers: Offload | None = None
     """Worker processes or the document threads for the document operators (None: the lanes'
     own thread)."""
+    unit_reads: UnitReads | None = None
+    """The thread reading the sources' next units ahead (None: each source reads its own)."""
 
     @property
     def id_limit(self) -> int | None:
@@ -88,7 +91,8 @@ class LanePlan:
     def chain(self, lane: int) -> list[Node]:
         """The nodes of ``lane``, upstream first."""
         source = self.source
-        sources = [DatasetSource(work, i, lane, self.lanes, self.ops_of(i), self.workers)
+        sources = [DatasetSource(work, i, lane, self.lanes, self.ops_of(i), self.workers,
+                                 self.unit_reads)
                    for i, work in enumerate(source.work(self.lanes))]
         nodes: list[Node] = [MixNode(sources, source.schedule, source.by_tokens,
                                      source.on_exhausted, self.lanes)]

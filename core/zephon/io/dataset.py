@@ -366,15 +366,12 @@ class Dataset:
         """A local path to read ``data_file`` from, valid inside the ``with`` block; a file
         that changed since it was listed (its size or its version) is a DataError saying
         so, rather than whatever its new layout makes the reader fail with."""
-        change = _change_since_listing(data_file)
-        if change:
-            raise DataError(f"{data_file.path}: changed during the run ({change}), or this "
-                            "node holds another version than the one the job listed (one "
-                            "rank lists for all, or a saved plan). Files must not change "
-                            "while a run reads them and every node must hold the same: "
-                            "restore it, or start a new run (its checkpoints would be "
-                            "refused for the changed data)")
-        yield data_file.path
+        _refuse_changed(data_file)
+        try:
+            yield data_file.path
+        except Exception:  # a file changed while it was read: said as such, not as its bytes
+            _refuse_changed(data_file)
+            raise
 
     def bound(self, io_options: StoreOptions) -> Dataset:
         """This dataset read with ``io_options``: a bound copy for remote datasets; local ones
@@ -402,6 +399,17 @@ def _without_companions(entries: list[Any], skipped: list[str]) -> list[Any]:
     skipped.extend(f"{path} (metadata of the {companions[path]} files beside it)"
                    for path, _ in pairs if path in companions)
     return [e for e in entries if not (isinstance(e, tuple) and e[0] in companions)]
+
+
+def _refuse_changed(data_file: DataFile) -> None:
+    """Raise a DataError when ``data_file`` changed since it was listed."""
+    change = _change_since_listing(data_file)
+    if change:
+        raise DataError(f"{data_file.path}: changed during the run ({change}), or this node "
+                        "holds another version than the one the job listed (one rank lists "
+                        "for all, or a saved plan). Files must not change while a run reads "
+                        "them and every node must hold the same: restore it, or start a new "
+                        "run (its checkpoints would be refused for the changed data)")
 
 
 def _change_since_listing(data_file: DataFile) -> str | None:

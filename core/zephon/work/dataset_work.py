@@ -66,6 +66,13 @@ class PlannedDataset:
         return UnitRows(table, keys, RowLabel.labeller(display, local, data_file.fmt,
                                                        data_file.compression), file_index)
 
+    def reads_off_gil(self, index: int) -> bool:
+        """Whether reading unit ``index`` is mostly native code that releases the GIL (Parquet
+        and Arrow decoding), so that the engine may read it ahead on a thread of its own
+        (:mod:`zephon.engine.unit_reads`); JSON Lines are parsed in Python."""
+        file_index, _ = self._units[index]
+        return self.dataset.files()[file_index].fmt in ("parquet", "arrow")
+
     def fetch_ahead(self, units: Sequence[LaneUnit]) -> None:
         fetch = getattr(self.dataset, "fetch_ahead", None)
         if fetch is None:  # local data: nothing to fetch
