@@ -7,7 +7,8 @@ the pipeline of that benchmark (``tokenize(engine=...) -> pack_flat(2049, "wrap"
 with the default (:data:`zephon.engine.unit_reads.UNITS_AHEAD`), and prints the median wall
 seconds of each (the first run of each left out: the engine loading) and whether both gave
 the same tokens.
-Usage: ``python -m benchmarks.unit_reads [--docs 10000] [--repeats 8] [--prefetch 0,4]``.
+Usage: ``python -m benchmarks.unit_reads [--docs 10000] [--repeats 8] [--prefetch 0,4]
+[--lanes 1]``.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ from pathlib import Path
 from benchmarks.throughput import bench_pipeline, build_corpus
 
 
-def run(paths: dict[str, str], engine: str, prefetch: int) -> tuple[float, str]:
+def run(paths: dict[str, str], engine: str, prefetch: int, lanes: int) -> tuple[float, str]:
     """Wall seconds from building the pipeline to its last batch, and a digest of its ids."""
     digest = hashlib.sha256()
     start = time.perf_counter()
-    for batch in bench_pipeline(paths, 0, engine).options(prefetch=prefetch):
+    for batch in bench_pipeline(paths, 0, engine).options(prefetch=prefetch, lanes=lanes):
         digest.update(batch.to_training(return_labels=True)["input_ids"].numpy().tobytes())
     return time.perf_counter() - start, digest.hexdigest()
 
@@ -38,6 +39,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--prefetch", default="0,4")
     parser.add_argument("--engine", default="fastokens")
+    parser.add_argument("--lanes", type=int, default=1,
+                        help="lanes of the pipeline (TorchTitan's default is 8 a rank): each "
+                        "lane's sources share the pipeline's UNITS_AHEAD slots")
     parser.add_argument("--root", default=".bench")
     args = parser.parse_args()
 
@@ -53,13 +57,14 @@ def main() -> None:
         for _ in range(args.repeats):
             for ahead in seconds:
                 runtime.UnitReads = functools.partial(UnitReads, units_ahead=ahead)
-                wall, digest = run(paths, args.engine, prefetch)
+                wall, digest = run(paths, args.engine, prefetch, args.lanes)
                 seconds[ahead].append(wall)
                 digests.add(digest)
         runtime.UnitReads = UnitReads
-        lanes, ahead = (statistics.median(seconds[a][1:]) for a in seconds)
-        print(f"prefetch {prefetch}: units read by the lanes {lanes:.3f} s, read ahead "
-              f"{ahead:.3f} s ({ahead / lanes:.2f}x the time; medians of {args.repeats - 1}); "
+        itself, ahead = (statistics.median(seconds[a][1:]) for a in seconds)
+        print(f"lanes {args.lanes}, prefetch {prefetch}: units read by the lanes {itself:.3f} s, "
+              f"read ahead {ahead:.3f} s ({ahead / itself:.2f}x the time; medians of "
+              f"{args.repeats - 1}); "
               f"the same tokens: {'yes' if len(digests) == 1 else 'NO'}")
 
 

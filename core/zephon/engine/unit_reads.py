@@ -18,10 +18,11 @@ does not.
 Limits: at most :data:`UNITS_AHEAD` units are read ahead for a pipeline, held until taken or
 dropped, which bounds the memory this costs to that many units' columns (one Parquet row
 group's text as Python strings, each); a source that asks while they are all held reads its
-unit itself, as before (with many lanes, only the sources that began their units first are
-helped). Only units whose reading releases the GIL are read ahead (JSON Lines are parsed in
-Python: a thread would only take turns with the lane). The reader thread is a daemon thread,
-started at the first ask and stopped when the pipeline is dropped or at interpreter exit
+unit itself, as before: with 8 lanes, only the sources that began their units first are
+helped, and the pipeline took 0.87-1.08x the time (measured: docs/measurements.md). Only
+units whose reading releases the GIL are read ahead (JSON Lines are parsed in Python: a
+thread would only take turns with the lane). The reader thread is a daemon thread, started at
+the first ask and stopped when the pipeline is dropped or at interpreter exit
 (:mod:`zephon.background`), after the unit it is reading.
 """
 
