@@ -29,8 +29,9 @@ microbatch's ids: the script prints whether the engines delivered identical toke
 Prints tokens/s of each (medians), the median ratio of side-by-side pairs in throughput and in
 CPU seconds per token, how many cores each kept busy (CPU over wall seconds), the pipeline's
 time to first batch, its CPU split by thread (its Python threads by name, sampled every 32
-batches; the rest is native threads: the tokenizer's pool, Parquet decoding; with workers,
-the worker processes), and the peak RSS of each process (of the largest worker process too).
+batches, the unit reader decoding the next Parquet units among them; the rest is native
+threads: the tokenizer's pool; with workers, the worker processes), and the peak RSS of each
+process (of the largest worker process too).
 Usage: ``python -m benchmarks.throughput [--docs 10000] [--workers 0,2] [--engines hf,fastokens]``.
 """
 
@@ -282,6 +283,8 @@ def thread_role(name: str) -> str:
         return "lanes"
     if name == "zephon-documents":
         return "document threads"
+    if name == "zephon-unit-reader":
+        return "unit reader"
     return "other Python threads"  # the worker processes' hand-off (multiprocessing)
 
 
