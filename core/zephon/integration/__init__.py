@@ -17,7 +17,8 @@ from a loader whatever the framework is here, each in one module:
 - :mod:`~zephon.integration.run_report`: the end-of-run report, job-wide where the readers
   end together, printed once by global rank 0 (:class:`EndOfRunReport`);
 - :mod:`~zephon.integration.eos_checks`: the EOS id a loss mask masks after, against
-  token-id data (:func:`eos_range_problem`, :func:`document_end_problems`);
+  token-id data (:func:`eos_range_problem`, :func:`document_end_problems`, both:
+  :func:`eos_mask_problems`);
 - :mod:`~zephon.integration.batch_checks`: every training batch checked on its way to the
   trainer (:func:`check_training_batch`);
 - :mod:`~zephon.integration.trace_file`: the per-rank trace file (:class:`TraceFile`);
@@ -43,6 +44,7 @@ from zephon.integration.batch_checks import check_training_batch, training_batch
 from zephon.integration.data_amount import DataSupply, data_supply
 from zephon.integration.eos_checks import (
     document_end_problems,
+    eos_mask_problems,
     eos_range_problem,
     indexed_prefixes,
 )
@@ -90,6 +92,7 @@ __all__ = [
     "data_supply",
     "distributed",
     "document_end_problems",
+    "eos_mask_problems",
     "eos_range_problem",
     "global_rank",
     "host_group",

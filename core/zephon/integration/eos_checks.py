@@ -92,3 +92,14 @@ def document_end_problems(recipe: Any, eos: int, source: str, *, flag: str, fix:
                         f"no sampled document of this dataset ends with it; they end with "
                         f"{common}. {fix}")
     return problems
+
+
+def eos_mask_problems(recipe: Any, eos: int, source: str, *, flag: str, fix: str,
+                      name: str = "EOS", range_fix: str | None = None) -> list[str]:
+    """Both checks, as a preflight runs them: an id the data cannot hold
+    (:func:`eos_range_problem`, ending with ``range_fix``, else ``fix``), else the indexed
+    datasets whose documents never end with it (:func:`document_end_problems`)."""
+    problem = eos_range_problem(recipe, eos, flag=flag, fix=range_fix or fix, name=name)
+    if problem:
+        return [problem]
+    return document_end_problems(recipe, eos, source, flag=flag, fix=fix, name=name)

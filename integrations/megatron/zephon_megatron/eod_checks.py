@@ -76,6 +76,7 @@ def command_line_eod(args: argparse.Namespace, recipe: Any) -> tuple[int, str] |
     return None
 
 
+RANGE_FIX = "Set [to_training] eos_token_id to the EOD id the data holds, or drop --eod-mask-loss"
 EOD_FIX = ("The data was written with another tokenizer's EOD: name that tokenizer "
            "(--tokenizer-type/--tokenizer-model), set [to_training] eos_token_id to the id the "
            "documents end with, or drop --eod-mask-loss")
@@ -93,13 +94,14 @@ def eod_problems(args: argparse.Namespace, recipe: Any) -> list[str]:
     docstring)."""
     if not getattr(args, "eod_mask_loss", False) or recipe.tokenizer is not None:
         return []
+    from zephon.integration import eos_mask_problems
+
     try:
         found = command_line_eod(args, recipe)
-        if found:
-            check_eod_occurs(found[0], recipe)  # an id beyond the data's: said as such
     except ZephonArgumentError as exc:
         return [str(exc)]
-    return document_end_problems(recipe, *found) if found else []
+    return eos_mask_problems(recipe, *found, flag="--eod-mask-loss", fix=EOD_FIX, name="EOD",
+                             range_fix=RANGE_FIX) if found else []
 
 
 def check_eod_occurs(eod: int, recipe: Any) -> None:
@@ -107,7 +109,6 @@ def check_eod_occurs(eod: int, recipe: Any) -> None:
     :func:`~zephon.integration.eos_range_problem`)."""
     from zephon.integration import eos_range_problem
 
-    problem = eos_range_problem(recipe, eod, flag="--eod-mask-loss", name="EOD", fix=(
-        "Set [to_training] eos_token_id to the EOD id the data holds, or drop --eod-mask-loss"))
+    problem = eos_range_problem(recipe, eod, flag="--eod-mask-loss", name="EOD", fix=RANGE_FIX)
     if problem:
         raise ZephonArgumentError(problem)

@@ -181,7 +181,7 @@ def eos_problems(loader: Any, recipe: Any) -> list[str]:
     """With ``eos_mask_loss`` on token-id data, the EOS id against the data
     (:mod:`zephon.integration.eos_checks`): one the data cannot hold, or one no sampled
     document of an indexed dataset ends with, would mask nothing."""
-    from zephon.integration import document_end_problems, eos_range_problem
+    from zephon.integration import eos_mask_problems
     from zephon.recipe.presets import TORCHTITAN
     from zephon_torchtitan.dataloader import RECIPE_CHOICES
 
@@ -196,10 +196,8 @@ def eos_problems(loader: Any, recipe: Any) -> list[str]:
         return []
     eos, fix = options["eos_token_id"], ("Set [to_training] eos_token_id to the id the "
                                          "documents end with, or eos_mask_loss = false")
-    problem = eos_range_problem(recipe, eos, flag="eos_mask_loss", fix=fix)
-    return [problem] if problem else document_end_problems(
-        recipe, eos, f"[to_training] eos_token_id of {recipe.source}", flag="eos_mask_loss",
-        fix=fix)
+    return eos_mask_problems(recipe, eos, f"[to_training] eos_token_id of {recipe.source}",
+                             flag="eos_mask_loss", fix=fix)
 
 
 def one_reader(loader: Any, recipe: Any, values: dict[str, Any]) -> Any:
